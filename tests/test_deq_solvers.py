@@ -1,0 +1,122 @@
+"""Root solvers: agreement, independent residual check, options, non-convergence, NaN, fallbacks."""
+import math
+
+import pytest
+import torch
+
+from revgnn.deq import (SOLVERS, SolverDivergenceError, anderson, broyden, check_solver_options,
+                        fixed_point, get_solver)
+
+
+def graph_map(n=30, d=6, kappa=0.9, seed=0, dtype=torch.float64):
+    """A contractive graph map z -> tanh(A z W + b) with ||A||_2 <= 1 and ||W||_2 = kappa."""
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(0, n, (4 * n,), generator=g)
+    dst = torch.randint(0, n, (4 * n,), generator=g)
+    A = torch.eye(n, dtype=dtype)
+    A[dst, src] = 1.0
+    A = torch.maximum(A, A.T)
+    deg = A.sum(1).rsqrt()
+    A = deg[:, None] * A * deg[None, :]
+    W = torch.randn(d, d, generator=g, dtype=dtype)
+    W = kappa * W / torch.linalg.matrix_norm(W, 2)
+    b = torch.randn(n, d, generator=g, dtype=dtype)
+    return lambda z: torch.tanh(A @ z @ W + b), torch.zeros(n, d, dtype=dtype)
+
+
+def rel_residual(f, z):
+    fz = f(z)
+    return ((fz - z).norm() / fz.norm()).item()
+
+
+@pytest.mark.parametrize("name", sorted(SOLVERS))
+def test_residual_at_exit_checked_independently(name):
+    f, z0 = graph_map(dtype=torch.float32)
+    res = get_solver(name)(f, z0, tol=1e-4, max_iter=200)
+    assert res.converged
+    independent = rel_residual(f, res.z)
+    assert independent <= 1e-4
+    assert math.isclose(independent, res.rel_residual, rel_tol=1e-3, abs_tol=1e-7)
+    assert res.steps == len(res.trace) and res.trace[-1] == res.residual
+
+
+def test_abs_stop_mode():
+    f, z0 = graph_map()
+    res = anderson(f, z0, tol=1e-9, stop_mode="abs", max_iter=200)
+    assert res.converged and (f(res.z) - res.z).norm().item() <= 1e-9
+
+
+def test_three_solvers_agree():
+    f, z0 = graph_map()
+    zs = {name: get_solver(name)(f, z0, tol=1e-12, max_iter=500) for name in SOLVERS}
+    assert all(r.converged for r in zs.values())
+    ref = zs["fixed_point"].z
+    for name, r in zs.items():
+        assert (r.z - ref).abs().max().item() < 1e-9, name
+
+
+def test_anderson_needs_fewer_evaluations_than_fixed_point():
+    f, z0 = graph_map(kappa=0.99)
+    fp = fixed_point(f, z0, tol=1e-8, max_iter=1000)
+    aa = anderson(f, z0, tol=1e-8, max_iter=1000)
+    assert fp.converged and aa.converged
+    assert aa.steps < fp.steps
+
+
+@pytest.mark.parametrize("name", sorted(SOLVERS))
+def test_non_convergence_returns_best_iterate(name):
+    f, z0 = graph_map()
+    res = get_solver(name)(f, z0, tol=1e-30, max_iter=4)
+    assert not res.converged and res.steps == 4
+    assert res.residual == min(res.trace)
+    assert math.isclose(rel_residual(f, res.z), res.rel_residual, rel_tol=1e-9)
+
+
+@pytest.mark.parametrize("name", sorted(SOLVERS))
+def test_nan_is_a_clear_error(name):
+    f, z0 = graph_map()
+    calls = {"n": 0}
+
+    def bad(z):
+        calls["n"] += 1
+        out = f(z)
+        return out * float("nan") if calls["n"] == 3 else out
+
+    with pytest.raises(SolverDivergenceError, match="evaluation 3"):
+        get_solver(name)(bad, z0, tol=1e-30, max_iter=10)
+    with pytest.raises(SolverDivergenceError, match="z0"):
+        get_solver(name)(f, z0 + float("inf"))
+
+
+@pytest.mark.parametrize("name", ["anderson", "broyden"])
+def test_no_fixed_point_degrades_gracefully(name):
+    # f(z) = z + 1 has no fixed point and makes every difference of residuals zero: the Anderson
+    # Gram matrix is exactly singular (lam=0), the Broyden update denominator vanishes.
+    opts = {"lam": 0.0} if name == "anderson" else {}
+    res = get_solver(name)(lambda z: z + 1.0, torch.zeros(5, 3), max_iter=8, **opts)
+    assert not res.converged and torch.isfinite(res.z).all()
+
+
+def test_broyden_history_is_capped():
+    f, z0 = graph_map(kappa=0.99)
+    res = broyden(f, z0, tol=1e-8, max_iter=300, memory=3)
+    assert res.converged
+
+
+def test_unknown_options_are_errors():
+    with pytest.raises(TypeError, match="unknown option"):
+        check_solver_options("anderson", {"stop_mod": "abs"})
+    with pytest.raises(TypeError):
+        anderson(lambda z: z, torch.zeros(2), history=3)
+    with pytest.raises(ValueError, match="unknown solver"):
+        get_solver("newton")
+    with pytest.raises(ValueError, match="stop_mode"):
+        fixed_point(lambda z: z, torch.zeros(2), stop_mode="relative")
+    check_solver_options("broyden", {"memory": 4, "tol": 1e-3})
+
+
+def test_docstring_examples():
+    import doctest
+
+    import revgnn.deq.solvers as mod
+    assert doctest.testmod(mod).failed == 0
