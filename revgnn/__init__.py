@@ -1,0 +1,17 @@
+"""revgnn: a model zoo for very deep graph neural networks.
+
+Submodules are imported lazily so that command-line entry points (``--help``)
+do not pay for importing PyTorch Geometric.
+"""
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_SUBMODULES = ("nn", "models", "deq", "data", "distributed", "utils")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"revgnn.{name}")
+    raise AttributeError(f"module 'revgnn' has no attribute {name!r}")

@@ -1,0 +1,9 @@
+"""The model zoo. ``create_model(name, **overrides)``, ``list_models(pattern)``."""
+from revgnn.models.registry import create_model, list_models, register_model
+from revgnn.models.components import count_parameters
+from revgnn.models.revgnn import RevGNN
+from revgnn.models.resgnn import ResGNN
+from revgnn.models.mlp import MLP
+
+__all__ = ["create_model", "list_models", "register_model", "count_parameters",
+           "RevGNN", "ResGNN", "MLP"]

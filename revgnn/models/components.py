@@ -1,0 +1,114 @@
+"""Encoders and head shared by the node-level models of the zoo."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+
+class NodeEncoder(nn.Module):
+    r"""Maps raw node features to the hidden width.
+
+    For ogbn-proteins (RevGNN recipe) the last ``species_channels`` columns are
+    a species one-hot that gets its own linear map first:
+
+    .. math::
+        \mathbf{h}_i = \mathbf{W}\,[\mathbf{x}_i^{\text{edge-sum}} \,\|\,
+        \mathbf{W}_s \mathbf{x}_i^{\text{species}} + \mathbf{b}_s] + \mathbf{b}
+
+    Args:
+        in_channels (int): Raw node feature width (16 for proteins: 8 summed
+            edge features and an 8-way species one-hot).
+        hidden_channels (int): Output width.
+        species_channels (int, optional): Width of the trailing one-hot part;
+            :obj:`0` for a single linear map. (default: :obj:`0`)
+    """
+
+    def __init__(self, in_channels: int, hidden_channels: int, species_channels: int = 0):
+        super().__init__()
+        if not 0 <= species_channels <= in_channels:
+            raise ValueError(f"species_channels={species_channels} must be between 0 and "
+                             f"in_channels={in_channels}")
+        self.in_channels = in_channels
+        self.species_channels = species_channels
+        self.species = nn.Linear(species_channels, species_channels) if species_channels else None
+        self.lin = nn.Linear(in_channels, hidden_channels)
+
+    def reset_parameters(self) -> None:
+        if self.species is not None:
+            self.species.reset_parameters()
+        self.lin.reset_parameters()
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.size(-1) != self.in_channels:
+            raise ValueError(f"the model expects {self.in_channels} node features, got "
+                             f"{x.size(-1)}; set in_channels to match the data")
+        if self.species is not None:
+            s = self.species_channels
+            x = torch.cat([x[:, :-s], self.species(x[:, -s:])], dim=-1)
+        return self.lin(x)
+
+
+class Head(nn.Module):
+    r"""LayerNorm -> ReLU -> Dropout -> Linear, the output layer of RevGNN/DeeperGCN."""
+
+    def __init__(self, hidden_channels: int, out_channels: int, dropout: float = 0.0):
+        super().__init__()
+        self.norm = nn.LayerNorm(hidden_channels)
+        self.dropout = nn.Dropout(dropout)
+        self.lin = nn.Linear(hidden_channels, out_channels)
+
+    def reset_parameters(self) -> None:
+        self.norm.reset_parameters()
+        self.lin.reset_parameters()
+
+    def forward(self, h: Tensor) -> Tensor:
+        return self.lin(self.dropout(self.norm(h).relu()))
+
+
+def make_edge_encoder(edge_channels: Optional[int], hidden_channels: int,
+                      used: bool) -> Optional[nn.Linear]:
+    """``Linear(edge_channels -> hidden)`` shared by all layers, if the convs use edges."""
+    return nn.Linear(edge_channels, hidden_channels) if edge_channels and used else None
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of trainable parameters (shared tensors counted once)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def block_builder(conv: str, norm: Optional[str], edge_channels: Optional[int],
+                  aggr: Optional[str] = None, learn_t: bool = False, heads: int = 1,
+                  attn_dropout: float = 0.0):
+    """Returns ``make(channels, preact=True)`` building the pre-activation block of ``conv``.
+
+    Options that ``conv`` does not have are an error rather than being ignored:
+    ``aggr`` is for ``gen``/``sage``, ``learn_t`` for ``gen``, ``heads`` and
+    ``attn_dropout`` for ``gat``.
+    """
+    from revgnn.nn.blocks import BLOCKS, make_block
+
+    if conv not in BLOCKS:
+        raise ValueError(f"unknown conv {conv!r}; choose one of {sorted(BLOCKS)}")
+    given = {"aggr": aggr is not None, "learn_t": learn_t, "heads": heads != 1,
+             "attn_dropout": attn_dropout != 0.0}
+    accepts = {"gen": {"aggr", "learn_t"}, "sage": {"aggr"}, "gat": {"heads", "attn_dropout"},
+               "gcn": set(), "gin": set()}[conv]
+    bad = [k for k, v in given.items() if v and k not in accepts]
+    if bad:
+        raise ValueError(f"conv={conv!r} has no option(s) {', '.join(bad)}; it accepts "
+                         f"{sorted(accepts) or 'none of aggr/learn_t/heads/attn_dropout'}")
+    kwargs = {"norm": norm}
+    if conv == "gen":
+        kwargs.update(edge_channels=edge_channels, aggr=aggr or "max", learn_t=learn_t)
+    elif conv == "sage":
+        kwargs.update(aggr=aggr or "mean")
+    elif conv == "gat":
+        kwargs.update(heads=heads, edge_channels=edge_channels, attn_dropout=attn_dropout)
+
+    def make(channels: int, preact: bool = True):
+        return make_block(conv, channels, preact=preact, **kwargs)
+
+    make.uses_edges = BLOCKS[conv].supports_edge_attr
+    return make

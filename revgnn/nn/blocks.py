@@ -1,0 +1,220 @@
+r"""Pre-activation graph convolution blocks: Norm -> ReLU -> shared dropout -> Conv.
+
+These are the functions :math:`f_{\mathbf{w}}` that RevGNN wraps in
+:class:`~revgnn.nn.GroupAddRev` (or that a res+ model adds to its input):
+
+.. math::
+    f_{\mathbf{w}}(\mathbf{X}, \mathbf{A}, \mathbf{U}) =
+    \mathrm{Conv}\big(\mathbf{M} \odot \mathrm{ReLU}(\mathrm{Norm}(\mathbf{X})),
+    \mathbf{A}, \mathbf{U}\big)
+
+with :math:`\mathbf{M}` the mask of :class:`~revgnn.nn.SharedDropout`. Every
+block has the signature ``block(x, edge_index, edge_attr=None,
+dropout_mask=None)`` and maps ``[N, channels]`` to ``[N, channels]``, so a
+block of ``channels = hidden / C`` is one group of a :math:`C`-group
+reversible layer. The convolutions are PyG's.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Type
+
+from torch import Tensor, nn
+from torch_geometric.nn import GATConv, GCNConv, GENConv, GINConv, SAGEConv
+from torch_geometric.typing import Adj, OptTensor
+
+NORMS = ("layer", "batch", None)
+
+
+def make_norm(norm: Optional[str], channels: int) -> Optional[nn.Module]:
+    """``'layer'`` -> LayerNorm, ``'batch'`` -> BatchNorm1d, ``None`` -> no norm."""
+    if norm == "layer":
+        return nn.LayerNorm(channels)
+    if norm == "batch":
+        return nn.BatchNorm1d(channels)
+    if norm is None or norm == "none":
+        return None
+    raise ValueError(f"unknown norm {norm!r}; choose one of 'layer', 'batch', None")
+
+
+class PreActBlock(nn.Module):
+    r"""Base class: Norm -> ReLU -> dropout mask -> :meth:`conv_forward`.
+
+    Args:
+        channels (int): Feature width in and out.
+        norm (str, optional): ``'layer'``, ``'batch'`` or :obj:`None`.
+            (default: :obj:`'layer'`)
+        preact (bool, optional): Apply Norm -> ReLU before the conv; the first
+            layer of a res+ model sets :obj:`False`. (default: :obj:`True`)
+    """
+
+    #: Whether :meth:`conv_forward` uses edge features.
+    supports_edge_attr = False
+
+    def __init__(self, channels: int, norm: Optional[str] = "layer", preact: bool = True):
+        super().__init__()
+        self.channels = channels
+        self.preact = preact
+        self.norm = make_norm(norm, channels) if preact else None
+
+    def reset_parameters(self) -> None:
+        for module in self.children():
+            if hasattr(module, "reset_parameters"):
+                module.reset_parameters()
+
+    def conv_forward(self, h: Tensor, edge_index: Adj, edge_attr: OptTensor) -> Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: Tensor, edge_index: Adj, edge_attr: OptTensor = None,
+                dropout_mask: OptTensor = None) -> Tensor:
+        h = x
+        if self.preact:
+            if self.norm is not None:
+                h = self.norm(h)
+            h = h.relu()
+        if dropout_mask is not None:
+            h = h * dropout_mask
+        return self.conv_forward(h, edge_index, edge_attr)
+
+    def extra_repr(self) -> str:
+        return f"channels={self.channels}"
+
+
+class GENBlock(PreActBlock):
+    r"""DeeperGCN's GENConv (Li et al., 2020) in a pre-activation block.
+
+    .. math::
+        \mathbf{x}_i' = \mathrm{MLP}\Big(\mathbf{x}_i + \mathrm{AGG}\big(\{
+        \mathrm{ReLU}(\mathbf{x}_j + \mathbf{W}_e\mathbf{e}_{ji} + \mathbf{b}_e)
+        + \epsilon : j \in \mathcal{N}(i)\}\big)\Big)
+
+    with a 2-layer MLP (``c -> 2c -> c``, LayerNorm inside, biases) and a
+    per-block edge encoder :math:`\mathbf{W}_e` (``edge_channels -> channels``).
+    With ``channels=40, edge_channels=80`` and LayerNorm this is exactly 10,000
+    parameters, one group of RevGNN-Deep.
+
+    Args:
+        channels (int): Feature width in and out.
+        edge_channels (int, optional): Width of the edge features it receives;
+            :obj:`None` for no edge features. (default: :obj:`None`)
+        aggr (str, optional): ``'max'``, ``'softmax'``, ``'mean'``, ``'add'``,
+            ``'powermean'``. (default: :obj:`'max'`)
+        learn_t (bool, optional): Learn the softmax temperature.
+            (default: :obj:`False`)
+        t (float, optional): Initial softmax temperature. (default: :obj:`1.0`)
+        mlp_layers (int, optional): Layers of the MLP. (default: :obj:`2`)
+        norm (str, optional): Pre-activation norm. (default: :obj:`'layer'`)
+        preact (bool, optional): See :class:`PreActBlock`. (default: :obj:`True`)
+    """
+
+    supports_edge_attr = True
+
+    def __init__(self, channels: int, edge_channels: Optional[int] = None, aggr: str = "max",
+                 learn_t: bool = False, t: float = 1.0, mlp_layers: int = 2,
+                 norm: Optional[str] = "layer", preact: bool = True):
+        super().__init__(channels, norm, preact)
+        self.edge_encoder = nn.Linear(edge_channels, channels) if edge_channels else None
+        self.conv = GENConv(channels, channels, aggr=aggr, t=t, learn_t=learn_t,
+                            num_layers=mlp_layers, norm="layer", bias=True)
+
+    def conv_forward(self, h: Tensor, edge_index: Adj, edge_attr: OptTensor) -> Tensor:
+        if edge_attr is not None and self.edge_encoder is not None:
+            edge_attr = self.edge_encoder(edge_attr)
+        return self.conv(h, edge_index, edge_attr)
+
+    def extra_repr(self) -> str:
+        return f"channels={self.channels}, aggr={self.conv.aggr}"
+
+
+class GATBlock(PreActBlock):
+    r"""GATConv (Veličković et al., 2018) with concatenated heads in a pre-activation block.
+
+    Args:
+        channels (int): Feature width in and out (divisible by ``heads``).
+        heads (int, optional): Attention heads. (default: :obj:`1`)
+        edge_channels (int, optional): Edge feature width used in attention.
+            (default: :obj:`None`)
+        attn_dropout (float, optional): Dropout on attention coefficients; a
+            stochastic layer that :class:`~revgnn.nn.GroupAddRev` replays
+            exactly. (default: :obj:`0.0`)
+        norm (str, optional): Pre-activation norm. (default: :obj:`'layer'`)
+    """
+
+    supports_edge_attr = True
+
+    def __init__(self, channels: int, heads: int = 1, edge_channels: Optional[int] = None,
+                 attn_dropout: float = 0.0, norm: Optional[str] = "layer", preact: bool = True):
+        super().__init__(channels, norm, preact)
+        if channels % heads != 0:
+            raise ValueError(f"GATBlock: channels={channels} must be divisible by heads={heads}")
+        self.conv = GATConv(channels, channels // heads, heads=heads, dropout=attn_dropout,
+                            edge_dim=edge_channels)
+
+    def conv_forward(self, h: Tensor, edge_index: Adj, edge_attr: OptTensor) -> Tensor:
+        if self.conv.lin_edge is None:
+            edge_attr = None
+        return self.conv(h, edge_index, edge_attr=edge_attr)
+
+
+class GCNBlock(PreActBlock):
+    r"""GCNConv (Kipf & Welling, 2017) in a pre-activation block (no edge features)."""
+
+    def __init__(self, channels: int, norm: Optional[str] = "layer", preact: bool = True):
+        super().__init__(channels, norm, preact)
+        self.conv = GCNConv(channels, channels)
+
+    def conv_forward(self, h: Tensor, edge_index: Adj, edge_attr: OptTensor) -> Tensor:
+        return self.conv(h, edge_index)
+
+
+class SAGEBlock(PreActBlock):
+    r"""SAGEConv (Hamilton et al., 2017) in a pre-activation block (no edge features)."""
+
+    def __init__(self, channels: int, aggr: str = "mean", norm: Optional[str] = "layer",
+                 preact: bool = True):
+        super().__init__(channels, norm, preact)
+        self.conv = SAGEConv(channels, channels, aggr=aggr)
+
+    def conv_forward(self, h: Tensor, edge_index: Adj, edge_attr: OptTensor) -> Tensor:
+        return self.conv(h, edge_index)
+
+
+class GINBlock(PreActBlock):
+    r"""GINConv (Xu et al., 2019) with a 2-layer MLP in a pre-activation block."""
+
+    def __init__(self, channels: int, norm: Optional[str] = "layer", preact: bool = True):
+        super().__init__(channels, norm, preact)
+        mlp = nn.Sequential(nn.Linear(channels, channels), nn.ReLU(), nn.Linear(channels, channels))
+        self.conv = GINConv(mlp, train_eps=True)
+
+    def conv_forward(self, h: Tensor, edge_index: Adj, edge_attr: OptTensor) -> Tensor:
+        return self.conv(h, edge_index)
+
+
+BLOCKS: Dict[str, Type[PreActBlock]] = {
+    "gen": GENBlock, "gat": GATBlock, "gcn": GCNBlock, "sage": SAGEBlock, "gin": GINBlock,
+}
+
+
+def make_block(conv: str, channels: int, **kwargs: Any) -> PreActBlock:
+    """Builds the block named ``conv`` (one of :data:`BLOCKS`)."""
+    if conv not in BLOCKS:
+        raise ValueError(f"unknown conv {conv!r}; choose one of {sorted(BLOCKS)}")
+    return BLOCKS[conv](channels, **kwargs)
+
+
+class Residual(nn.Module):
+    r"""Plain residual connection :math:`\mathbf{X}' = \mathbf{X} + f(\mathbf{X}, \ldots)`
+    (the res+ block of DeeperGCN); stores activations for backward."""
+
+    def __init__(self, block: nn.Module):
+        super().__init__()
+        self.block = block
+
+    def reset_parameters(self) -> None:
+        self.block.reset_parameters()
+
+    def forward(self, x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        return x + self.block(x, *args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__name__}({self.block})"
