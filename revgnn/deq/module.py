@@ -169,7 +169,8 @@ class DEQ(nn.Module):
         Args:
             *inputs (Tensor): passed to :obj:`f` after the state; the first one also fixes the default
                 initial state :math:`\mathbf{z}_0 = \mathbf{0}` (same shape).
-            z0 (Tensor, optional): explicit initial state. (default: :obj:`None`)
+            z0 (Tensor, optional): initial state when there is no warm start (it also fixes the shape
+                of the state when that differs from :obj:`inputs[0]`). (default: :obj:`None`)
         """
         def f(z: Tensor) -> Tensor:
             return self.f(z, *inputs)
@@ -204,14 +205,12 @@ class DEQ(nn.Module):
                 or any(isinstance(t, Tensor) and t.requires_grad for t in inputs))
 
     def _initial_state(self, inputs, z0: Optional[Tensor]) -> Tensor:
-        if z0 is not None:
-            return z0.detach()
-        ref = inputs[0]
+        cold = z0.detach() if z0 is not None else torch.zeros_like(inputs[0])
         prev = self._z_prev
-        if (self.warm_start and prev is not None and prev.shape == ref.shape
-                and prev.dtype == ref.dtype and prev.device == ref.device):
+        if (self.warm_start and prev is not None and prev.shape == cold.shape
+                and prev.dtype == cold.dtype and prev.device == cold.device):
             return prev
-        return torch.zeros_like(ref)
+        return cold
 
     def _record(self, which: str, result: SolverResult) -> None:
         if which == "forward":
