@@ -1,0 +1,296 @@
+r"""SAR-aware versions of PyG convolutions.
+
+Each class subclasses the PyG conv without adding parameters, so a
+single-process model's ``state_dict`` loads unchanged and parameter
+gradients compare elementwise. ``forward`` takes the SAR path when
+``edge_index`` is a :class:`~revgnn.distributed.sar.SARGraph` and defers to
+PyG otherwise. :func:`convert_to_sar` switches the convs of an existing
+model (e.g. a RevGNN built from :mod:`revgnn.nn.blocks`) in place.
+
+On the SAR path ``x`` holds the worker's local nodes and ``edge_attr`` its
+local edges in the graph's shard order (``graph.edge_attr``, or an encoding
+of it). Node-wise pre-/post-ops (linear maps, the GENConv MLP, biases) run
+locally; only the edge aggregation goes through the ring.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch_geometric.nn import GATConv, GENConv, GINConv, SAGEConv
+from torch_geometric.nn.aggr import (MaxAggregation, MeanAggregation,
+                                     SoftmaxAggregation, SumAggregation)
+
+from .sar import EdgeOp, SARGraph, sequential_aggregate
+
+__all__ = ['SARGENConv', 'SARGATConv', 'SARSAGEConv', 'SARGINConv',
+           'convert_to_sar', 'SAR_CONVS']
+
+
+class _Linear(EdgeOp):
+    linear = True
+
+    def __init__(self, kind: str):
+        self.kind = kind
+
+
+def _simple_aggr_kind(module, name: str) -> str:
+    aggr = module.aggr_module
+    for cls, kind in ((SumAggregation, 'sum'), (MeanAggregation, 'mean'),
+                      (MaxAggregation, 'max')):
+        if type(aggr) is cls:
+            return kind
+    raise NotImplementedError(
+        f'{name} with aggregation {aggr} is not supported under SAR '
+        '(supported: sum, mean, max' +
+        (', softmax' if name == 'GENConv' else '') + ')')
+
+
+def _no_tuple(x, name):
+    if not isinstance(x, Tensor):
+        raise NotImplementedError(
+            f'{name} on a SARGraph takes one node tensor (bipartite input '
+            'is not supported)')
+
+
+def _check_no_batch_norm(module: torch.nn.Module, name: str):
+    if module.training and any(
+            isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+            for m in module.modules()):
+        raise NotImplementedError(
+            f'{name} holds BatchNorm, whose training statistics span all '
+            'nodes of all workers; under SAR use norm="layer" (node-wise) '
+            'or evaluate in eval mode')
+
+
+class _GENMessage(EdgeOp):
+    r""":math:`\phi_{ji} = \mathrm{ReLU}(\mathbf{x}_j + W_e\mathbf{e}_{ji}
+    + \mathbf{b}_e) + \epsilon`; for softmax the score is
+    :math:`t\,\phi_{ji}`."""
+
+    def __init__(self, conv: GENConv, kind: str, has_edge: bool):
+        self.kind = kind
+        self.eps = conv.eps
+        self.lin_edge = (getattr(conv, 'lin_edge', None)
+                         if has_edge else None)
+        self.t = None
+        if kind == 'softmax':
+            aggr = conv.aggr_module
+            self.t = aggr.t
+            self.channels = aggr.channels
+            self.detach_score = (not aggr.learn) and aggr.semi_grad
+
+    def params(self) -> List[Tensor]:
+        ps = []
+        if self.lin_edge is not None:
+            ps.append(self.lin_edge.weight)
+            if self.lin_edge.bias is not None:
+                ps.append(self.lin_edge.bias)
+        if isinstance(self.t, Tensor):
+            ps.append(self.t)
+        return ps
+
+    def message(self, x_j, x_i, edge, params: Sequence[Tensor]):
+        params = list(params)
+        if self.lin_edge is not None:
+            w = params.pop(0)
+            b = params.pop(0) if self.lin_edge.bias is not None else None
+            edge = F.linear(edge, w, b)
+        msg = x_j if edge is None else x_j + edge
+        v = msg.relu() + self.eps
+        if self.kind != 'softmax':
+            return None, v
+        t = params.pop(0) if isinstance(self.t, Tensor) else self.t
+        if isinstance(t, Tensor) and self.channels != 1:
+            t = t.view(-1, self.channels)
+        s = v if (not isinstance(t, Tensor) and t == 1) else v * t
+        return s, v
+
+
+class SARGENConv(GENConv):
+    """:class:`torch_geometric.nn.GENConv` that also runs on a
+    :class:`~revgnn.distributed.sar.SARGraph` (aggregations sum, mean,
+    max, softmax; ``msg_norm`` supported)."""
+
+    def forward(self, x, edge_index, edge_attr: Optional[Tensor] = None,
+                size=None):
+        if not isinstance(edge_index, SARGraph):
+            return super().forward(x, edge_index, edge_attr, size)
+        _no_tuple(x, 'GENConv')
+        _check_no_batch_norm(self.mlp, 'GENConv')
+        graph = edge_index
+        if isinstance(self.aggr_module, SoftmaxAggregation):
+            kind = 'softmax'
+        else:
+            kind = _simple_aggr_kind(self, 'GENConv')
+        x_src = self.lin_src(x) if hasattr(self, 'lin_src') else x
+        if edge_attr is not None and edge_attr.size(0) != graph.num_edges:
+            raise ValueError('edge_attr must hold the local edges in shard '
+                             'order (graph.edge_attr)')
+        op = _GENMessage(self, kind, edge_attr is not None)
+        out = sequential_aggregate(op, graph, x_src, None, edge_attr)
+        if hasattr(self, 'lin_aggr_out'):
+            out = self.lin_aggr_out(out)
+        if hasattr(self, 'msg_norm'):
+            out = self.msg_norm(x, out)
+        x_dst = self.lin_dst(x) if hasattr(self, 'lin_dst') else x
+        return self.mlp(out + x_dst)
+
+
+class _GATMessage(EdgeOp):
+    r"""Score :math:`s_{ji} = \mathrm{LeakyReLU}(\alpha^{src}_j +
+    \alpha^{dst}_i + \langle \mathbf{a}_e, W_e \mathbf{e}_{ji}\rangle)` per
+    head; value :math:`W\mathbf{x}_j`. The fetched block is
+    :math:`[W\mathbf{x}_j \,\|\, \alpha^{src}_j]` so one transfer carries
+    both."""
+    kind = 'softmax'
+
+    def __init__(self, conv: GATConv, has_edge: bool):
+        self.H, self.C = conv.heads, conv.out_channels
+        self.slope = conv.negative_slope
+        self.lin_edge = conv.lin_edge if has_edge else None
+        self.att_edge = conv.att_edge if has_edge else None
+
+    def params(self):
+        if self.lin_edge is None:
+            return []
+        ps = [self.lin_edge.weight]
+        if self.lin_edge.bias is not None:
+            ps.append(self.lin_edge.bias)
+        return ps + [self.att_edge]
+
+    def message(self, x_j, x_i, edge, params):
+        H, C = self.H, self.C
+        v = x_j[:, :H * C].view(-1, H, C)
+        s = x_j[:, H * C:] + x_i
+        if self.lin_edge is not None:
+            params = list(params)
+            w = params.pop(0)
+            b = params.pop(0) if self.lin_edge.bias is not None else None
+            att = params.pop(0)
+            if edge.dim() == 1:
+                edge = edge.view(-1, 1)
+            e = F.linear(edge, w, b).view(-1, H, C)
+            s = s + (e * att).sum(dim=-1)
+        return F.leaky_relu(s, self.slope), v
+
+
+class SARGATConv(GATConv):
+    """:class:`torch_geometric.nn.GATConv` that also runs on a
+    :class:`~revgnn.distributed.sar.SARGraph`, with online softmax and
+    attention rematerialisation (attention dropout must be 0 in training)."""
+
+    def forward(self, x, edge_index, edge_attr: Optional[Tensor] = None,
+                size=None, return_attention_weights=None):
+        if not isinstance(edge_index, SARGraph):
+            return super().forward(x, edge_index, edge_attr, size,
+                                   return_attention_weights)
+        _no_tuple(x, 'GATConv')
+        if return_attention_weights:
+            raise NotImplementedError(
+                'return_attention_weights would materialise an E x heads '
+                'tensor, which SAR exists to avoid')
+        if self.training and self.dropout > 0:
+            raise NotImplementedError(
+                'GATConv attention dropout is not supported under SAR '
+                '(set dropout=0; node dropout outside the conv is fine)')
+        graph = edge_index
+        H, C = self.heads, self.out_channels
+        res = self.res(x) if self.res is not None else None
+        if self.lin is not None:
+            xs = xd = self.lin(x).view(-1, H, C)
+        else:
+            xs = self.lin_src(x).view(-1, H, C)
+            xd = self.lin_dst(x).view(-1, H, C)
+        a_src = (xs * self.att_src).sum(dim=-1)
+        a_dst = (xd * self.att_dst).sum(dim=-1)
+        if edge_attr is not None and edge_attr.size(0) != graph.num_edges:
+            raise ValueError('edge_attr must hold the local edges in shard '
+                             'order (graph.edge_attr)')
+        if self.add_self_loops:
+            if edge_attr is not None:
+                edge_attr = graph.self_loop_edge_attr(edge_attr,
+                                                      self.fill_value)
+            graph = graph.with_self_loops()
+        has_edge = edge_attr is not None and self.lin_edge is not None
+        op = _GATMessage(self, has_edge)
+        send = torch.cat([xs.reshape(-1, H * C), a_src], dim=1)
+        out = sequential_aggregate(op, graph, send, a_dst,
+                                   edge_attr if has_edge else None)
+        out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
+        if res is not None:
+            out = out + res
+        if self.bias is not None:
+            out = out + self.bias
+        return out
+
+
+class SARSAGEConv(SAGEConv):
+    """:class:`torch_geometric.nn.SAGEConv` (sum/mean/max aggregation) that
+    also runs on a :class:`~revgnn.distributed.sar.SARGraph`; mean and sum
+    take the no-re-fetch fast path."""
+
+    def forward(self, x, edge_index, size=None):
+        if not isinstance(edge_index, SARGraph):
+            return super().forward(x, edge_index, size)
+        _no_tuple(x, 'SAGEConv')
+        x_src = self.lin(x).relu() if (self.project and
+                                       hasattr(self, 'lin')) else x
+        kind = _simple_aggr_kind(self, 'SAGEConv')
+        op = _Linear(kind) if kind != 'max' else _MaxOfX()
+        out = self.lin_l(sequential_aggregate(op, edge_index, x_src))
+        if self.root_weight:
+            out = out + self.lin_r(x)
+        if self.normalize:
+            out = F.normalize(out, p=2., dim=-1)
+        return out
+
+
+class _MaxOfX(EdgeOp):
+    kind = 'max'
+
+    def message(self, x_j, x_i, edge, params):
+        return None, x_j
+
+
+class SARGINConv(GINConv):
+    r""":class:`torch_geometric.nn.GINConv` that also runs on a
+    :class:`~revgnn.distributed.sar.SARGraph`:
+    :math:`h_\Theta((1+\epsilon)\mathbf{x}_i + \sum_j \mathbf{x}_j)`, the sum
+    on the no-re-fetch fast path."""
+
+    def forward(self, x, edge_index, size=None):
+        if not isinstance(edge_index, SARGraph):
+            return super().forward(x, edge_index, size)
+        _no_tuple(x, 'GINConv')
+        _check_no_batch_norm(self.nn, 'GINConv')
+        kind = _simple_aggr_kind(self, 'GINConv')
+        op = _Linear(kind) if kind != 'max' else _MaxOfX()
+        out = sequential_aggregate(op, edge_index, x)
+        out = out + (1 + self.eps) * x
+        return self.nn(out)
+
+
+SAR_CONVS = {GENConv: SARGENConv, GATConv: SARGATConv,
+             SAGEConv: SARSAGEConv, GINConv: SARGINConv}
+
+
+def convert_to_sar(module: torch.nn.Module) -> torch.nn.Module:
+    """Switches every supported PyG conv inside ``module`` to its SAR-aware
+    subclass in place (same parameters, same ``state_dict``) and returns
+    ``module``. Convs already converted are left alone; other
+    ``MessagePassing`` layers raise, since they would silently need the
+    whole graph."""
+    from torch_geometric.nn.conv import MessagePassing
+    for m in module.modules():
+        cls = type(m)
+        if cls in SAR_CONVS:
+            m.__class__ = SAR_CONVS[cls]
+        elif (isinstance(m, MessagePassing) and
+              cls not in SAR_CONVS.values()):
+            raise NotImplementedError(
+                f'{cls.__name__} has no SAR implementation (supported: '
+                f'{", ".join(c.__name__ for c in SAR_CONVS)})')
+    return module
