@@ -227,9 +227,10 @@ class GroupAddRev(nn.Module):
 
         def step(i: int, inp: Tensor) -> Tuple[Tensor, Optional[Tensor]]:
             conv = self.convs[i]
+            # buffers are restored only after the gradient: BatchNorm's graph holds them
             with torch.enable_grad(), replay_rng(rng_states[i]), frozen_buffers(conv):
                 out = conv(inp, *groups[i][0], **groups[i][1])
-            grads = torch.autograd.grad(out, [inp, *targets], gs[i], allow_unused=True)
+                grads = torch.autograd.grad(out, [inp, *targets], gs[i], allow_unused=True)
             for j, g in enumerate(grads[1:]):
                 if g is not None:
                     acc[j] = g if acc[j] is None else acc[j] + g

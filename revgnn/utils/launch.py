@@ -1,0 +1,61 @@
+"""Start-up helpers for command-line entry points: the CPU allocator.
+
+Reversible training frees and re-allocates one activation-sized buffer per
+layer and step. glibc's malloc fragments under that pattern: measured here,
+PyG's reversible stack grew from 1.6 to 6.1 GB of peak RSS between 8 and 64
+layers, while with tcmalloc it stayed at 0.83 GB and ran faster. Like Intel's
+CPU launchers, our entry points therefore re-execute themselves once with
+tcmalloc preloaded when it is installed and not already active.
+
+Set ``REVGNN_ALLOCATOR=system`` to keep the default allocator.
+"""
+from __future__ import annotations
+
+import ctypes.util
+import glob
+import os
+import sys
+from typing import Optional
+
+_CANDIDATES = ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4")
+_SEARCH_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64",
+                "/usr/lib", "/usr/local/lib")
+
+
+def find_tcmalloc() -> Optional[str]:
+    """Path of an installed tcmalloc shared library, or None."""
+    for directory in _SEARCH_DIRS:
+        for name in _CANDIDATES:
+            hits = glob.glob(os.path.join(directory, name))
+            if hits:
+                return hits[0]
+    name = ctypes.util.find_library("tcmalloc_minimal") or ctypes.util.find_library("tcmalloc")
+    return name if name and os.path.isabs(name) else None
+
+
+def allocator() -> str:
+    """``'tcmalloc'`` if this process has tcmalloc preloaded, else ``'system'``."""
+    return "tcmalloc" if "tcmalloc" in os.environ.get("LD_PRELOAD", "") else "system"
+
+
+def use_tcmalloc() -> None:
+    """Re-executes the current command with tcmalloc preloaded, when possible.
+
+    No-op when tcmalloc is already preloaded, not installed, when
+    ``REVGNN_ALLOCATOR=system``, or on non-Linux platforms. Call it first thing
+    in a ``main()``, before heavy imports.
+    """
+    if (sys.platform != "linux" or allocator() == "tcmalloc"
+            or os.environ.get("REVGNN_ALLOCATOR", "tcmalloc") == "system"
+            or os.environ.get("_REVGNN_REEXEC")):
+        return
+    lib = find_tcmalloc()
+    if lib is None:
+        return
+    env = dict(os.environ)
+    env["LD_PRELOAD"] = f"{lib}:{env['LD_PRELOAD']}" if env.get("LD_PRELOAD") else lib
+    env["_REVGNN_REEXEC"] = "1"  # never loop, even if the preload is refused
+    argv = list(getattr(sys, "orig_argv", [sys.executable, *sys.argv]))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, *argv[1:]], env)
