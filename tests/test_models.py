@@ -1,0 +1,101 @@
+"""The model zoo: registry, exact parameter counts, exactness of whole models."""
+import pytest
+import torch
+
+from revgnn.models import (RevGNN, count_parameters, create_model, list_models,
+                           register_model)
+from revgnn.utils import SavedTensorBytes
+
+
+def proteins_batch(n=30, e=120, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    species = torch.nn.functional.one_hot(torch.randint(0, 8, (n,), generator=g), 8)
+    x = torch.cat([torch.rand(n, 8, generator=g), species.float()], dim=-1).to(dtype)
+    edge_index = torch.randint(0, n, (2, e), generator=g)
+    edge_attr = torch.rand(e, 8, generator=g).to(dtype)
+    return x, edge_index, edge_attr
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("revgnn_deep", 20_031_384),   # paper: RevGNN-Deep
+    ("revgnn_wide", 68_471_608),   # paper: RevGNN-Wide
+    ("resgnn", 2_374_456),         # paper: ResGNN-112 x 64, "2.37M"
+])
+def test_paper_parameter_counts(name, expected):
+    assert count_parameters(create_model(name)) == expected
+
+
+def test_weight_tied_parameters_do_not_depend_on_depth():
+    a = count_parameters(create_model("wt_revgnn", num_layers=2))
+    b = count_parameters(create_model("wt_revgnn", num_layers=500))
+    assert a == b == 22_072
+
+
+def test_every_registered_model_builds_and_runs():
+    x, ei, ea = proteins_batch()
+    for name in list_models():
+        small = {"num_layers": 2} if "mlp" not in name else {}
+        if name in ("revgnn_products", "revgat_arxiv"):
+            small.update(in_channels=16, out_channels=5)
+        model = create_model(name, **small)
+        out = model(x, ei, ea)
+        assert out.shape == (30, model.head.lin.out_features), name
+        out.float().mean().backward()
+        model.reset_parameters()
+        assert name.split("_")[0].lower()[:3] in repr(model).lower() or repr(model)
+
+
+def test_registry_errors():
+    with pytest.raises(ValueError, match="Did you mean 'revgnn_deep'"):
+        create_model("revgnn_dep")
+    with pytest.raises(TypeError, match="no argument.*'hiden_channels'.*valid overrides"):
+        create_model("revgnn_small", hiden_channels=32)
+    with pytest.raises(ValueError, match="conv='gcn' has no option.*aggr"):
+        create_model("revgnn_small", conv="gcn", aggr="max")
+    with pytest.raises(ValueError, match="divisible by num_groups"):
+        create_model("revgnn_small", hidden_channels=63)
+    assert list_models("revgnn_*")[:2] == ["revgnn_112", "revgnn_deep"]
+    with pytest.raises(ValueError, match="already registered"):
+        register_model(lambda: None, name="revgnn_deep")
+
+
+@pytest.mark.parametrize("conv,extra", [("gen", {}), ("gen", {"aggr": "softmax", "learn_t": True}),
+                                        ("gat", {"heads": 2, "attn_dropout": 0.2}),
+                                        ("sage", {}), ("gcn", {}), ("gin", {})])
+@pytest.mark.parametrize("tied", [False, True])
+def test_revgnn_equals_plain_stack(conv, extra, tied):
+    """The whole model, reversible vs the same blocks stored normally, float64."""
+    x, ei, ea = proteins_batch(dtype=torch.float64)
+    grads = []
+    for reversible in (True, False):
+        torch.manual_seed(0)
+        model = RevGNN(16, 16, 5, num_layers=12, conv=conv, edge_channels=8, species_channels=8,
+                       dropout=0.3, weight_tied=tied, reversible=reversible, **extra).double()
+        torch.manual_seed(1)
+        model(x, ei, ea).square().mean().backward()
+        grads.append([p.grad for p in model.parameters()])
+    # relative to each tensor's own scale, floored at 1e-4 of the largest gradient:
+    # GAT's att_dst gradient is mathematically zero (softmax is invariant to a
+    # per-destination shift), so both runs hold rounding noise of ~1e-19 there
+    floor = 1e-4 * max(b.abs().max() for b in grads[1])
+    for a, b in zip(*grads):
+        assert ((a - b).abs().max() / b.abs().max().clamp_min(floor)) <= 1e-10
+
+
+def test_model_saved_bytes_flat_in_depth():
+    x, ei, ea = proteins_batch()
+
+    def saved(depth):
+        model = create_model("revgnn_small", num_layers=depth, hidden_channels=32)
+        with SavedTensorBytes() as s:
+            loss = model(x, ei, ea).sum()
+        loss.backward()
+        return s.bytes
+
+    assert saved(200) <= 1.05 * saved(4)
+
+
+def test_wrong_feature_width_is_a_clear_error():
+    x, ei, ea = proteins_batch()
+    with pytest.raises(ValueError, match="expects 16 node features, got 12"):
+        create_model("revgnn_small", num_layers=1)(x[:, :12], ei, ea)
