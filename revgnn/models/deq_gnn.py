@@ -1,0 +1,276 @@
+r"""DEQ-GNN (Li et al., ICML 2021, Section 5): a GNN of "infinite depth" evaluated at an equilibrium."""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+from torch_geometric.nn import GENConv
+from torch_geometric.typing import Adj, OptTensor
+
+from revgnn.deq import DEQ
+from revgnn.models.components import Head, NodeEncoder
+from revgnn.models.registry import build, register_model
+from revgnn.nn import SharedDropout
+
+__all__ = ["DEQGNNLayer", "DEQGNN", "deq_gnn", "deq_gnn_small"]
+
+#: ogbn-proteins shapes (as for the other zoo models).
+PROTEINS = dict(in_channels=16, edge_channels=8, out_channels=112, species_channels=8)
+
+#: Aggregations whose Lipschitz constant in the max-norm is at most 1 (needed by ``contraction``).
+_CONTRACTIVE_AGGRS = ("max", "mean")
+
+
+class DEQGNNLayer(nn.Module):
+    r"""The equilibrium map of DEQ-GNN (Li et al., 2021),
+
+    .. math::
+        \mathbf{Z}'   &= \mathrm{Conv}_1(\mathbf{Z}), \qquad
+        \mathbf{Z}''  = \mathrm{Norm}_1(\mathbf{Z}' + \mathbf{X}),
+
+        \mathbf{Z}''' &= \mathrm{Conv}_2(\mathbf{M} \odot \mathrm{ReLU}(\mathbf{Z}'')), \qquad
+        f(\mathbf{Z}, \mathbf{X}) = \mathrm{Norm}_2(\mathrm{ReLU}(\mathbf{Z}''' + \mathbf{Z}')),
+
+    where :math:`\mathbf{X}` is the injected (encoded) input, :math:`\mathbf{M}` a dropout mask drawn once
+    per forward pass and held fixed across solver iterations, each Conv a
+    :class:`~torch_geometric.nn.conv.GENConv` (2-layer MLP :math:`c \to 2c \to c` with LayerNorm, biases)
+    with its own edge encoder :math:`\mathbf{W}_e \in \mathbb{R}^{c \times c}`, and Norm a LayerNorm.
+    The edge encoders do not depend on :math:`\mathbf{Z}`, so :meth:`encode_edges` runs them once per
+    forward pass, outside the solver.
+
+    **Contraction guarantee.** LayerNorm has no useful Lipschitz bound, so with
+    :obj:`contraction` :math:`=\kappa < 1` the norms (also the one inside each MLP) are dropped and,
+    before every forward pass, every MLP weight is rescaled row-wise onto
+    :math:`\|\mathbf{W}\|_\infty \le r` (IGNN-style projected gradient descent, Gu et al., 2020). In the
+    max-norm over all node features, each GENConv is then :math:`c = 2r^2`-Lipschitz (the root term and a
+    max/mean aggregation of :math:`\mathrm{ReLU}(\mathbf{z}_j + \mathbf{e}_{ji})` each contribute 1), the
+    mask at most :math:`1/(1-p)`, so
+
+    .. math::
+        \mathrm{Lip}(f) \le c\left(1 + \frac{c}{1-p}\right) = \kappa
+        \quad\text{for}\quad c = \frac{1-p}{2}\left(\sqrt{1 + \frac{4\kappa}{1-p}} - 1\right):
+
+    :math:`f` is a contraction, the fixed point exists, is unique, and plain iteration reaches it from
+    any start (Banach).
+
+    Args:
+        channels (int): Hidden width :math:`c`.
+        edge_channels (int, optional): Width of the (shared) edge embedding each conv receives;
+            :obj:`None` for graphs without edge features. (default: :obj:`None`)
+        aggr (str, optional): GENConv aggregation. (default: :obj:`"max"`)
+        learn_t (bool, optional): Learnable softmax temperature. (default: :obj:`False`)
+        dropout (float, optional): Dropout probability :math:`p` (used only for the contraction bound;
+            the mask itself is an input). (default: :obj:`0.0`)
+        contraction (float, optional): Lipschitz bound :math:`\kappa \in (0, 1)` to enforce, or
+            :obj:`None`. (default: :obj:`None`)
+    """
+
+    def __init__(self, channels: int, edge_channels: Optional[int] = None, aggr: str = "max",
+                 learn_t: bool = False, dropout: float = 0.0, contraction: Optional[float] = None):
+        super().__init__()
+        if contraction is not None:
+            if not 0.0 < contraction < 1.0:
+                raise ValueError(f"contraction must be in (0, 1), got {contraction}")
+            if aggr not in _CONTRACTIVE_AGGRS:
+                raise ValueError(f"contraction needs aggr in {_CONTRACTIVE_AGGRS} (1-Lipschitz), "
+                                 f"got {aggr!r}")
+        self.channels = channels
+        self.contraction = contraction
+        self.dropout = dropout
+        norm = None if contraction is not None else "layer"
+        self.edge_encoders = nn.ModuleList(
+            [nn.Linear(edge_channels, channels) for _ in range(2)] if edge_channels else [])
+        self.convs = nn.ModuleList([
+            GENConv(channels, channels, aggr=aggr, learn_t=learn_t, num_layers=2, norm=norm,
+                    bias=True) for _ in range(2)])
+        self.norms = nn.ModuleList([nn.LayerNorm(channels) if norm else nn.Identity()
+                                    for _ in range(2)])
+        if contraction is not None:
+            q = 1.0 - dropout
+            conv_lip = 0.5 * q * (math.sqrt(1.0 + 4.0 * contraction / q) - 1.0)
+            self.row_bound = math.sqrt(conv_lip / 2.0)  # r: every MLP weight gets ||W||_inf <= r
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for module in [*self.edge_encoders, *self.convs, *self.norms]:
+            if hasattr(module, "reset_parameters"):
+                module.reset_parameters()
+        self.project_()
+
+    def mlp_weights(self):
+        for conv in self.convs:
+            for module in conv.mlp:
+                if hasattr(module, "weight"):
+                    yield module.weight
+
+    @torch.no_grad()
+    def project_(self) -> None:
+        r"""Rescale each MLP weight row-wise to :math:`\|\mathbf{W}\|_\infty \le r` (no-op without
+        :obj:`contraction`). Called by :class:`DEQGNN` before every forward pass."""
+        if self.contraction is None:
+            return
+        for w in self.mlp_weights():
+            row_sums = w.abs().sum(dim=1, keepdim=True)
+            w.mul_(torch.clamp(self.row_bound / row_sums.clamp_min(1e-30), max=1.0))
+
+    def encode_edges(self, edge_emb: OptTensor) -> Tuple[OptTensor, OptTensor]:
+        r"""Per-conv edge features :math:`(\mathbf{W}_{e,1}\mathbf{U}, \mathbf{W}_{e,2}\mathbf{U})`."""
+        if edge_emb is None or len(self.edge_encoders) == 0:
+            return None, None
+        return self.edge_encoders[0](edge_emb), self.edge_encoders[1](edge_emb)
+
+    def forward(self, z: Tensor, x: Tensor, edge_index: Adj, edge_attr1: OptTensor = None,
+                edge_attr2: OptTensor = None, mask: Optional[Tensor] = None) -> Tensor:
+        z1 = self.convs[0](z, edge_index, edge_attr1)
+        h = self.norms[0](z1 + x).relu()
+        if mask is not None:
+            h = h * mask
+        z3 = self.convs[1](h, edge_index, edge_attr2)
+        return self.norms[1]((z3 + z1).relu())
+
+    def __repr__(self) -> str:
+        extra = f", contraction={self.contraction}" if self.contraction is not None else ""
+        return (f"{self.__class__.__name__}({self.channels}, aggr={self.convs[0].aggr}, "
+                f"edges={len(self.edge_encoders) > 0}{extra})")
+
+
+class DEQGNN(nn.Module):
+    r"""DEQ-GNN from `"Training Graph Neural Networks with 1000 Layers"
+    <https://arxiv.org/abs/2106.07476>`_: one weight-tied :class:`DEQGNNLayer` applied "infinitely"
+    often, i.e. evaluated at its fixed point by a root solver and differentiated implicitly,
+
+    .. math::
+        \mathbf{X} = \mathrm{NodeEncoder}(\mathbf{X}_{in}), \qquad
+        \mathbf{Z}^* = f_\theta(\mathbf{Z}^*, \mathbf{X}), \qquad
+        \mathbf{Y} = \mathrm{Linear}(\mathrm{Dropout}(\mathrm{ReLU}(\mathrm{LayerNorm}(\mathbf{Z}^*)))).
+
+    Training memory is that of one layer, whatever the number of solver iterations
+    (see :class:`~revgnn.deq.DEQ`).
+
+    **Unrolled pretraining.** With :obj:`pretrain_epochs` :math:`= E > 0` the model first trains as a
+    :obj:`pretrain_depth`-layer weight-tied network (plain backprop through the unrolled iterations from
+    :math:`\mathbf{Z}_0 = \mathbf{0}`), then switches to equilibrium mode. The training loop calls
+    :meth:`set_epoch` at the start of every epoch (a no-op for :obj:`pretrain_epochs=0`); :attr:`phase`
+    tells which mode is active. Solver statistics of the last forward/backward pass (steps, residual,
+    converged) are in :meth:`deq_stats`, ready to log.
+
+    Args:
+        in_channels (int): Node feature width.
+        hidden_channels (int): Hidden width.
+        out_channels (int): Output width.
+        edge_channels (int, optional): Raw edge feature width (:obj:`None`: no edge features).
+            (default: :obj:`None`)
+        species_channels (int, optional): Trailing one-hot node columns with their own encoder
+            (proteins: 8). (default: :obj:`0`)
+        aggr (str, optional): GENConv aggregation. (default: :obj:`"max"`)
+        learn_t (bool, optional): Learnable softmax temperature. (default: :obj:`False`)
+        dropout (float, optional): Dropout inside the map (one mask per forward pass) and in the head.
+            (default: :obj:`0.0`)
+        solver (str, optional): Forward solver. (default: :obj:`"anderson"`)
+        max_iter (int, optional): Forward solver budget. (default: :obj:`30`)
+        tol (float, optional): Forward residual tolerance. (default: :obj:`1e-4`)
+        stop_mode (str, optional): :obj:`"rel"` or :obj:`"abs"`. (default: :obj:`"rel"`)
+        solver_options (dict, optional): Extra solver options (e.g. :obj:`{"m": 5}`); unknown keys are an
+            error. (default: :obj:`None`)
+        backward (str, optional): :obj:`"implicit"`, :obj:`"phantom"` or :obj:`"unroll"`.
+            (default: :obj:`"implicit"`)
+        backward_solver (str, optional): Adjoint solver (default: :obj:`solver`).
+        backward_max_iter (int, optional): Adjoint budget (default: :obj:`max_iter`).
+        backward_tol (float, optional): Adjoint tolerance (default: :obj:`tol`).
+        phantom_steps (int, optional): Steps of the phantom gradient. (default: :obj:`5`)
+        phantom_damping (float, optional): Damping of the phantom gradient. (default: :obj:`0.8`)
+        warm_start (bool, optional): Start from the last equilibrium when shapes match.
+            (default: :obj:`False`)
+        pretrain_epochs (int, optional): Epochs of unrolled weight-tied pretraining. (default: :obj:`0`)
+        pretrain_depth (int, optional): Unrolled depth during pretraining. (default: :obj:`8`)
+        contraction (float, optional): Enforce :math:`\mathrm{Lip}(f) \le \kappa` (see
+            :class:`DEQGNNLayer`). (default: :obj:`None`)
+    """
+
+    def __init__(self, in_channels: int, hidden_channels: int, out_channels: int,
+                 edge_channels: Optional[int] = None, species_channels: int = 0,
+                 aggr: str = "max", learn_t: bool = False, dropout: float = 0.0,
+                 solver: str = "anderson", max_iter: int = 30, tol: float = 1e-4,
+                 stop_mode: str = "rel", solver_options: Optional[Dict[str, Any]] = None,
+                 backward: str = "implicit", backward_solver: Optional[str] = None,
+                 backward_max_iter: Optional[int] = None, backward_tol: Optional[float] = None,
+                 phantom_steps: int = 5, phantom_damping: float = 0.8, warm_start: bool = False,
+                 pretrain_epochs: int = 0, pretrain_depth: int = 8,
+                 contraction: Optional[float] = None):
+        super().__init__()
+        if pretrain_epochs < 0 or pretrain_depth < 1:
+            raise ValueError("pretrain_epochs must be >= 0 and pretrain_depth >= 1")
+        self.node_encoder = NodeEncoder(in_channels, hidden_channels, species_channels)
+        self.edge_encoder = nn.Linear(edge_channels, hidden_channels) if edge_channels else None
+        self.dropout = SharedDropout(dropout)
+        layer = DEQGNNLayer(hidden_channels, hidden_channels if edge_channels else None, aggr,
+                            learn_t, dropout, contraction)
+        self.deq = DEQ(layer, solver=solver, max_iter=max_iter, tol=tol, stop_mode=stop_mode,
+                       solver_options=solver_options, backward=backward,
+                       backward_solver=backward_solver, backward_max_iter=backward_max_iter,
+                       backward_tol=backward_tol, phantom_steps=phantom_steps,
+                       phantom_damping=phantom_damping, unroll_steps=pretrain_depth,
+                       warm_start=warm_start)
+        self.head = Head(hidden_channels, out_channels, dropout)
+        self.equilibrium_backward = backward
+        self.pretrain_epochs = pretrain_epochs
+        self.set_epoch(0)
+
+    @property
+    def layer(self) -> DEQGNNLayer:
+        return self.deq.f
+
+    @property
+    def phase(self) -> str:
+        r""":obj:`"pretrain"` (unrolled weight-tied) or :obj:`"equilibrium"`."""
+        return "pretrain" if self.deq.backward == "unroll" and self.pretrain_epochs else "equilibrium"
+
+    def set_epoch(self, epoch: int) -> None:
+        r"""Selects the mode for :obj:`epoch` (0-based): unrolled weight-tied for
+        :obj:`epoch < pretrain_epochs`, equilibrium afterwards. Call at the start of every epoch."""
+        pretrain = epoch < self.pretrain_epochs
+        self.deq.backward = "unroll" if pretrain else self.equilibrium_backward
+
+    def deq_stats(self) -> Dict[str, float]:
+        r"""Solver statistics of the last pass (:obj:`forward_steps`, :obj:`forward_residual`,
+        :obj:`forward_converged`, and the same with :obj:`backward_` after a backward pass)."""
+        return dict(self.deq.stats)
+
+    def reset_parameters(self) -> None:
+        for module in (self.node_encoder, self.edge_encoder, self.head):
+            if module is not None:
+                module.reset_parameters()
+        self.deq.reset_parameters()
+
+    def forward(self, x: Tensor, edge_index: Adj, edge_attr: OptTensor = None) -> Tensor:
+        h = self.node_encoder(x)
+        edge_emb = (self.edge_encoder(edge_attr)
+                    if self.edge_encoder is not None and edge_attr is not None else None)
+        e1, e2 = self.layer.encode_edges(edge_emb)
+        mask = self.dropout(h)  # one mask, fixed across all solver iterations
+        self.layer.project_()
+        z = self.deq(h, edge_index, e1, e2, mask)
+        return self.head(z)
+
+    def __repr__(self) -> str:
+        return (f"{self.__class__.__name__}({self.layer}, solver={self.deq.solver}, "
+                f"backward={self.equilibrium_backward}, phase={self.phase})")
+
+
+@register_model
+def deq_gnn(**overrides: Any) -> DEQGNN:
+    """DEQ-GNN for ogbn-proteins (paper's 112-layer ablation table): GENConv (max), 64 channels
+    (``hidden_channels=224`` for DEQ-GNN-224), dropout 0.1, Anderson forward, implicit backward.
+    51,384 / 537,784 parameters at 64 / 224 channels (paper: 51.3K / 537K); paper test ROC-AUC
+    83.17 / 85.84."""
+    return build(DEQGNN, dict(PROTEINS, hidden_channels=64, aggr="max", dropout=0.1,
+                              solver="anderson", max_iter=30, tol=1e-4), overrides)
+
+
+@register_model
+def deq_gnn_small(**overrides: Any) -> DEQGNN:
+    """A CPU-sized DEQ-GNN (32 channels, 20 forward iterations) for smoke runs."""
+    return build(DEQGNN, dict(PROTEINS, hidden_channels=32, aggr="max", dropout=0.1,
+                              solver="anderson", max_iter=20, tol=1e-3), overrides)
