@@ -61,8 +61,12 @@ def _metis_parts(edge_index: Tensor, num_nodes: int, num_parts: int,
     xadj = torch.zeros(num_nodes + 1, dtype=torch.long)
     xadj[1:] = torch.cumsum(torch.bincount(src, minlength=num_nodes), 0)
     opts = pymetis.Options(seed=seed)
-    _, membership = pymetis.part_graph(num_parts, xadj=xadj.numpy(),
-                                       adjncy=dst.numpy(), options=opts)
+    if hasattr(pymetis, 'CSRAdjacency'):  # pymetis >= 2025.2
+        adj = pymetis.CSRAdjacency(xadj.numpy(), dst.numpy())
+        _, membership = pymetis.part_graph(num_parts, adj, options=opts)
+    else:
+        _, membership = pymetis.part_graph(num_parts, xadj=xadj.numpy(),
+                                           adjncy=dst.numpy(), options=opts)
     return torch.as_tensor(membership, dtype=torch.long)
 
 
@@ -197,8 +201,10 @@ def build_partitions(edge_index: Tensor, num_nodes: int, num_parts: int,
     return out
 
 
-def save_partitions(parts: List[dict], root: str) -> None:
-    """Writes ``part_{p}.pt`` for every worker and ``meta.json``."""
+def save_partitions(parts: List[dict], root: str,
+                    extra_meta: Optional[dict] = None) -> None:
+    """Writes ``part_{p}.pt`` for every worker and ``meta.json`` (with
+    ``extra_meta`` merged in, e.g. the dataset's task and evaluator)."""
     os.makedirs(root, exist_ok=True)
     for part in parts:
         torch.save(part, os.path.join(root, f"part_{part['rank']}.pt"))
@@ -213,6 +219,7 @@ def save_partitions(parts: List[dict], root: str) -> None:
         'edges_per_part': [int(p['src'].numel()) for p in parts],
         'node_data': sorted(first['node_data']),
         'edge_attr': first['edge_attr'] is not None,
+        **(extra_meta or {}),
     }
     with open(os.path.join(root, 'meta.json'), 'w') as f:
         json.dump(meta, f, indent=2)
