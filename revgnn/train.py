@@ -1,0 +1,297 @@
+"""The training loop: every model of the zoo, every data set, one file, read top to bottom.
+
+    revgnn-train                                          # small RevGNN on generated proteins_like
+    revgnn-train experiment=proteins_revgnn_deep          # the paper's 1001-layer RevGNN
+    revgnn-train -m experiment=proteins_revgnn_deep seed=0,1,2,3,4,5,6,7,8,9
+    python -m revgnn.train trainer.epochs=5 ckpt_path=outputs/.../last.pt   # resume
+
+Recipe (Li et al., ICML 2021, ogbn-proteins): every epoch draws a new random partition of the nodes into
+``trainer.train_parts`` parts and takes one optimiser step per part, on its induced sub-graph, with the
+loss on that part's training nodes (BCE over tasks for multi-label data, cross entropy for classes).
+Adam, gradient-norm clipping. Evaluation is multi-view inference (:mod:`revgnn.evaluate`) scored by OGB's
+evaluator; the reported test score is the one at the best validation score.
+
+Outputs in the run directory: ``metrics.csv`` (one row per epoch), ``summary.json``, ``last.pt`` and
+``best.pt`` (written atomically: a crash mid-write leaves the previous file intact), ``learning_curve.png``
+and optionally TensorBoard events. A checkpoint holds the RNG states, so a resumed run continues exactly
+as an uninterrupted one would.
+
+This module's top level imports only Hydra and the config schemas: ``--help`` and ``--cfg job`` do not
+import torch or PyG.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Dict
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+import revgnn.config  # noqa: F401  (registers the structured schemas)
+
+log = logging.getLogger("revgnn.train")
+
+
+def train(cfg: DictConfig) -> Dict[str, Any]:
+    """Runs one training job described by ``cfg`` (a composed ``train.yaml``); returns the summary."""
+    import contextlib
+    import csv
+    import json
+    import math
+    import os
+    import resource
+    import time
+
+    import torch
+    import torch.nn.functional as F
+    from hydra.utils import instantiate
+    from tqdm.auto import tqdm
+
+    from revgnn.data.graph import NodeDataset
+    from revgnn.data.partition import partition_graph
+    from revgnn.evaluate import Scorer, as_edge_index, predict
+    from revgnn.models import count_parameters
+
+    # ---- setup ------------------------------------------------------------------------------
+    out_dir = resolve_output_dir(cfg)
+    os.makedirs(out_dir, exist_ok=True)
+    device_name = cfg.backend.device.value
+    if device_name == "auto":
+        device_name = "cuda" if torch.cuda.is_available() else "cpu"
+    if device_name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("backend.device=cuda but CUDA is not available; use backend.device=auto or cpu")
+    device = torch.device(device_name)
+    precision = cfg.backend.precision.value
+    use_bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
+    # Autocast covers the convolutions' matmuls; the reversible blocks' reconstruction and the loss
+    # stay in float32 (logits are cast back before the loss).
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else None
+    if cfg.backend.num_threads:
+        torch.set_num_threads(cfg.backend.num_threads)
+    torch.manual_seed(cfg.seed)
+    tc = cfg.trainer
+    for key in ("epochs", "train_parts", "eval_every", "eval_views", "eval_parts"):
+        if tc[key] < 1:
+            raise ValueError(f"trainer.{key} must be >= 1, got {tc[key]}")
+
+    # ---- data, model, optimiser ----------------------------------------------------------------
+    ds = instantiate(cfg.data)
+    if not isinstance(ds, NodeDataset):
+        raise TypeError(f"data._target_ must build a revgnn.data.NodeDataset, got {type(ds).__name__}")
+    log.info("data: %s", ds)
+    model = build_model(cfg.model, ds).to(device)
+    num_params = count_parameters(model)
+    log.info("model: %s (%s parameters)", cfg.model.name, f"{num_params:,}")
+    optimizer = instantiate(cfg.optim)(model.parameters())
+    scorer = Scorer(ds)
+    train_mask = torch.zeros(ds.num_nodes, dtype=torch.bool)
+    train_mask[ds.split_idx["train"]] = True
+
+    start_epoch, history = 0, []
+    best = {"epoch": 0, "train": float("nan"), "valid": -math.inf, "test": float("nan")}
+    last_path, best_path = os.path.join(out_dir, "last.pt"), os.path.join(out_dir, "best.pt")
+    if cfg.ckpt_path:
+        ckpt = load_checkpoint(cfg.ckpt_path)
+        try:
+            model.load_state_dict(ckpt["model"])
+        except RuntimeError as e:
+            raise RuntimeError(f"checkpoint {cfg.ckpt_path} does not fit model {cfg.model.name!r} as "
+                               f"configured (was it trained with other model settings?): {e}") from e
+        optimizer.load_state_dict(ckpt["optimizer"])
+        start_epoch, history, best = ckpt["epoch"], ckpt["history"], ckpt["best"]
+        torch.set_rng_state(ckpt["rng"]["torch"])
+        if device.type == "cuda" and ckpt["rng"].get("cuda") is not None:
+            torch.cuda.set_rng_state(ckpt["rng"]["cuda"], device)
+        log.info("resumed from %s at epoch %d", cfg.ckpt_path, start_epoch)
+    if start_epoch >= tc.epochs:
+        log.warning("checkpoint is at epoch %d >= trainer.epochs=%d: nothing to train", start_epoch, tc.epochs)
+
+    csv_path = os.path.join(out_dir, "metrics.csv")
+    fields = ["epoch", "loss", "train", "valid", "test", "epoch_time_s", "peak_memory_mb", "lr"]
+    with open(csv_path, "w", newline="") as f:  # rewritten from history, so a resume continues it
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(history)
+    tb = None
+    if cfg.logger.tensorboard:
+        from torch.utils.tensorboard import SummaryWriter
+        tb = SummaryWriter(os.path.join(out_dir, "tensorboard"))
+
+    def checkpoint(epoch: int) -> Dict[str, Any]:
+        return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch,
+                "history": history, "best": best, "num_parameters": num_params,
+                "config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
+                "rng": {"torch": torch.get_rng_state(),
+                        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}}
+
+    # ---- the loop -----------------------------------------------------------------------------
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    bar = tqdm(range(start_epoch + 1, tc.epochs + 1), desc=cfg.name, disable=None if cfg.logger.progress_bar
+               else True, initial=start_epoch, total=tc.epochs, dynamic_ncols=True)
+    for epoch in bar:
+        model.train()
+        t0 = time.perf_counter()
+        # The partition's randomness is a function of (seed, epoch) alone: no state to resume.
+        parts = partition_graph(ds.edge_index, ds.num_nodes, tc.train_parts,
+                                torch.Generator().manual_seed(_stream(cfg.seed, epoch, 0)))
+        total_loss, total_nodes = 0.0, 0
+        for step, sub in enumerate(parts):
+            mask = train_mask[sub.node_idx]
+            if not mask.any():
+                continue
+            x = ds.x[sub.node_idx].to(device)
+            edge_index = as_edge_index(sub.edge_index.to(device), sub.num_nodes)
+            edge_attr = None if ds.edge_attr is None else ds.edge_attr[sub.edge_ids].to(device)
+            y = ds.y[sub.node_idx[mask]].to(device)
+            mask = mask.to(device)
+            with autocast if autocast is not None else contextlib.nullcontext():
+                logits = model(x, edge_index, edge_attr)
+            logits = logits[mask].float()
+            if ds.task == "multilabel":
+                loss = F.binary_cross_entropy_with_logits(logits, y.float())
+            else:
+                loss = F.cross_entropy(logits, y.view(-1))
+            if not torch.isfinite(loss):
+                good = f"{last_path} (epoch {start_epoch if not history else history[-1]['epoch']})" \
+                    if os.path.exists(last_path) else "none (no epoch finished)"
+                raise FloatingPointError(
+                    f"loss is {loss.item()} at epoch {epoch}, step {step}: training diverged. "
+                    f"Last good checkpoint: {good}. Try a lower optim.lr or trainer.grad_clip.")
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if tc.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
+            optimizer.step()
+            total_loss += loss.item() * int(mask.sum())
+            total_nodes += int(mask.sum())
+        epoch_time = time.perf_counter() - t0
+
+        row = {"epoch": epoch, "loss": total_loss / max(total_nodes, 1), "train": "", "valid": "",
+               "test": "", "epoch_time_s": round(epoch_time, 4), "peak_memory_mb": round(peak_memory_mb(device), 1),
+               "lr": optimizer.param_groups[0]["lr"]}
+        improved = False
+        if epoch % tc.eval_every == 0 or epoch == tc.epochs:
+            logits = predict(model, ds, tc.eval_views, tc.eval_parts,
+                             torch.Generator().manual_seed(_stream(cfg.seed, epoch, 1)), device, autocast)
+            scores = scorer(logits)
+            row.update(scores)
+            improved = scores["valid"] > best["valid"]
+            if improved:
+                best = {"epoch": epoch, **scores}
+            log.info("epoch %d  loss %.4f  train %.4f  valid %.4f  test %.4f  (best valid %.4f @ %d)  %.1fs",
+                     epoch, row["loss"], scores["train"], scores["valid"], scores["test"], best["valid"],
+                     best["epoch"], epoch_time)
+        history.append(row)
+        state = checkpoint(epoch)
+        if improved:
+            atomic_save(state, best_path)
+        atomic_save(state, last_path)
+        with open(csv_path, "a", newline="") as f:
+            csv.DictWriter(f, fieldnames=fields).writerow(row)
+        if tb is not None:
+            for key in ("loss", "train", "valid", "test", "epoch_time_s", "peak_memory_mb"):
+                if row[key] != "":
+                    tb.add_scalar(key, row[key], epoch)
+        bar.set_postfix(loss=f"{row['loss']:.4f}", valid=f"{best['valid']:.4f}")
+    bar.close()
+    if tb is not None:
+        tb.close()
+
+    # ---- summary ------------------------------------------------------------------------------
+    times = [r["epoch_time_s"] for r in history]
+    summary = {"name": cfg.name, "seed": cfg.seed, "model": cfg.model.name, "data": ds.name,
+               "metric": scorer.metric, "num_parameters": num_params, "epochs": len(history),
+               "best_epoch": best["epoch"], "highest_train": best["train"], "highest_valid": best["valid"],
+               "final_test": best["test"], "epoch_time_s": sum(times) / max(len(times), 1),
+               "peak_memory_mb": max((r["peak_memory_mb"] for r in history), default=peak_memory_mb(device)),
+               "device": device.type, "bf16": use_bf16, "output_dir": out_dir}
+    with open(os.path.join(out_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    if cfg.logger.plot and history:
+        plot_learning_curve(history, scorer.metric, os.path.join(out_dir, "learning_curve.png"))
+    log.info("Highest Train: %.4f  Highest Valid: %.4f  Final Test: %.4f  (%s, epoch %d of %d, %s params, "
+             "%.2f s/epoch, peak %.0f MB)", best["train"], best["valid"], best["test"], scorer.metric,
+             best["epoch"], len(history), f"{num_params:,}", summary["epoch_time_s"], summary["peak_memory_mb"])
+    return summary
+
+
+def build_model(model_cfg: DictConfig, ds) -> "torch.nn.Module":  # noqa: F821
+    """Instantiates ``model_cfg`` with the data set's shapes; ``null`` entries keep the variant's default."""
+    from hydra.utils import instantiate
+    kwargs = {k: v for k, v in OmegaConf.to_container(model_cfg, resolve=True).items() if v is not None}
+    return instantiate(kwargs, in_channels=ds.in_channels, out_channels=ds.num_classes,
+                       edge_channels=ds.edge_channels, species_channels=ds.species_channels)
+
+
+def resolve_output_dir(cfg: DictConfig) -> str:
+    """``cfg.output_dir`` if set, else Hydra's run directory (or ``outputs/<name>`` outside Hydra)."""
+    if cfg.output_dir:
+        return str(cfg.output_dir)
+    from hydra.core.hydra_config import HydraConfig
+    if HydraConfig.initialized():
+        return HydraConfig.get().runtime.output_dir
+    return f"outputs/{cfg.name}"
+
+
+def _stream(seed: int, epoch: int, purpose: int) -> int:
+    """A distinct generator seed for each (run seed, epoch, purpose)."""
+    return (seed * 1_000_003 + epoch) * 4 + purpose
+
+
+def peak_memory_mb(device) -> float:
+    """Peak memory so far: ``max_memory_allocated`` on CUDA, the process's peak RSS on CPU."""
+    import resource
+    import torch
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def atomic_save(obj: Any, path: str) -> None:
+    """``torch.save`` to a temporary file in the same directory, then rename over ``path``."""
+    import os
+    import torch
+    tmp = f"{path}.tmp{os.getpid()}"
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: str) -> Dict[str, Any]:
+    """Loads a checkpoint written by :func:`train` (tensors and plain Python values only)."""
+    import os
+    import torch
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"checkpoint {path!r} does not exist")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise RuntimeError(f"checkpoint {path!r} could not be read ({type(e).__name__}: {e})") from e
+
+
+def plot_learning_curve(history, metric: str, path: str) -> None:
+    """Training loss and train/valid/test scores against epochs, as a PNG."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (ax_loss, ax_score) = plt.subplots(1, 2, figsize=(10, 4))
+    ax_loss.plot([r["epoch"] for r in history], [r["loss"] for r in history])
+    ax_loss.set(xlabel="epoch", ylabel="training loss", title="loss")
+    evaluated = [r for r in history if r["valid"] != ""]
+    for split in ("train", "valid", "test"):
+        ax_score.plot([r["epoch"] for r in evaluated], [r[split] for r in evaluated], marker="o", label=split)
+    ax_score.set(xlabel="epoch", ylabel=metric, title=metric)
+    ax_score.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="train")
+def main(cfg: DictConfig) -> float:
+    """Console entry point (``revgnn-train``); returns the best validation score for sweepers."""
+    return train(cfg)["highest_valid"]
+
+
+if __name__ == "__main__":
+    main()
