@@ -165,3 +165,14 @@ def test_pretraining_schedule():
     plain = DEQGNN(16, 16, 3, backward="phantom")
     plain.set_epoch(0)
     assert plain.phase == "equilibrium" and plain.deq.backward == "phantom"
+
+
+def test_equilibrium_is_solved_in_float32_under_autocast():
+    torch.manual_seed(0)
+    x, ei, ea = graph()
+    model = DEQGNN(16, 16, 3, edge_channels=8, max_iter=100, tol=1e-5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(x, ei, ea)
+    assert model.deq_stats()["forward_converged"] == 1.0  # bf16 would stall near 1e-2
+    out.float().sum().backward()
+    assert model.deq_stats()["backward_converged"] == 1.0

@@ -14,6 +14,7 @@ from .solvers import SolverDivergenceError, SolverResult, check_solver_options, 
 __all__ = ["DEQ", "DEQConvergenceWarning", "BACKWARD_MODES"]
 
 BACKWARD_MODES = ("implicit", "phantom", "unroll")
+_HALF = (torch.float16, torch.bfloat16)
 
 
 class DEQConvergenceWarning(RuntimeWarning):
@@ -46,6 +47,9 @@ class DEQ(nn.Module):
     iteration and have no fixed point): sample masks once per forward outside and pass them to :math:`f`
     as extra inputs (see :class:`revgnn.models.deq_gnn.DEQGNNLayer`). Layers with running statistics
     (BatchNorm) would update them at every iteration; use LayerNorm.
+
+    Under :func:`torch.autocast` the equilibrium is computed in float32 (autocast is switched off inside
+    and half-precision inputs are upcast): a bf16 map cannot reach a useful residual tolerance.
 
     A solve that ends above its tolerance emits a :class:`DEQConvergenceWarning` and is recorded in
     :attr:`stats` (with :attr:`traces`); NaN/inf raises :class:`~revgnn.deq.SolverDivergenceError`.
@@ -172,6 +176,16 @@ class DEQ(nn.Module):
             z0 (Tensor, optional): initial state when there is no warm start (it also fixes the shape
                 of the state when that differs from :obj:`inputs[0]`). (default: :obj:`None`)
         """
+        device_type = next((t.device.type for t in inputs if isinstance(t, Tensor)), "cpu")
+        if torch.is_autocast_enabled(device_type):
+            # Solve in float32: bf16/fp16 (eps 8e-3 / 1e-3) cannot reach a useful residual tolerance.
+            with torch.autocast(device_type, enabled=False):
+                inputs = tuple(t.float() if isinstance(t, Tensor) and t.dtype in _HALF else t
+                               for t in inputs)
+                return self._forward(inputs, None if z0 is None else z0.float())
+        return self._forward(inputs, z0)
+
+    def _forward(self, inputs, z0: Optional[Tensor]) -> Tensor:
         def f(z: Tensor) -> Tensor:
             return self.f(z, *inputs)
 
