@@ -63,6 +63,7 @@ def _conv_models():
          False),
         ('mean/SAGE', lambda: SAGEConv(F_IN, 8, aggr='mean'), False),
         ('max/SAGE', lambda: SAGEConv(F_IN, 8, aggr='max'), False),
+        ('max/ties', TieMax, False),
         ('max/GEN', lambda: GENConv(F_IN, 8, aggr='max', edge_dim=F_EDGE,
                                     norm='layer', bias=True), True),
         ('softmax/GEN', lambda: GENConv(F_IN, 8, aggr='softmax', learn_t=True,
@@ -74,6 +75,20 @@ def _conv_models():
         ('GAT-mean-heads', lambda: GATConv(F_IN, 4, heads=2, concat=False,
                                            add_self_loops=False), False),
     ]
+
+
+class TieMax(torch.nn.Module):
+    """SAGE max over integer-valued features (straight-through floor): many
+    exact ties, many of them at 0, where torch's amax backward also counts
+    the zero initial value."""
+
+    def __init__(self):
+        super().__init__()
+        from torch_geometric.nn import SAGEConv
+        self.conv = SAGEConv(F_IN, 8, aggr='max')
+
+    def forward(self, x, edge_index):
+        return self.conv(torch.floor(2 * x) + (x - x.detach()), edge_index)
 
 
 def _compare_model(name, build, uses_edges, graph, part, forward_ref,
@@ -137,6 +152,43 @@ def _rev_model_softmax():
                   edge_channels=F_EDGE, aggr='softmax', learn_t=True)
 
 
+def _wt_rev_model():
+    from revgnn.models.revgnn import RevGNN
+    return RevGNN(F_IN, 8, 3, num_layers=5, num_groups=2, conv='gen',
+                  edge_channels=F_EDGE, aggr='max', weight_tied=True)
+
+
+def _check_train_step(graph):
+    """``run.train_step`` (global loss normalisation + gradient all-reduce)
+    makes the same SGD update as one process on the full graph."""
+    from revgnn.distributed.run import SARJob, prepare_model, train_step
+    ei, x, ea = make_graph()
+    y = (torch.randn(N, 3, generator=torch.Generator().manual_seed(3)) > 0
+         ).double()
+    train = torch.arange(N) % 3 != 0
+    torch.manual_seed(99)
+    ref = _rev_model_softmax()
+    before = [p.detach().clone() for p in ref.parameters()]
+    sar = _rev_model_softmax()
+    sar.load_state_dict(ref.state_dict())
+    prepare_model(sar)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.5)
+    loss_ref = torch.nn.functional.binary_cross_entropy_with_logits(
+        ref(x, ei, ea)[train], y[train])
+    loss_ref.backward()
+    opt.step()
+    nid = graph.node_ids
+    job = SARJob(graph, x[nid], y[nid], ea[graph.edge_ids],
+                 {'train': train[nid]}, task='multilabel')
+    loss = train_step(sar, torch.optim.SGD(sar.parameters(), lr=0.5), job)
+    errs = [('train_step', 'loss', abs(loss - loss_ref.item()) /
+             abs(loss_ref.item()))]
+    for (n, p_ref), p, b in zip(ref.named_parameters(), sar.parameters(),
+                                before):
+        errs.append(('train_step', f'update {n}', rel_err(p - b, p_ref - b)))
+    return errs
+
+
 def _worker_exactness(rank, world_size, kind, with_models):
     torch.set_default_dtype(torch.float64)
     from revgnn.distributed.sar import SARGraph
@@ -155,6 +207,9 @@ def _worker_exactness(rank, world_size, kind, with_models):
         errs += _compare_model('RevGNN-6-GEN-softmax', _rev_model_softmax,
                                True, graph, parts[rank], _call_conv,
                                _call_conv)
+        errs += _compare_model('WT-RevGNN-5-GEN-max', _wt_rev_model, True,
+                               graph, parts[rank], _call_conv, _call_conv)
+        errs += _check_train_step(graph)
     return errs
 
 
@@ -177,3 +232,51 @@ def test_sar_matches_single_process(world_size, kind, with_models):
     results = run_workers(_worker_exactness, world_size, kind, with_models,
                           timeout_s=60, wall_s=240, threads=1)
     _check(results)
+
+
+def test_no_edge_sized_tensor_is_saved():
+    """Forward of SAR GAT / GENConv-softmax saves no edge-sized float tensor
+    except the edge-attribute input itself (single worker, no process
+    group needed)."""
+    from torch_geometric.nn import GATConv, GENConv
+
+    from revgnn.distributed.convs import convert_to_sar
+    from revgnn.distributed.sar import SARGraph
+    ei, x, ea = make_graph()
+    graph = SARGraph(build_partitions(ei, N, 1, edge_attr=ea)[0])
+    e_sizes = {graph.num_edges, graph.with_self_loops().num_edges}
+    cases = [
+        (GATConv(F_IN, 4, heads=3), None),
+        (GENConv(F_IN, F_IN, aggr='softmax', learn_t=True, edge_dim=F_EDGE,
+                 norm='layer'), graph.edge_attr.double().requires_grad_()),
+        (GENConv(F_IN, F_IN, aggr='max', edge_dim=F_EDGE, norm='layer'),
+         graph.edge_attr.double().requires_grad_()),
+    ]
+    for conv, edge_attr in cases:
+        conv = convert_to_sar(conv.double())
+        saved = []
+
+        def pack(t):
+            saved.append(t)
+            return t
+
+        xl = x[graph.node_ids].clone().requires_grad_()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = (conv(xl, graph) if edge_attr is None else
+                   conv(xl, graph, edge_attr))
+        edge_sized = [t for t in saved if t.is_floating_point() and t.dim()
+                      and t.size(0) in e_sizes and not (
+                          edge_attr is not None and
+                          t.data_ptr() == edge_attr.data_ptr())]
+        assert not edge_sized, (conv, [tuple(t.shape) for t in edge_sized])
+        out.sum().backward()
+        assert xl.grad is not None
+
+
+def test_sar_graph_rejects_wrong_world_size():
+    from revgnn.distributed.partition import PartitionMismatchError
+    from revgnn.distributed.sar import SARGraph
+    ei, x, ea = make_graph()
+    part = build_partitions(ei, N, 2, method='random')[1]
+    with pytest.raises(PartitionMismatchError, match='2-worker|1-worker'):
+        SARGraph(part)
