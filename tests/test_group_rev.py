@@ -343,3 +343,11 @@ def test_consumer_without_backward_is_an_error(graph):
     b2(y1, graph)  # consumes y1, but its result is thrown away
     with pytest.raises(RuntimeError, match="y.clone()"):
         y1.sum().backward()
+
+
+def test_inverse_reconstructs_input(graph):
+    block = GroupAddRev(GENBlock(8, edge_channels=16), num_groups=2).double().eval()
+    x = torch.randn(N, 16, dtype=torch.float64)
+    ea = torch.randn(E, 16, dtype=torch.float64)
+    y = block(x, graph, Shared(ea))
+    assert rel_err(block.inverse(y, graph, Shared(ea)), x) <= 1e-12

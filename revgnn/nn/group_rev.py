@@ -132,6 +132,21 @@ class GroupAddRev(nn.Module):
         return apply_invertible(self, x, args, kwargs, keep_input=self.keep_input,
                                 num_bwd_passes=self.num_bwd_passes)
 
+    @torch.no_grad()
+    def inverse(self, y: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        r"""Reconstructs the input from the output :math:`\mathbf{Y}` (no graph is built).
+
+        Stochastic layers inside the block must be in ``eval()`` mode or get an
+        explicit mask, since no random state is replayed here.
+        """
+        groups = self._group_args(args, kwargs, self._channels(y))
+        ys = y.chunk(self.num_groups, dim=self.split_dim)
+        xs: List[Optional[Tensor]] = [None] * self.num_groups
+        for i in range(self.num_groups - 1, 0, -1):
+            xs[i] = ys[i] - self.convs[i](ys[i - 1], *groups[i][0], **groups[i][1])
+        xs[0] = ys[0] - self.convs[0](self._sum(xs[1:]), *groups[0][0], **groups[0][1])
+        return torch.cat(xs, dim=self.split_dim)
+
     def _needs_graph(self, x: Tensor, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> bool:
         def grad(v: Any) -> bool:
             if isinstance(v, Shared):

@@ -29,9 +29,14 @@ class SavedTensorBytes:
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
 
     def _pack(self, t: Tensor) -> Tensor:
-        if not isinstance(t, torch.nn.Parameter):
+        if isinstance(t, torch.nn.Parameter):
+            return t
+        try:
             storage = t.untyped_storage()
             self._storages[storage.data_ptr()] = storage.nbytes()
+        except RuntimeError:  # wrapper subclasses (e.g. PyG's EdgeIndex) own no storage
+            data = t.as_subclass(torch.Tensor) if type(t) is not torch.Tensor else t
+            self._storages[id(t)] = data.numel() * data.element_size()
         return t
 
     @staticmethod

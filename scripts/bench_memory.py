@@ -1,0 +1,266 @@
+"""Memory and speed of reversible stacks vs depth: revgnn vs PyG's GroupAddRev vs a plain stack.
+
+One generated graph (default 20k nodes, 200k edges, 64 channels, 2 groups of
+GENConv-max pre-activation blocks with a shared dropout mask and 8-d edge
+features). For every depth and implementation a fresh process builds the
+stack and runs training steps (forward + backward), so that its peak RSS
+(``ru_maxrss``) belongs to that configuration alone. Printed per run:
+
+* saved bytes: what autograd stores for backward (deterministic),
+* peak RSS: what the user feels (process high-water mark, includes the graph),
+* step time: median over the measured steps.
+
+Ratios (ours / PyG, ours / plain, depth D / smallest depth) come from the same
+run. Every process is started through revgnn's launcher, which preloads
+tcmalloc when installed (the default of our entry points); ``--allocators
+system,tcmalloc`` adds glibc-malloc runs for comparison. Also measured: float32
+reconstruction drift of the input after inverting the whole stack.
+
+    python scripts/bench_memory.py                        # full run (~20-30 min on 2 cores)
+    python scripts/bench_memory.py --depths 8,64 --nodes 2000 --edges 20000   # quick look
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+IMPLS = ("revgnn", "pyg", "plain")
+
+
+def build_graph(nodes: int, edges: int, seed: int = 0):
+    import torch
+    from torch_geometric import EdgeIndex
+
+    g = torch.Generator().manual_seed(seed)
+    edge_index = torch.randint(0, nodes, (2, edges), generator=g)
+    edge_attr = torch.rand(edges, 8, generator=g)
+    perm = (edge_index[1] * nodes + edge_index[0]).argsort()  # sort by destination (CSC)
+    edge_index, edge_attr = edge_index[:, perm], edge_attr[perm]
+    edge_index = EdgeIndex(edge_index, sparse_size=(nodes, nodes), sort_order="col")
+    return edge_index, edge_attr
+
+
+def build_stack(impl: str, depth: int, channels: int):
+    import torch
+    from torch import nn
+
+    from revgnn.nn import GENBlock, GroupAddRev
+
+    torch.manual_seed(0)
+    blocks = []
+    for _ in range(depth):
+        block = GENBlock(channels // 2, edge_channels=8, aggr="max")
+        if impl == "pyg":
+            from torch_geometric.nn import GroupAddRev as PyGGroupAddRev
+            blocks.append(PyGGroupAddRev(block, num_groups=2))
+        else:
+            blocks.append(GroupAddRev(block, num_groups=2, disable=impl == "plain"))
+    return nn.ModuleList(blocks)
+
+
+def child(args) -> None:
+    """Runs one (impl, depth) configuration and prints one JSON line."""
+    import torch
+
+    from revgnn.nn import Shared, SharedDropout
+    from revgnn.utils import SavedTensorBytes, peak_rss_bytes
+    from revgnn.utils.launch import allocator
+
+    edge_index, edge_attr = build_graph(args.nodes, args.edges)
+    stack = build_stack(args.impl, args.depth, args.channels)
+    dropout = SharedDropout(0.1)
+    x0 = torch.randn(args.nodes, args.channels)
+    setup_rss = peak_rss_bytes()
+
+    def step(count_saved: bool = False) -> int:
+        x = x0.clone()  # PyG's GroupAddRev frees its input's storage
+        mask = dropout(x)
+        edges = edge_attr if args.impl == "pyg" else Shared(edge_attr)
+        saved = SavedTensorBytes()
+        if count_saved:
+            saved.__enter__()
+        h = x
+        for block in stack:
+            h = block(h, edge_index, edges, mask)
+        loss = h.square().mean()
+        if count_saved:
+            saved.__exit__(None, None, None)
+        loss.backward()
+        for p in stack.parameters():
+            p.grad = None
+        return saved.bytes
+
+    saved_bytes = step(count_saved=True)  # also the warm-up
+    times = []
+    for _ in range(args.reps):
+        t = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t)
+    print(json.dumps(dict(impl=args.impl, depth=args.depth, allocator=allocator(),
+                          saved_bytes=saved_bytes, peak_rss=peak_rss_bytes(),
+                          setup_rss=setup_rss, step_s=statistics.median(times),
+                          threads=torch.get_num_threads())))
+
+
+def drift(args) -> None:
+    """float32 reconstruction error of the stack's input after inverting all blocks."""
+    import torch
+
+    from revgnn.nn import Shared
+
+    edge_index, edge_attr = build_graph(args.nodes, args.edges)
+    results = []
+    for depth in args.drift_depths:
+        stack = build_stack("revgnn", depth, args.channels).eval()
+        x = torch.randn(args.nodes, args.channels)
+        with torch.no_grad():
+            h = x
+            for block in stack:
+                h = block(h, edge_index, Shared(edge_attr))
+            scale = h.abs().max().item()
+            for block in reversed(stack):
+                h = block.inverse(h, edge_index, Shared(edge_attr))
+        err = (h - x).abs().max().item()
+        results.append(dict(depth=depth, max_abs_err=err, activation_max=scale,
+                            rel_to_input=err / x.abs().max().item()))
+    print(json.dumps(results))
+
+
+def spawn(args, impl: str, depth: int, alloc: str) -> dict:
+    env = dict(os.environ, REVGNN_ALLOCATOR=alloc)
+    env.pop("LD_PRELOAD", None) if alloc == "system" else None
+    env.pop("_REVGNN_REEXEC", None)
+    cmd = [sys.executable, __file__, "--child", "--impl", impl, "--depth", str(depth),
+           "--nodes", str(args.nodes), "--edges", str(args.edges),
+           "--channels", str(args.channels), "--reps", str(args.reps if depth < 512 else 1)]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        return dict(impl=impl, depth=depth, allocator=alloc, error=out.stderr.strip()[-300:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--depths", default="8,64,256,1001")
+    parser.add_argument("--impls", default=",".join(IMPLS))
+    parser.add_argument("--allocators", default="tcmalloc",
+                        help="comma list of tcmalloc,system (default: the launcher's default)")
+    parser.add_argument("--nodes", type=int, default=20_000)
+    parser.add_argument("--edges", type=int, default=200_000)
+    parser.add_argument("--channels", type=int, default=64)
+    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--plain-limit-gb", type=float, default=12.0,
+                        help="skip the plain stack where its projected saved bytes exceed this")
+    parser.add_argument("--drift-depths", default="10,100,1001")
+    parser.add_argument("--out", default="bench_out")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--drift", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--impl", help=argparse.SUPPRESS)
+    parser.add_argument("--depth", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    args.drift_depths = [int(d) for d in args.drift_depths.split(",") if d]
+
+    from revgnn.utils.launch import use_tcmalloc
+    if os.environ.get("REVGNN_ALLOCATOR", "tcmalloc") != "system":
+        use_tcmalloc()
+    if args.child:
+        return child(args)
+    if args.drift:
+        return drift(args)
+
+    depths = [int(d) for d in args.depths.split(",")]
+    impls = args.impls.split(",")
+    rows = []
+    for alloc in args.allocators.split(","):
+        plain_per_layer = None
+        for depth in depths:
+            for impl in impls:
+                if impl == "plain" and plain_per_layer is not None:
+                    projected = plain_per_layer * depth / 2**30
+                    if projected > args.plain_limit_gb:
+                        print(f"skip plain at depth {depth}: ~{projected:.0f} GB saved", flush=True)
+                        continue
+                row = spawn(args, impl, depth, alloc)
+                if impl == "plain" and "saved_bytes" in row:
+                    plain_per_layer = row["saved_bytes"] / depth
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    env = dict(os.environ)
+    env.pop("_REVGNN_REEXEC", None)
+    drift_out = subprocess.run([sys.executable, __file__, "--drift", "--nodes", str(args.nodes),
+                                "--edges", str(args.edges), "--channels", str(args.channels),
+                                "--drift-depths", ",".join(map(str, args.drift_depths))],
+                               capture_output=True, text=True, env=env)
+    drift_rows = json.loads(drift_out.stdout.strip().splitlines()[-1]) if drift_out.returncode == 0 else []
+    report(rows, drift_rows, args)
+
+
+def report(rows, drift_rows, args) -> None:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "memory.json").write_text(json.dumps(dict(rows=rows, drift=drift_rows), indent=1))
+    ok = [r for r in rows if "error" not in r]
+    get = {(r["impl"], r["depth"], r["allocator"]): r for r in ok}
+    lines = [f"graph: {args.nodes} nodes, {args.edges} edges, {args.channels} channels, "
+             f"2 groups of GENConv-max blocks, shared dropout 0.1", "",
+             "| allocator | depth | impl | saved MB | peak RSS MB | step s | step / PyG | step / plain |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in ok:
+        pyg = get.get(("pyg", r["depth"], r["allocator"]))
+        plain = get.get(("plain", r["depth"], r["allocator"]))
+        ratio = lambda ref: f"{r['step_s'] / ref['step_s']:.2f}" if ref else "-"
+        lines.append(f"| {r['allocator']} | {r['depth']} | {r['impl']} | {r['saved_bytes'] / 2**20:.1f} "
+                     f"| {r['peak_rss'] / 2**20:.0f} | {r['step_s']:.2f} | {ratio(pyg)} | {ratio(plain)} |")
+    lines.append("")
+    for alloc in sorted({r["allocator"] for r in ok}):
+        for impl in IMPLS:
+            series = sorted((r["depth"], r) for r in ok if r["impl"] == impl and r["allocator"] == alloc)
+            if len(series) >= 2:
+                (d0, r0), (d1, r1) = series[0], series[-1]
+                lines.append(f"- {alloc} {impl}: depth {d1} vs {d0}: saved bytes "
+                             f"{r1['saved_bytes'] / r0['saved_bytes']:.3f}x, peak RSS "
+                             f"{r1['peak_rss'] / r0['peak_rss']:.3f}x")
+    for r in (r for r in rows if "error" in r):
+        lines.append(f"- {r['allocator']} {r['impl']} depth {r['depth']}: failed ({r['error'][-120:]})")
+    if drift_rows:
+        lines += ["", "float32 reconstruction drift (invert the whole stack, eval mode):", ""]
+        lines += [f"- {d['depth']} layers: max |x_rec - x| = {d['max_abs_err']:.2e} "
+                  f"(activations up to {d['activation_max']:.1f})" for d in drift_rows]
+    text = "\n".join(lines)
+    (out / "memory.md").write_text(text + "\n")
+    print("\n" + text)
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for alloc in sorted({r["allocator"] for r in ok}):
+        for impl in IMPLS:
+            series = sorted((r["depth"], r) for r in ok if r["impl"] == impl and r["allocator"] == alloc)
+            if not series:
+                continue
+            d = [s[0] for s in series]
+            label = f"{impl} ({alloc})"
+            axes[0].plot(d, [s[1]["peak_rss"] / 2**30 for s in series], "o-", label=label)
+            axes[1].plot(d, [s[1]["step_s"] for s in series], "o-", label=label)
+    for ax, title in zip(axes, ("peak RSS (GB)", "step time (s)")):
+        ax.set_xscale("log")
+        ax.set_xlabel("depth (reversible blocks)")
+        ax.set_title(title)
+        ax.legend(fontsize=8)
+    if axes[1].has_data():
+        axes[1].set_yscale("log")
+    fig.tight_layout()
+    fig.savefig(out / "memory.png", dpi=120)
+    print(f"\nwrote {out / 'memory.md'}, {out / 'memory.png'}")
+
+
+if __name__ == "__main__":
+    main()
