@@ -199,6 +199,18 @@ def test_warm_start_uses_previous_equilibrium_when_shapes_match():
         assert deq._z_prev is None or deq._z_prev.shape == (7, 4)
 
 
+def test_output_can_be_modified_in_place():
+    A = make_graph()
+    x, z0 = inject(A.shape[0])
+    deq = DEQ(GraphMap(), tol=1e-10, max_iter=200)
+    ref = grads(deq, x, A, z0)
+    deq.zero_grad()
+    out = deq(x, A, z0=z0)
+    out.mul_(1.0)
+    loss_fn(out).backward()
+    assert torch.allclose(torch.cat([p.grad.flatten() for p in deq.f.parameters()]), ref[:-x.numel()])
+
+
 def test_configuration_errors():
     f = GraphMap()
     with pytest.raises(TypeError, match="unknown option"):

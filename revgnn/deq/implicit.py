@@ -47,7 +47,9 @@ class _ImplicitGrad(torch.autograd.Function):
         # Kept as attributes, not via save_for_backward: z_out must keep its grad_fn (we differentiate
         # through it), and neither adds memory: z_out is f's own output, z_in the detached equilibrium.
         ctx.z_out, ctx.z_in, ctx.solve, ctx.on_result = z_out, z_in, solve, on_result
-        return z_out.view_as(z_out)
+        # A copy, not a view: callers may modify the output in place (view + in-place is forbidden on
+        # custom Function outputs).
+        return z_out.clone()
 
     @staticmethod
     def backward(ctx, grad: Tensor):
@@ -75,7 +77,7 @@ def attach_implicit_grad(z_out: Tensor, z_in: Tensor, solve: AdjointSolve,
         on_result (callable, optional): receives the adjoint :class:`SolverResult` (for statistics).
 
     Returns:
-        A tensor equal to :obj:`z_out` (a view) whose gradient is the implicit one. Higher-order
+        A tensor equal to :obj:`z_out` (a copy) whose gradient is the implicit one. Higher-order
         gradients (:obj:`create_graph=True`) are not supported.
     """
     if not z_in.requires_grad or z_in.grad_fn is not None:
