@@ -34,15 +34,18 @@ def test_weight_tied_parameters_do_not_depend_on_depth():
 def test_every_registered_model_builds_and_runs():
     x, ei, ea = proteins_batch()
     for name in list_models():
-        small = {"num_layers": 2} if "mlp" not in name else {}
-        if name in ("revgnn_products", "revgat_arxiv"):
-            small.update(in_channels=16, out_channels=5)
-        model = create_model(name, **small)
+        small = {"in_channels": 16, "out_channels": 5} if name in (
+            "revgnn_products", "revgat_arxiv") else {}
+        try:  # deep variants are built shallow here
+            model = create_model(name, num_layers=2, **small)
+        except TypeError as err:  # models without a depth (e.g. equilibrium models)
+            assert "'num_layers'" in str(err)
+            model = create_model(name, **small)
         out = model(x, ei, ea)
-        assert out.shape == (30, model.head.lin.out_features), name
+        assert out.shape == (30, 5 if small else 112), name
         out.float().mean().backward()
         model.reset_parameters()
-        assert name.split("_")[0].lower()[:3] in repr(model).lower() or repr(model)
+        assert type(model).__name__ in repr(model)
 
 
 def test_registry_errors():

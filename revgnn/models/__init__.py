@@ -4,6 +4,7 @@ from revgnn.models.components import count_parameters
 from revgnn.models.revgnn import RevGNN
 from revgnn.models.resgnn import ResGNN
 from revgnn.models.mlp import MLP
+from revgnn.models.deq_gnn import DEQGNN
 
 __all__ = ["create_model", "list_models", "register_model", "count_parameters",
-           "RevGNN", "ResGNN", "MLP"]
+           "RevGNN", "ResGNN", "MLP", "DEQGNN"]
