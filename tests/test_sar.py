@@ -54,13 +54,15 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def _conv_models():
     """(name, constructor, uses_edge_attr) for every aggregation kind."""
-    from torch_geometric.nn import GATConv, GENConv, GINConv, SAGEConv
+    from torch_geometric.nn import (GATConv, GCNConv, GENConv, GINConv,
+                                    SAGEConv)
     from torch.nn import Linear, ReLU, Sequential
 
     return [
         ('sum/GIN', lambda: GINConv(Sequential(Linear(F_IN, 16), ReLU(),
                                                Linear(16, 8)), train_eps=True),
          False),
+        ('sum/GCN', lambda: GCNConv(F_IN, 8), False),
         ('mean/SAGE', lambda: SAGEConv(F_IN, 8, aggr='mean'), False),
         ('max/SAGE', lambda: SAGEConv(F_IN, 8, aggr='max'), False),
         ('max/ties', TieMax, False),

@@ -19,13 +19,14 @@ from typing import List, Optional, Sequence
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch_geometric.nn import GATConv, GENConv, GINConv, SAGEConv
+from torch_geometric.nn import GATConv, GCNConv, GENConv, GINConv, SAGEConv
 from torch_geometric.nn.aggr import (MaxAggregation, MeanAggregation,
                                      SoftmaxAggregation, SumAggregation)
 
 from .sar import EdgeOp, SARGraph, sequential_aggregate
 
 __all__ = ['SARGENConv', 'SARGATConv', 'SARSAGEConv', 'SARGINConv',
+           'SARGCNConv', 'gcn_edge_weight',
            'convert_to_sar', 'SAR_CONVS']
 
 
@@ -273,8 +274,63 @@ class SARGINConv(GINConv):
         return self.nn(out)
 
 
+def gcn_edge_weight(graph: SARGraph, improved: bool = False) -> Tensor:
+    r"""Symmetric GCN normalisation on the self-loop view of ``graph``:
+    :math:`w_{ji} = \hat d_j^{-1/2} \hat d_i^{-1/2}` with :math:`\hat d` the
+    in-degree including one self loop of weight 1 (2 if ``improved``),
+    exactly PyG's ``gcn_norm`` for unweighted graphs. Source degrees come
+    from their owners in one ring; cached on the graph."""
+    view = graph.with_self_loops()
+    key = '_gcn_norm_improved' if improved else '_gcn_norm'
+    cached = getattr(view, key, None)
+    if cached is not None:
+        return cached
+    n = view.num_local
+    a, b = view.shard(view.rank)
+    w = torch.ones(view.num_edges, dtype=torch.float64)
+    w[b - n:b] = 2.0 if improved else 1.0  # the loops close the local shard
+    deg = torch.zeros(n, dtype=torch.float64).index_add_(0, view.dst, w)
+    dis = deg.pow(-0.5)
+    dis[dis == float('inf')] = 0
+    norm = torch.empty_like(w)
+    with torch.no_grad():
+        for q, block in view.ring(dis.view(-1, 1), 'GCN degree exchange'):
+            s0, s1 = view.shard(q)
+            norm[s0:s1] = (block.view(-1)[view.src[s0:s1]] * w[s0:s1] *
+                           dis[view.dst[s0:s1]])
+    setattr(view, key, norm)
+    return norm
+
+
+class SARGCNConv(GCNConv):
+    """:class:`torch_geometric.nn.GCNConv` (unweighted graph, self loops,
+    symmetric normalisation) that also runs on a
+    :class:`~revgnn.distributed.sar.SARGraph`, on the no-re-fetch fast
+    path."""
+
+    def forward(self, x, edge_index, edge_weight=None):
+        if not isinstance(edge_index, SARGraph):
+            return super().forward(x, edge_index, edge_weight)
+        _no_tuple(x, 'GCNConv')
+        if edge_weight is not None:
+            raise NotImplementedError('GCNConv under SAR takes no '
+                                      'edge_weight (unweighted graphs)')
+        if not (self.normalize and self.add_self_loops):
+            raise NotImplementedError('GCNConv under SAR supports the '
+                                      'default normalize=True, '
+                                      'add_self_loops=True')
+        graph = edge_index
+        x = self.lin(x)
+        norm = gcn_edge_weight(graph, self.improved).to(x.dtype)
+        out = sequential_aggregate(_Linear('sum'), graph.with_self_loops(),
+                                   x, None, norm)
+        if self.bias is not None:
+            out = out + self.bias
+        return out
+
+
 SAR_CONVS = {GENConv: SARGENConv, GATConv: SARGATConv,
-             SAGEConv: SARSAGEConv, GINConv: SARGINConv}
+             SAGEConv: SARSAGEConv, GINConv: SARGINConv, GCNConv: SARGCNConv}
 
 
 def convert_to_sar(module: torch.nn.Module) -> torch.nn.Module:
