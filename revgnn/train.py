@@ -131,6 +131,8 @@ def train(cfg: DictConfig) -> Dict[str, Any]:
                else True, initial=start_epoch, total=tc.epochs, dynamic_ncols=True)
     for epoch in bar:
         model.train()
+        if hasattr(model, "set_epoch"):  # models with an epoch schedule (DEQ-GNN's unrolled pretraining)
+            model.set_epoch(epoch - 1)
         t0 = time.perf_counter()
         # The partition's randomness is a function of (seed, epoch) alone: no state to resume.
         parts = partition_graph(ds.edge_index, ds.num_nodes, tc.train_parts,
