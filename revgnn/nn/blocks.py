@@ -22,6 +22,8 @@ from torch import Tensor, nn
 from torch_geometric.nn import GATConv, GCNConv, GENConv, GINConv, SAGEConv
 from torch_geometric.typing import Adj, OptTensor
 
+from revgnn.nn.aggr import gen_max_aggregate
+
 NORMS = ("layer", "batch", None)
 
 
@@ -89,6 +91,9 @@ class GENBlock(PreActBlock):
 
     with a 2-layer MLP (``c -> 2c -> c``, LayerNorm inside, biases) and a
     per-block edge encoder :math:`\mathbf{W}_e` (``edge_channels -> channels``).
+    Max aggregation runs through :func:`~revgnn.nn.aggr.gen_max_aggregate`,
+    which stores no edge-sized tensor for backward; pass a destination-sorted
+    :class:`torch_geometric.EdgeIndex` to avoid sorting edges in every call.
     With ``channels=40, edge_channels=80`` and LayerNorm this is exactly 10,000
     parameters, one group of RevGNN-Deep.
 
@@ -119,6 +124,9 @@ class GENBlock(PreActBlock):
     def conv_forward(self, h: Tensor, edge_index: Adj, edge_attr: OptTensor) -> Tensor:
         if edge_attr is not None and self.edge_encoder is not None:
             edge_attr = self.edge_encoder(edge_attr)
+        if self.conv.aggr == "max" and isinstance(edge_index, Tensor):
+            # GENConv.forward for in == out channels, with the fused aggregation
+            return self.conv.mlp(gen_max_aggregate(h, edge_index, edge_attr, self.conv.eps) + h)
         return self.conv(h, edge_index, edge_attr)
 
     def extra_repr(self) -> str:
