@@ -112,3 +112,22 @@ def block_builder(conv: str, norm: Optional[str], edge_channels: Optional[int],
 
     make.uses_edges = BLOCKS[conv].supports_edge_attr
     return make
+
+
+def sort_edges(edge_index, edge_attr, num_nodes: int):
+    """Destination-sorted :class:`torch_geometric.EdgeIndex` (and edge features in that order).
+
+    Sorting once per forward pass lets every layer aggregate over contiguous
+    segments (CSR) instead of sorting or scattering in each of hundreds of
+    layers. A destination-sorted ``EdgeIndex`` is returned unchanged.
+    """
+    from torch_geometric import EdgeIndex
+
+    if isinstance(edge_index, EdgeIndex) and edge_index.is_sorted_by_col:
+        return edge_index, edge_attr
+    if not isinstance(edge_index, EdgeIndex):
+        edge_index = EdgeIndex(edge_index, sparse_size=(num_nodes, num_nodes))
+    edge_index, perm = edge_index.sort_by("col")
+    if edge_attr is not None and perm is not None:
+        edge_attr = edge_attr.index_select(0, perm)
+    return edge_index, edge_attr

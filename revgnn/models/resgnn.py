@@ -6,7 +6,8 @@ from typing import Any, Optional
 from torch import Tensor, nn
 from torch_geometric.typing import Adj, OptTensor
 
-from revgnn.models.components import Head, NodeEncoder, block_builder, make_edge_encoder
+from revgnn.models.components import (Head, NodeEncoder, block_builder, make_edge_encoder,
+                                       sort_edges)
 from revgnn.models.registry import build, register_model
 from revgnn.models.revgnn import PROTEINS
 from revgnn.nn import Residual, SharedDropout
@@ -56,6 +57,7 @@ class ResGNN(nn.Module):
                 module.reset_parameters()
 
     def forward(self, x: Tensor, edge_index: Adj, edge_attr: OptTensor = None) -> Tensor:
+        edge_index, edge_attr = sort_edges(edge_index, edge_attr, x.size(0))
         h = self.node_encoder(x)
         e = (self.edge_encoder(edge_attr)
              if self.edge_encoder is not None and edge_attr is not None else None)
