@@ -14,7 +14,7 @@ Example::
     >>> z = deq(torch.randn(10, 4))          # z = tanh(0.5 * lin(z) + x) at equilibrium
     >>> z.sum().backward()                   # implicit differentiation
 """
-from .implicit import attach_implicit_grad, phantom_grad, unroll
+from .implicit import implicit_equilibrium, phantom_grad, unroll
 from .module import BACKWARD_MODES, DEQ, DEQConvergenceWarning
 from .solvers import (SOLVERS, SolverDivergenceError, SolverResult, anderson, broyden,
                       check_solver_options, fixed_point, get_solver, solver_options)
@@ -22,5 +22,5 @@ from .solvers import (SOLVERS, SolverDivergenceError, SolverResult, anderson, br
 __all__ = [
     "DEQ", "DEQConvergenceWarning", "BACKWARD_MODES", "SOLVERS", "SolverDivergenceError", "SolverResult",
     "anderson", "broyden", "fixed_point", "get_solver", "solver_options", "check_solver_options",
-    "attach_implicit_grad", "phantom_grad", "unroll",
+    "implicit_equilibrium", "phantom_grad", "unroll",
 ]

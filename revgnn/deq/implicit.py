@@ -10,8 +10,9 @@ gives, for a loss :math:`\ell(\mathbf{z}^*)`,
     \mathbf{J} = \frac{\partial f_\theta}{\partial \mathbf{z}} \Big|_{\mathbf{z}^*},
 
 so the backward pass is itself a fixed-point problem (the *adjoint* equation), solved with any solver from
-:mod:`revgnn.deq.solvers` using vector-Jacobian products of a single re-evaluation of :math:`f`. Nothing
-from the forward solver iterations is kept, so memory does not depend on their number.
+:mod:`revgnn.deq.solvers` using vector-Jacobian products of a single re-evaluation of :math:`f` at
+:math:`\mathbf{z}^*`. Nothing from the forward solver iterations is kept, and not even the activations of
+:math:`f` (they are rebuilt in the backward pass): memory is :math:`\mathbf{z}^*` plus the inputs.
 
 Two cheaper approximations are provided as well:
 
@@ -23,66 +24,86 @@ Two cheaper approximations are provided as well:
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 from torch import Tensor
 
 from .solvers import SolverResult
 
-__all__ = ["attach_implicit_grad", "phantom_grad", "unroll"]
+__all__ = ["implicit_equilibrium", "phantom_grad", "unroll"]
 
 AdjointSolve = Callable[[Callable[[Tensor], Tensor], Tensor], SolverResult]
 
 
 class _ImplicitGrad(torch.autograd.Function):
-    r"""Identity in the forward pass; in the backward pass replaces the incoming gradient
-    :math:`\partial\ell/\partial\mathbf{z}` by the adjoint solution :math:`\mathbf{u}`, which then flows
-    through the graph of the single re-evaluation :math:`f(\mathbf{z}^*, \mathbf{x})` to :math:`\theta` and
-    :math:`\mathbf{x}`."""
+    r"""Returns the equilibrium :math:`\mathbf{z}^*` (computed without autograd) and differentiates it
+    implicitly.
+
+    Only the inputs of :math:`f` and :math:`\mathbf{z}^*` are saved. The backward pass re-evaluates
+    :math:`f(\mathbf{z}^*, \mathbf{x})` once with autograd (as a reversible block rebuilds its
+    activations), solves the adjoint fixed point with vector-Jacobian products of that graph, and
+    pulls :math:`\mathbf{u}` back to :math:`\theta` and :math:`\mathbf{x}`.
+    """
 
     @staticmethod
-    def forward(ctx, z_out: Tensor, z_in: Tensor, solve: AdjointSolve,
-                on_result: Optional[Callable[[SolverResult], None]]) -> Tensor:
-        # Kept as attributes, not via save_for_backward: z_out must keep its grad_fn (we differentiate
-        # through it), and neither adds memory: z_out is f's own output, z_in the detached equilibrium.
-        ctx.z_out, ctx.z_in, ctx.solve, ctx.on_result = z_out, z_in, solve, on_result
-        # A copy, not a view: callers may modify the output in place (view + in-place is forbidden on
-        # custom Function outputs).
-        return z_out.clone()
+    def forward(ctx, f, inputs, slots, solve, on_result, z_star, *tensors):
+        # tensors = the inputs that need gradients (at positions `slots` of `inputs`), then the
+        # parameters of f that need gradients. Other inputs (indices, masks) stay as given.
+        ctx.f, ctx.solve, ctx.on_result = f, solve, on_result
+        ctx.inputs = tuple(None if i in slots else t for i, t in enumerate(inputs))
+        ctx.slots = slots
+        ctx.save_for_backward(z_star, *tensors)
+        return z_star.clone()
 
     @staticmethod
-    def backward(ctx, grad: Tensor):
-        z_out, z_in = ctx.z_out, ctx.z_in
+    def backward(ctx, grad):
+        z_star, *tensors = ctx.saved_tensors
+        n = len(ctx.slots)
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_() for t in tensors[:n]]
+            params = tensors[n:]
+            inputs = list(ctx.inputs)
+            for i, leaf in zip(ctx.slots, leaves):
+                inputs[i] = leaf
+            z_in = z_star.detach().requires_grad_()
+            z_out = ctx.f(z_in, *inputs)
 
-        def adjoint_map(u: Tensor) -> Tensor:
-            (vjp,) = torch.autograd.grad(z_out, z_in, u, retain_graph=True)
-            return vjp + grad
+            def adjoint_map(u: Tensor) -> Tensor:
+                (vjp,) = torch.autograd.grad(z_out, z_in, u, retain_graph=True)
+                return vjp + grad
 
-        result = ctx.solve(adjoint_map, grad)
+            result = ctx.solve(adjoint_map, grad)
+            grads = torch.autograd.grad(z_out, leaves + list(params), result.z, allow_unused=True)
         if ctx.on_result is not None:
             ctx.on_result(result)
-        ctx.z_out = ctx.z_in = None  # let the graph go once the outer backward is done with it
-        return result.z, None, None, None
+        return (None, None, None, None, None, None, *grads)
 
 
-def attach_implicit_grad(z_out: Tensor, z_in: Tensor, solve: AdjointSolve,
+def implicit_equilibrium(f: Callable[..., Tensor], z_star: Tensor, inputs: Sequence[Any],
+                         params: Sequence[Tensor], solve: AdjointSolve,
                          on_result: Optional[Callable[[SolverResult], None]] = None) -> Tensor:
-    r"""Make backpropagation through :obj:`z_out` use implicit differentiation.
+    r"""Attach implicit differentiation to an equilibrium found without autograd.
 
     Args:
-        z_out (Tensor): :math:`f(\mathbf{z}_{in}, \mathbf{x})`, computed with autograd enabled.
-        z_in (Tensor): the equilibrium, a detached leaf with :obj:`requires_grad=True`.
+        f (callable): the map, called as :obj:`f(z, *inputs)`.
+        z_star (Tensor): the equilibrium (no autograd history).
+        inputs (sequence): the other arguments of :obj:`f`; floating tensors that require gradients
+            receive them.
+        params (sequence of Tensor): the parameters :math:`\theta` of :obj:`f` that require gradients.
         solve (callable): :obj:`solve(adjoint_map, u0) -> SolverResult` for the adjoint fixed point.
         on_result (callable, optional): receives the adjoint :class:`SolverResult` (for statistics).
 
     Returns:
-        A tensor equal to :obj:`z_out` (a copy) whose gradient is the implicit one. Higher-order
-        gradients (:obj:`create_graph=True`) are not supported.
+        A copy of :obj:`z_star` whose gradient is the implicit one. Memory: :obj:`z_star` and the
+        inputs, however many solver iterations ran; the backward pass costs one re-evaluation of
+        :obj:`f` plus one vector-Jacobian product per adjoint iteration. Higher-order gradients
+        (:obj:`create_graph=True`) are not supported.
     """
-    if not z_in.requires_grad or z_in.grad_fn is not None:
-        raise ValueError("z_in must be a detached leaf tensor with requires_grad=True")
-    return _ImplicitGrad.apply(z_out, z_in, solve, on_result)
+    slots = tuple(i for i, t in enumerate(inputs)
+                  if isinstance(t, Tensor) and t.requires_grad)
+    tensors = [inputs[i] for i in slots] + [p for p in params if p.requires_grad]
+    return _ImplicitGrad.apply(f, tuple(inputs), slots, solve, on_result, z_star.detach(), *tensors)
 
 
 def phantom_grad(f: Callable[[Tensor], Tensor], z_star: Tensor, steps: int, damping: float) -> Tensor:

@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional
 import torch
 from torch import Tensor, nn
 
-from .implicit import attach_implicit_grad, phantom_grad, unroll
+from .implicit import implicit_equilibrium, phantom_grad, unroll
 from .solvers import SolverDivergenceError, SolverResult, check_solver_options, get_solver
 
 __all__ = ["DEQ", "DEQConvergenceWarning", "BACKWARD_MODES"]
@@ -35,9 +35,9 @@ class DEQ(nn.Module):
 
     * :obj:`"implicit"`: exact implicit differentiation; the adjoint fixed point
       :math:`\mathbf{u}^\top = \mathbf{u}^\top \partial f/\partial\mathbf{z} + \partial\ell/\partial\mathbf{z}^*`
-      is solved by :obj:`backward_solver` (see :mod:`revgnn.deq.implicit`). The returned tensor is
-      :math:`f_\theta(\mathbf{z}^*, \mathbf{x})`, one extra evaluation carrying the graph.
-      Memory is that of one evaluation of :math:`f`, whatever the number of solver iterations.
+      is solved by :obj:`backward_solver` (see :mod:`revgnn.deq.implicit`). Only :math:`\mathbf{z}^*` and
+      the inputs are saved; the backward pass re-evaluates :math:`f` once at :math:`\mathbf{z}^*`.
+      Memory does not depend on the number of solver iterations.
     * :obj:`"phantom"`: :obj:`phantom_steps` damped steps from :math:`\mathbf{z}^*` with autograd.
     * :obj:`"unroll"`: no solver; :obj:`unroll_steps` weight-tied iterations from :math:`\mathbf{z}_0`,
       backpropagated through (a depth-:math:`k` weight-tied network; for tests and pretraining). This mode
@@ -204,10 +204,8 @@ class DEQ(nn.Module):
             return z_star
         if self.backward == "phantom":
             return phantom_grad(f, z_star, self.phantom_steps, self.phantom_damping)
-        z_in = z_star.detach().requires_grad_()
-        z_out = f(z_in)
-        return attach_implicit_grad(z_out, z_in, self._solve_adjoint,
-                                    lambda r: self._record("backward", r))
+        return implicit_equilibrium(self.f, z_star, inputs, list(self.f.parameters()),
+                                    self._solve_adjoint, lambda r: self._record("backward", r))
 
     def _solve_adjoint(self, adjoint_map, u0: Tensor) -> SolverResult:
         return get_solver(self.backward_solver)(
