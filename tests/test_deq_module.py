@@ -134,6 +134,9 @@ def test_saved_bytes_do_not_depend_on_iterations(backward):
         assert deq.stats["forward_steps"] == iters
         sizes.append(nbytes)
     assert sizes[0] == sizes[1] > 0
+    if backward == "implicit":  # only z* and the inputs: less than one evaluation of f with autograd
+        one_eval = saved_bytes(lambda: GraphMap()(z0.requires_grad_(), x, A))[0]
+        assert sizes[0] < one_eval
     # the measure itself sees depth: unrolling saves more for more steps
     unrolled = [saved_bytes(lambda: DEQ(GraphMap(), backward="unroll", unroll_steps=k)(x, A, z0=z0))[0]
                 for k in (5, 50)]
