@@ -130,13 +130,23 @@ def _worker(rank, world_size, mode, part_dir, cfg):
     job = SARJob(graph, nd['x'], nd['y'], None,
                  {'train': torch.ones(graph.num_local, dtype=torch.bool)})
 
-    class _Wrap(torch.nn.Module):  # train_step passes the SARGraph
+    class _Wrap(torch.nn.Module):
+        """RevGNN.forward with the SAR or naive graph object in place of
+        ``edge_index`` (RevGNN.forward itself sorts tensor edge indices and
+        does not accept graph objects)."""
+
         def __init__(self):
             super().__init__()
             self.model = model
 
         def forward(self, x, _graph, edge_attr):
-            return self.model(x, edge_index, edge_attr)
+            from revgnn.nn import Shared
+            m = self.model
+            h = m.node_encoder(x)
+            mask = m.dropout(h)
+            for block in m.layers:
+                h = block(h, edge_index, Shared(None), mask)
+            return m.head(h)
 
     net = _Wrap()
     opt = torch.optim.Adam(net.parameters(), lr=1e-3)

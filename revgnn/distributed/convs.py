@@ -287,9 +287,10 @@ def gcn_edge_weight(graph: SARGraph, improved: bool = False) -> Tensor:
         return cached
     n = view.num_local
     a, b = view.shard(view.rank)
-    w = torch.ones(view.num_edges, dtype=torch.float64)
+    w = torch.ones(view.num_edges, dtype=torch.float64,
+                   device=view.dst.device)
     w[b - n:b] = 2.0 if improved else 1.0  # the loops close the local shard
-    deg = torch.zeros(n, dtype=torch.float64).index_add_(0, view.dst, w)
+    deg = w.new_zeros(n).index_add_(0, view.dst, w)
     dis = deg.pow(-0.5)
     dis[dis == float('inf')] = 0
     norm = torch.empty_like(w)

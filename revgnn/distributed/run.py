@@ -79,9 +79,14 @@ def setup_sar(partition_dir: str, timeout_s: float = 300.0,
     """
     from .sar import SARGraph
     init_distributed(backend=backend, timeout_s=timeout_s)
+    if dist.get_backend() == 'nccl':
+        torch.cuda.set_device(int(os.environ.get('LOCAL_RANK', 0)))
     part = load_partition(partition_dir, dist.get_rank(),
                           dist.get_world_size())
     graph = SARGraph(part, timeout_s=timeout_s)
+    dev = device or (torch.device('cuda', torch.cuda.current_device())
+                     if dist.get_backend() == 'nccl' else torch.device('cpu'))
+    graph.to(dev)
     with open(os.path.join(partition_dir, 'meta.json')) as f:
         meta = json.load(f)
     nd = part['node_data']
@@ -90,7 +95,6 @@ def setup_sar(partition_dir: str, timeout_s: float = 300.0,
             raise ValueError(f'{partition_dir} has no node tensor {key!r}; '
                              'partition with scripts/partition.py')
     masks = {k[:-5]: v for k, v in nd.items() if k.endswith('_mask')}
-    dev = device or torch.device('cpu')
     info = meta.get('dataset', {})
     ea = graph.edge_attr
     return SARJob(graph=graph, x=nd['x'].to(dev), y=nd['y'].to(dev),

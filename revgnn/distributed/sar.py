@@ -70,6 +70,12 @@ SOFTMAX_EPS = 1e-16  # PyG's torch_geometric.utils.softmax adds this
 _KINDS = ('sum', 'mean', 'max', 'softmax')
 
 
+def _comm_device() -> torch.device:
+    if dist.is_initialized() and dist.get_backend() == 'nccl':
+        return torch.device('cuda', torch.cuda.current_device())
+    return torch.device('cpu')
+
+
 class _Counter:
     def __init__(self):
         self.value = 0
@@ -162,16 +168,33 @@ class SARGraph:
             counts = all_gather_object_checked(self.num_needed,
                                                'SARGraph setup (counts)')
             tag = self._next_tag()
+            dev = _comm_device()  # NCCL moves CUDA tensors only
             for k in range(1, P):
                 to, frm = (rank - k) % P, (rank + k) % P
-                buf = torch.empty(counts[frm][rank], dtype=torch.long)
-                tr = post_transfer(needed[to], to, buf, frm, tag,
+                buf = torch.empty(counts[frm][rank], dtype=torch.long,
+                                  device=dev)
+                tr = post_transfer(needed[to].to(dev), to, buf, frm, tag,
                                    'SARGraph setup (row requests)', timeout_s)
-                self.send_idx[frm] = tr.wait()
+                self.send_idx[frm] = tr.wait().cpu()
         self._self_loop_view: Optional['SARGraph'] = None
         self._loop_keep: Optional[Tensor] = None
 
     # ------------------------------------------------------------------ utils
+    def to(self, device) -> 'SARGraph':
+        """Moves the index tensors, edge attributes and node data to
+        ``device`` (in place; with NCCL the features must live on the
+        worker's GPU)."""
+        for name in ('src', 'dst', 'in_degree', 'edge_attr', '_loop_keep'):
+            t = getattr(self, name, None)
+            if t is not None:
+                setattr(self, name, t.to(device))
+        self.send_idx = [t.to(device) for t in self.send_idx]
+        self.node_data = {k: v.to(device) for k, v in self.node_data.items()}
+        if self._self_loop_view is not None and \
+                self._self_loop_view is not self:
+            self._self_loop_view.to(device)
+        return self
+
     def _next_tag(self) -> int:
         return (self._counter.next() % (1 << 24)) * 4
 
@@ -203,7 +226,7 @@ class SARGraph:
         a, b = self.shard(r)
         local_src, local_dst = self.src[a:b], self.dst[a:b]
         keep = (local_src != local_dst).nonzero().view(-1) + a
-        loops = torch.arange(self.num_local)
+        loops = torch.arange(self.num_local, device=self.dst.device)
         view = copy.copy(self)
         view.src = torch.cat([self.src[:a], self.src[keep], loops,
                               self.src[b:]])
@@ -230,7 +253,8 @@ class SARGraph:
         keep = view._loop_keep
         a, b = self.shard(self.rank)
         # Attributes of all non-loop incoming edges (every shard) per node.
-        mask = torch.ones(self.num_edges, dtype=torch.bool)
+        mask = torch.ones(self.num_edges, dtype=torch.bool,
+                          device=self.dst.device)
         mask[a:b] = False
         mask[keep] = True
         n = self.num_local
