@@ -217,6 +217,8 @@ class DEQ(nn.Module):
                 or any(isinstance(t, Tensor) and t.requires_grad for t in inputs))
 
     def _initial_state(self, inputs, z0: Optional[Tensor]) -> Tensor:
+        if z0 is None and not (inputs and isinstance(inputs[0], Tensor)):
+            raise ValueError("DEQ: pass z0 when the first input is not a tensor shaped like the state")
         cold = z0.detach() if z0 is not None else torch.zeros_like(inputs[0])
         prev = self._z_prev
         if (self.warm_start and prev is not None and prev.shape == cold.shape
