@@ -351,3 +351,20 @@ def test_inverse_reconstructs_input(graph):
     ea = torch.randn(E, 16, dtype=torch.float64)
     y = block(x, graph, Shared(ea))
     assert rel_err(block.inverse(y, graph, Shared(ea)), x) <= 1e-12
+
+
+def test_graphnorm_block_with_batch_vector(graph):
+    """GraphNorm needs the per-node graph index; every group receives it whole."""
+    batch = torch.arange(N) // 8  # three graphs
+    x = torch.randn(N, 16, dtype=torch.float64)
+    res = []
+    for disable in (False, True):
+        stack = make_stack(lambda c: GENBlock(c, norm="graph"), 10, disable)
+        xx = x.clone().requires_grad_()
+        h = xx
+        for block in stack:
+            h = block(h, graph, batch=batch)
+        h.square().sum().backward()
+        res.append([xx.grad] + [p.grad for p in stack.parameters()])
+    for a, b in zip(*res):
+        assert rel_err(a, b) <= 1e-10

@@ -19,23 +19,27 @@ from __future__ import annotations
 from typing import Any, Dict, Optional, Type
 
 from torch import Tensor, nn
-from torch_geometric.nn import GATConv, GCNConv, GENConv, GINConv, SAGEConv
+from torch_geometric.nn import GATConv, GCNConv, GENConv, GINConv, GraphNorm, SAGEConv
 from torch_geometric.typing import Adj, OptTensor
 
 from revgnn.nn.aggr import gen_max_aggregate
 
-NORMS = ("layer", "batch", None)
+NORMS = ("layer", "batch", "graph", None)
 
 
 def make_norm(norm: Optional[str], channels: int) -> Optional[nn.Module]:
-    """``'layer'`` -> LayerNorm, ``'batch'`` -> BatchNorm1d, ``None`` -> no norm."""
+    """``'layer'`` -> LayerNorm, ``'batch'`` -> BatchNorm1d, ``'graph'`` -> PyG's
+    GraphNorm (per-graph statistics; blocks then need the ``batch`` vector),
+    ``None`` -> no norm."""
     if norm == "layer":
         return nn.LayerNorm(channels)
     if norm == "batch":
         return nn.BatchNorm1d(channels)
+    if norm == "graph":
+        return GraphNorm(channels)
     if norm is None or norm == "none":
         return None
-    raise ValueError(f"unknown norm {norm!r}; choose one of 'layer', 'batch', None")
+    raise ValueError(f"unknown norm {norm!r}; choose one of 'layer', 'batch', 'graph', None")
 
 
 class PreActBlock(nn.Module):
@@ -43,8 +47,8 @@ class PreActBlock(nn.Module):
 
     Args:
         channels (int): Feature width in and out.
-        norm (str, optional): ``'layer'``, ``'batch'`` or :obj:`None`.
-            (default: :obj:`'layer'`)
+        norm (str, optional): ``'layer'``, ``'batch'``, ``'graph'`` or
+            :obj:`None`. (default: :obj:`'layer'`)
         preact (bool, optional): Apply Norm -> ReLU before the conv; the first
             layer of a res+ model sets :obj:`False`. (default: :obj:`True`)
     """
@@ -67,10 +71,14 @@ class PreActBlock(nn.Module):
         raise NotImplementedError
 
     def forward(self, x: Tensor, edge_index: Adj, edge_attr: OptTensor = None,
-                dropout_mask: OptTensor = None) -> Tensor:
+                dropout_mask: OptTensor = None, batch: OptTensor = None) -> Tensor:
+        """``batch`` (graph index per node) is used by GraphNorm only; in a
+        :class:`~revgnn.nn.GroupAddRev` every group receives it whole."""
         h = x
         if self.preact:
-            if self.norm is not None:
+            if isinstance(self.norm, GraphNorm):
+                h = self.norm(h, batch)
+            elif self.norm is not None:
                 h = self.norm(h)
             h = h.relu()
         if dropout_mask is not None:
