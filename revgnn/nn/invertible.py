@@ -24,7 +24,9 @@ Stochastic layers inside a block (``nn.Dropout``, attention dropout) are
 replayed exactly: the RNG state is recorded before each recomputed call in the
 forward pass, but only kept when the call actually drew random numbers.
 Buffers such as BatchNorm's running statistics are restored after each
-recomputation, so they are updated once per step, as in a plain model.
+recomputation, so they are updated once per step, as in a plain model. An
+active ``torch.autocast`` context is recorded in forward and re-entered for
+the recomputation, so mixed-precision blocks recompute the same values.
 """
 from __future__ import annotations
 
@@ -125,6 +127,25 @@ def replay_rng(state: Optional[RNGState]) -> Iterator[None]:
         if state.cuda is not None:
             torch.cuda.set_rng_state(state.cuda, state.device)
         yield
+
+
+# ---------------------------------------------------------------------- autocast
+
+
+def capture_autocast(device: torch.device) -> Optional[Tuple[str, torch.dtype]]:
+    """The active autocast (device type, dtype) for ``device``, if any.
+
+    Autograd runs backward outside the caller's ``torch.autocast`` context, so
+    the recomputation must re-enter it to reproduce the forward values.
+    """
+    kind = device.type
+    if torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):
+        return kind, torch.get_autocast_dtype(kind)
+    return None
+
+
+def autocast_as(state: Optional[Tuple[str, torch.dtype]]):
+    return torch.autocast(state[0], dtype=state[1]) if state else contextlib.nullcontext()
 
 
 # ----------------------------------------------------------------------- buffers
@@ -262,6 +283,7 @@ class InvertibleFunction(torch.autograd.Function):
             y, rng_states = call.block._inverse_forward(x.detach(), args, kwargs)
         ctx.call = call
         ctx.rng_states = rng_states
+        ctx.autocast = capture_autocast(x.device)
         ctx.passes_left = call.num_bwd_passes
         ctx.save_for_backward(*arg_tensors, *((x,) if call.keep_input else ()))
         call.out_slot = OutputSlot(y)
@@ -291,9 +313,10 @@ class InvertibleFunction(torch.autograd.Function):
         wanted_params = [p for i, p in enumerate(params) if needs[1 + num_args + i]]
 
         y = call.out_slot.take()
-        x, grad_x, arg_grads, param_grads = call.block._inverse_backward(
-            y, grad_y, args, kwargs, ctx.rng_states, x_kept,
-            [leaf for leaf in arg_leaves if leaf.requires_grad], wanted_params)
+        with autocast_as(ctx.autocast):
+            x, grad_x, arg_grads, param_grads = call.block._inverse_backward(
+                y, grad_y, args, kwargs, ctx.rng_states, x_kept,
+                [leaf for leaf in arg_leaves if leaf.requires_grad], wanted_params)
 
         if call.out_slot.consumed or last_pass:
             call.out_slot.tensor = None  # a consumer refills it on the next pass
