@@ -63,14 +63,14 @@ class ModelConfig:
 class ProteinsLikeConfig:
     """Arguments of :func:`revgnn.data.synthetic.proteins_like` (its docstring explains each)."""
     _target_: str = "revgnn.data.synthetic.proteins_like"
-    num_nodes: int = 16000
-    avg_degree: int = 32
-    window: int = 40
+    num_nodes: int = 6000
+    avg_degree: int = 16
+    window: int = 20
     num_species: int = 8
     num_tasks: int = 112
     edge_channels: int = 8
     latent_channels: int = 4
-    max_hops: int = 12
+    max_hops: int = 6
     edge_noise: float = 0.5
     valid_species: int = 1
     test_species: int = 2

@@ -1,0 +1,107 @@
+"""The training loop: CLI smoke run, exact resume, divergence handling, clear errors."""
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from torch import nn
+
+import revgnn.config
+from revgnn.models import register_model
+from revgnn.train import load_checkpoint, train
+
+CONFIG_DIR = str(Path(revgnn.config.__file__).parent / "configs")
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["data.num_nodes=400", "data.window=5", "data.avg_degree=6", "data.max_hops=2",
+        "model.num_layers=2", "model.hidden_channels=8", "trainer.train_parts=2", "trainer.eval_every=1",
+        "trainer.eval_parts=2", "logger.progress_bar=false"]
+
+
+def _cfg(tmp_path, *overrides, tiny_data=True):
+    base = TINY if tiny_data else [o for o in TINY if not o.startswith("data.")]
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose(config_name="train", overrides=base + ["logger.plot=false"] + list(overrides))
+    cfg.output_dir = str(tmp_path)
+    return cfg
+
+
+class NanAfter(nn.Module):
+    """A linear model whose output turns NaN from its ``bad_step``-th training forward on."""
+
+    def __init__(self, in_channels, out_channels, bad_step=3, **unused):
+        super().__init__()
+        self.lin = nn.Linear(in_channels, out_channels)
+        self.bad_step, self.calls = bad_step, 0
+
+    def forward(self, x, edge_index, edge_attr=None):
+        self.calls += self.training
+        out = self.lin(x)
+        return out * float("nan") if self.training and self.calls >= self.bad_step else out
+
+
+@register_model(name="test_nan_after")
+def _nan_model(**kwargs):
+    return NanAfter(**kwargs)
+
+
+def test_cli_one_epoch_smoke(tmp_path):
+    """`python -m revgnn.train` end to end; outputs land in Hydra's run directory under the cwd."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-m", "revgnn.train", *TINY, "trainer.epochs=1", "name=smoke"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run_dir,) = (tmp_path / "outputs" / "smoke").iterdir()
+    for name in ("metrics.csv", "summary.json", "last.pt", "best.pt", "learning_curve.png", "train.log"):
+        assert (run_dir / name).exists(), name
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["metric"] == "rocauc" and 0.0 <= summary["final_test"] <= 1.0
+    assert summary["num_parameters"] > 0 and summary["peak_memory_mb"] > 0
+    assert "Final Test" in (run_dir / "train.log").read_text()
+
+
+def test_resume_is_exact(tmp_path):
+    full = train(_cfg(tmp_path / "full", "trainer.epochs=4"))
+    train(_cfg(tmp_path / "half", "trainer.epochs=2"))
+    resumed = train(_cfg(tmp_path / "resumed", "trainer.epochs=4",
+                         f"ckpt_path={tmp_path / 'half' / 'last.pt'}"))
+    a, b = load_checkpoint(str(tmp_path / "full" / "last.pt")), load_checkpoint(str(tmp_path / "resumed" / "last.pt"))
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    timing = {"epoch_time_s", "peak_memory_mb"}  # measurements, not results
+    strip = lambda hist: [{k: v for k, v in row.items() if k not in timing} for row in hist]  # noqa: E731
+    assert strip(a["history"]) == strip(b["history"]) and a["best"] == b["best"]
+    for k in ("highest_valid", "final_test", "best_epoch"):
+        assert full[k] == resumed[k]
+    with open(tmp_path / "resumed" / "metrics.csv") as f:
+        assert [int(r["epoch"]) for r in csv.DictReader(f)] == [1, 2, 3, 4]
+
+
+def test_nan_loss_stops_with_clear_error_and_keeps_last_good_checkpoint(tmp_path):
+    cfg = _cfg(tmp_path, "trainer.epochs=3")
+    cfg.model = OmegaConf.create({"_target_": "revgnn.models.create_model", "name": "test_nan_after",
+                                  "bad_step": 3})
+    with pytest.raises(FloatingPointError, match=r"epoch 2.*last\.pt \(epoch 1\)"):
+        train(cfg)
+    assert load_checkpoint(str(tmp_path / "last.pt"))["epoch"] == 1
+
+
+def test_missing_checkpoint_and_data_path_are_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.pt"):
+        train(_cfg(tmp_path, "trainer.epochs=1", f"ckpt_path={tmp_path / 'nope.pt'}"))
+    from hydra.errors import InstantiationException
+    with pytest.raises(InstantiationException, match=r"no_such_dir.*proteins\.zip"):
+        train(_cfg(tmp_path, "data=ogbn_proteins", f"data.root={tmp_path / 'no_such_dir'}",
+                   tiny_data=False))
+
+
+def test_incompatible_checkpoint_is_explained(tmp_path):
+    train(_cfg(tmp_path / "a", "trainer.epochs=1"))
+    with pytest.raises(RuntimeError, match="does not fit model"):
+        train(_cfg(tmp_path / "b", "trainer.epochs=2", "model.hidden_channels=16",
+                   f"ckpt_path={tmp_path / 'a' / 'last.pt'}"))
