@@ -7,7 +7,7 @@ ogbn-proteins. Here a whole partition is a handful of vectorised tensor operatio
 
 1. ``part[v]`` for every node (a balanced random assignment: a permutation cut into ``K`` chunks);
 2. an edge survives iff both endpoints share a part: ``part[src] == part[dst]``;
-3. one stable sort of the surviving edge ids by part groups them into ``K`` contiguous ranges;
+3. one boolean mask per part groups the surviving edge ids into ``K`` contiguous ranges;
 4. a node's local id is its rank inside its part, so ``local[edge_index[:, ids]]`` is the sub-graph.
 
 Because every step is stable and monotone in the global ids, a graph whose edges are sorted by
@@ -75,23 +75,24 @@ class Partition:
     def __init__(self, edge_index: Tensor, part: Tensor, num_parts: int):
         num_nodes = part.numel()
         self.num_parts = num_parts
-        # Nodes grouped by part, ascending global id inside each part (stable sort).
-        self.node_perm = torch.sort(part, stable=True).indices
-        node_count = torch.bincount(part, minlength=num_parts)
+        # Grouping by part uses one boolean mask per part rather than a sort: K passes over a vector are
+        # much cheaper than a stable sort of it on CPU, and keep ascending global order inside a part.
+        node_groups = [torch.nonzero(part == k).view(-1) for k in range(num_parts)]
+        self.node_perm = torch.cat(node_groups)
         self.node_ptr = torch.zeros(num_parts + 1, dtype=torch.long)
-        torch.cumsum(node_count, 0, out=self.node_ptr[1:])
+        torch.cumsum(torch.tensor([len(n) for n in node_groups]), 0, out=self.node_ptr[1:])
         local = torch.empty(num_nodes, dtype=torch.long)
-        local[self.node_perm] = torch.arange(num_nodes) - self.node_ptr[part[self.node_perm]]
+        for nodes in node_groups:
+            local[nodes] = torch.arange(nodes.numel())
 
         src_part = part[edge_index[0]]
         kept = torch.nonzero(src_part == part[edge_index[1]]).view(-1)
         kept_part = src_part[kept]
         del src_part
-        order = torch.sort(kept_part, stable=True).indices
-        self.edge_ids = kept[order]
-        edge_count = torch.bincount(kept_part, minlength=num_parts)
+        edge_groups = [kept[kept_part == k] for k in range(num_parts)]
+        self.edge_ids = torch.cat(edge_groups)
         self.edge_ptr = torch.zeros(num_parts + 1, dtype=torch.long)
-        torch.cumsum(edge_count, 0, out=self.edge_ptr[1:])
+        torch.cumsum(torch.tensor([len(e) for e in edge_groups]), 0, out=self.edge_ptr[1:])
         self.local_edge_index = local[edge_index[:, self.edge_ids]]
 
     def __len__(self) -> int:
