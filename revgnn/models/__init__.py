@@ -8,3 +8,4 @@ from revgnn.models.deq_gnn import DEQGNN
 
 __all__ = ["create_model", "list_models", "register_model", "count_parameters",
            "RevGNN", "ResGNN", "MLP", "DEQGNN"]
+from revgnn.models import molhiv  # noqa: F401,E402  (graph-level RevGNN: registers revgnn_molhiv*)
