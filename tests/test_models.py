@@ -108,3 +108,23 @@ def test_wrong_feature_width_is_a_clear_error():
     x, ei, ea = proteins_batch()
     with pytest.raises(ValueError, match="expects 16 node features, got 12"):
         create_model("revgnn_small", num_layers=1)(x[:, :12], ei, ea)
+
+
+def test_factored_edge_encoding_equals_materialised():
+    """GEN blocks see the shared edge embedding in factored form; same function."""
+    from revgnn.nn import GENBlock, LinearEdgeFeatures
+
+    x, ei, ea = proteins_batch(dtype=torch.float64)
+    torch.manual_seed(0)
+    shared = torch.nn.Linear(8, 16).double()
+    block = GENBlock(8, edge_channels=16).double()
+    h = torch.randn(30, 8, dtype=torch.float64)
+    grads = []
+    for factored in (True, False):
+        block.zero_grad(), shared.zero_grad()
+        e = LinearEdgeFeatures.from_linear(ea, shared) if factored else shared(ea)
+        out = block(h, ei, e)
+        out.square().sum().backward()
+        grads.append([out.detach()] + [p.grad.clone() for p in (*block.parameters(), *shared.parameters())])
+    for a, b in zip(*grads):
+        assert torch.allclose(a, b, rtol=1e-10, atol=1e-12)

@@ -73,6 +73,23 @@ def make_edge_encoder(edge_channels: Optional[int], hidden_channels: int,
     return nn.Linear(edge_channels, hidden_channels) if edge_channels and used else None
 
 
+def encode_edges(edge_encoder: Optional[nn.Linear], edge_attr: Optional[Tensor], conv: str):
+    """The shared edge embedding handed to every block (``None`` without edges).
+
+    For GENConv blocks it stays in factored form
+    (:class:`~revgnn.nn.edge_features.LinearEdgeFeatures`), so each block's own
+    edge encoder runs on the raw features; other convs get it evaluated once,
+    wrapped in :class:`~revgnn.nn.Shared` so groups receive it whole.
+    """
+    from revgnn.nn import LinearEdgeFeatures, Shared
+
+    if edge_encoder is None or edge_attr is None:
+        return None
+    if conv == "gen":
+        return LinearEdgeFeatures.from_linear(edge_attr, edge_encoder)
+    return Shared(edge_encoder(edge_attr))
+
+
 def count_parameters(model: nn.Module) -> int:
     """Number of trainable parameters (shared tensors counted once)."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -6,8 +6,8 @@ from typing import Any, Optional
 from torch import Tensor, nn
 from torch_geometric.typing import Adj, OptTensor
 
-from revgnn.models.components import (Head, NodeEncoder, block_builder, make_edge_encoder,
-                                       sort_edges)
+from revgnn.models.components import (Head, NodeEncoder, block_builder, encode_edges,
+                                       make_edge_encoder, sort_edges)
 from revgnn.models.registry import build, register_model
 from revgnn.models.revgnn import PROTEINS
 from revgnn.nn import Residual, SharedDropout
@@ -43,6 +43,7 @@ class ResGNN(nn.Module):
         make = block_builder(conv, norm, hidden_channels if edge_channels else None,
                              aggr, learn_t, heads, attn_dropout)
         self.num_layers = num_layers
+        self.conv = conv
         self.node_encoder = NodeEncoder(in_channels, hidden_channels, species_channels)
         self.edge_encoder = make_edge_encoder(edge_channels, hidden_channels, make.uses_edges)
         self.dropout = SharedDropout(dropout)
@@ -59,8 +60,7 @@ class ResGNN(nn.Module):
     def forward(self, x: Tensor, edge_index: Adj, edge_attr: OptTensor = None) -> Tensor:
         edge_index, edge_attr = sort_edges(edge_index, edge_attr, x.size(0))
         h = self.node_encoder(x)
-        e = (self.edge_encoder(edge_attr)
-             if self.edge_encoder is not None and edge_attr is not None else None)
+        e = encode_edges(self.edge_encoder, edge_attr, self.conv)
         h = self.layers[0](h, edge_index, e)
         for layer in self.layers[1:]:
             h = layer(h, edge_index, e, self.dropout(h))

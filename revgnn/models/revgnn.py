@@ -6,10 +6,10 @@ from typing import Any, Optional
 from torch import Tensor, nn
 from torch_geometric.typing import Adj, OptTensor
 
-from revgnn.models.components import (Head, NodeEncoder, block_builder, make_edge_encoder,
-                                       sort_edges)
+from revgnn.models.components import (Head, NodeEncoder, block_builder, encode_edges,
+                                       make_edge_encoder, sort_edges)
 from revgnn.models.registry import build, register_model
-from revgnn.nn import GroupAddRev, Shared, SharedDropout, WeightTied
+from revgnn.nn import GroupAddRev, SharedDropout, WeightTied
 
 #: ogbn-proteins shapes: 8 summed edge features + 8-way species one-hot in,
 #: 8-d edge features, 112 binary tasks out.
@@ -86,6 +86,7 @@ class RevGNN(nn.Module):
         make = block_builder(conv, norm, hidden_channels if edge_channels else None,
                              aggr, learn_t, heads, attn_dropout)
         self.num_layers = num_layers
+        self.conv = conv
         self.weight_tied = weight_tied
         self.node_encoder = NodeEncoder(in_channels, hidden_channels, species_channels)
         self.edge_encoder = make_edge_encoder(edge_channels, hidden_channels, make.uses_edges)
@@ -114,8 +115,7 @@ class RevGNN(nn.Module):
     def forward(self, x: Tensor, edge_index: Adj, edge_attr: OptTensor = None) -> Tensor:
         edge_index, edge_attr = sort_edges(edge_index, edge_attr, x.size(0))
         h = self.node_encoder(x)
-        edges = Shared(self.edge_encoder(edge_attr)
-                       if self.edge_encoder is not None and edge_attr is not None else None)
+        edges = encode_edges(self.edge_encoder, edge_attr, self.conv)
         mask = self.dropout(h)
         if self.weight_tied:
             h = self.layers(h, edge_index, edges, mask)

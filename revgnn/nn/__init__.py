@@ -2,12 +2,13 @@
 from revgnn.nn.blocks import (BLOCKS, GATBlock, GCNBlock, GENBlock, GINBlock, PreActBlock,
                               Residual, SAGEBlock, make_block)
 from revgnn.nn.dropout import SharedDropout
+from revgnn.nn.edge_features import LinearEdgeFeatures
 from revgnn.nn.group_rev import GroupAddRev
 from revgnn.nn.invertible import InvertibleFunction, PerGroup, Shared
 from revgnn.nn.tied import WeightTied
 
 __all__ = [
-    "GroupAddRev", "Shared", "PerGroup", "InvertibleFunction", "SharedDropout", "WeightTied",
+    "GroupAddRev", "Shared", "PerGroup", "LinearEdgeFeatures", "InvertibleFunction", "SharedDropout", "WeightTied",
     "PreActBlock", "GENBlock", "GATBlock", "GCNBlock", "SAGEBlock", "GINBlock", "Residual",
     "BLOCKS", "make_block",
 ]

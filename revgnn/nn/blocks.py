@@ -23,6 +23,7 @@ from torch_geometric.nn import GATConv, GCNConv, GENConv, GINConv, GraphNorm, SA
 from torch_geometric.typing import Adj, OptTensor
 
 from revgnn.nn.aggr import gen_max_aggregate
+from revgnn.nn.edge_features import LinearEdgeFeatures
 
 NORMS = ("layer", "batch", "graph", None)
 
@@ -99,7 +100,9 @@ class GENBlock(PreActBlock):
 
     with a 2-layer MLP (``c -> 2c -> c``, LayerNorm inside, biases) and a
     per-block edge encoder :math:`\mathbf{W}_e` (``edge_channels -> channels``).
-    Max aggregation runs through :func:`~revgnn.nn.aggr.gen_max_aggregate`,
+    ``edge_attr`` may be a :class:`~revgnn.nn.edge_features.LinearEdgeFeatures`
+    (the model's shared edge embedding in factored form), which makes the
+    per-block encoder 10x cheaper on proteins. Max aggregation runs through :func:`~revgnn.nn.aggr.gen_max_aggregate`,
     which stores no edge-sized tensor for backward; pass a destination-sorted
     :class:`torch_geometric.EdgeIndex` to avoid sorting edges in every call.
     With ``channels=40, edge_channels=80`` and LayerNorm this is exactly 10,000
@@ -130,7 +133,9 @@ class GENBlock(PreActBlock):
                             num_layers=mlp_layers, norm="layer", bias=True)
 
     def conv_forward(self, h: Tensor, edge_index: Adj, edge_attr: OptTensor) -> Tensor:
-        if edge_attr is not None and self.edge_encoder is not None:
+        if isinstance(edge_attr, LinearEdgeFeatures):
+            edge_attr = edge_attr.encode(self.edge_encoder)
+        elif edge_attr is not None and self.edge_encoder is not None:
             edge_attr = self.edge_encoder(edge_attr)
         if self.conv.aggr == "max" and isinstance(edge_index, Tensor):
             # GENConv.forward for in == out channels, with the fused aggregation
@@ -168,6 +173,8 @@ class GATBlock(PreActBlock):
     def conv_forward(self, h: Tensor, edge_index: Adj, edge_attr: OptTensor) -> Tensor:
         if self.conv.lin_edge is None:
             edge_attr = None
+        elif isinstance(edge_attr, LinearEdgeFeatures):
+            edge_attr = edge_attr.materialize()
         return self.conv(h, edge_index, edge_attr=edge_attr)
 
 

@@ -7,8 +7,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from revgnn.nn.invertible import (PerGroup, RNGState, Shared, apply_invertible, capture_rng,
-                                  frozen_buffers, replay_rng, rng_advanced)
+from revgnn.nn.invertible import (PerGroup, RNGState, Shared, any_requires_grad,
+                                  apply_invertible, capture_rng, frozen_buffers, replay_rng,
+                                  rng_advanced)
 
 GroupArgs = List[Tuple[Tuple[Any, ...], Dict[str, Any]]]
 
@@ -148,15 +149,8 @@ class GroupAddRev(nn.Module):
         return torch.cat(xs, dim=self.split_dim)
 
     def _needs_graph(self, x: Tensor, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> bool:
-        def grad(v: Any) -> bool:
-            if isinstance(v, Shared):
-                v = v.value
-            if isinstance(v, PerGroup):
-                return any(grad(e) for e in v.values)
-            return isinstance(v, Tensor) and v.requires_grad
-
         return (x.requires_grad or any(p.requires_grad for p in self.parameters())
-                or any(grad(a) for a in args) or any(grad(v) for v in kwargs.values()))
+                or any_requires_grad((args, kwargs)))
 
     # ------------------------------------------------------------------ helpers
 

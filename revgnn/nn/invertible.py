@@ -36,6 +36,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
+from torch.utils import _pytree as pytree
 
 SLOT_ATTR = "_revgnn_slot"
 
@@ -205,48 +206,33 @@ def _requires_grad(v: Any) -> bool:
 class ArgBinding:
     """Separates the differentiable tensors out of ``(args, kwargs)``.
 
-    Tensors that require grad (also inside :class:`Shared` / :class:`PerGroup`)
-    are handed to :class:`InvertibleFunction` as inputs so that autograd routes
-    their gradients; everything else is kept by reference.
+    Arguments are flattened as a pytree (tuples, lists, dicts, :class:`Shared`,
+    :class:`PerGroup` and registered containers such as
+    :class:`~revgnn.nn.edge_features.LinearEdgeFeatures`). Tensors that require
+    grad are handed to :class:`InvertibleFunction` as inputs so that autograd
+    routes their gradients; everything else is kept by reference.
     """
 
     def __init__(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]):
-        self.tensors: List[Tensor] = []
-        self._args = tuple(self._strip(a) for a in args)
-        self._kwargs = {k: self._strip(v) for k, v in kwargs.items()}
-
-    def _placeholder(self, t: Tensor) -> "_Hole":
-        self.tensors.append(t)
-        return _Hole(len(self.tensors) - 1)
-
-    def _strip(self, v: Any) -> Any:
-        if _requires_grad(v):
-            return self._placeholder(v)
-        if isinstance(v, Shared) and _requires_grad(v.value):
-            return Shared(self._placeholder(v.value))
-        if isinstance(v, PerGroup) and any(_requires_grad(e) for e in v.values):
-            return PerGroup([self._placeholder(e) if _requires_grad(e) else e
-                             for e in v.values])
-        return v
+        leaves, self._spec = pytree.tree_flatten((args, kwargs))
+        self.tensors: List[Tensor] = [v for v in leaves if _requires_grad(v)]
+        self._leaves = [_HOLE if _requires_grad(v) else v for v in leaves]
 
     def bind(self, tensors: Sequence[Tensor]) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
-        def fill(v: Any) -> Any:
-            if isinstance(v, _Hole):
-                return tensors[v.index]
-            if isinstance(v, Shared) and isinstance(v.value, _Hole):
-                return Shared(tensors[v.value.index])
-            if isinstance(v, PerGroup):
-                return PerGroup([fill(e) for e in v.values])
-            return v
-
-        return tuple(fill(a) for a in self._args), {k: fill(v) for k, v in self._kwargs.items()}
+        """``(args, kwargs)`` with the differentiable tensors replaced by ``tensors``."""
+        it = iter(tensors)
+        return pytree.tree_unflatten([next(it) if v is _HOLE else v for v in self._leaves],
+                                     self._spec)
 
 
-class _Hole:
-    __slots__ = ("index",)
+def any_requires_grad(tree: Any) -> bool:
+    """Whether any tensor in the pytree ``tree`` requires grad."""
+    return any(_requires_grad(v) for v in pytree.tree_leaves(tree))
 
-    def __init__(self, index: int):
-        self.index = index
+
+_HOLE = object()
+pytree.register_pytree_node(Shared, lambda s: ([s.value], None), lambda v, _: Shared(v[0]))
+pytree.register_pytree_node(PerGroup, lambda p: (list(p.values), None), lambda v, _: PerGroup(v))
 
 
 # --------------------------------------------------------------------- function

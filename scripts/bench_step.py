@@ -1,0 +1,103 @@
+"""One training step of a zoo model on a proteins-sized generated sub-graph: time and peak memory.
+
+The paper trains on random 10-part partitions of ogbn-proteins, so one step sees a
+sub-graph of about 13.2k nodes and 0.79M directed edges (8-d edge features,
+16-d node input, 112 binary tasks). This script generates a graph of that size,
+runs warm-up + measured steps (forward, BCE loss, backward, grad-norm clip,
+Adam) and prints the median step time and peak memory: RSS on CPU,
+``torch.cuda.max_memory_allocated`` on GPU. ``--num-layers`` runs a shallower
+copy of the model (e.g. on CPU, where 1001 layers take minutes per step); the
+per-layer time is printed so the full depth can be extrapolated, and is marked
+as extrapolated.
+
+    python scripts/bench_step.py --model revgnn_deep --num-layers 20          # CPU, scaled
+    python scripts/bench_step.py --model revgnn_deep --device cuda            # full 1001 layers
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+
+def proteins_subgraph(nodes: int, edges: int, device, seed: int = 0):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(0, nodes, (edges // 2,), generator=g)
+    dst = torch.randint(0, nodes, (edges // 2,), generator=g)
+    edge_index = torch.stack([torch.cat([src, dst]), torch.cat([dst, src])])  # undirected
+    edge_attr = torch.rand(edges // 2, 8, generator=g).repeat(2, 1)
+    species = torch.nn.functional.one_hot(torch.randint(0, 8, (nodes,), generator=g), 8).float()
+    edge_sum = torch.zeros(nodes, 8).index_add_(0, edge_index[1], edge_attr)
+    x = torch.cat([edge_sum, species], dim=-1)
+    y = (torch.rand(nodes, 112, generator=g) < 0.2).float()
+    return [t.to(device) for t in (x, edge_index, edge_attr, y)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="revgnn_deep")
+    parser.add_argument("--num-layers", type=int, default=None,
+                        help="override the depth (default: the model's own)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--nodes", type=int, default=13_200)
+    parser.add_argument("--edges", type=int, default=790_000)
+    parser.add_argument("--steps", type=int, default=2, help="measured steps after one warm-up")
+    parser.add_argument("--bf16", action="store_true", help="bf16 autocast (GPU recipe)")
+    args = parser.parse_args()
+
+    from revgnn.utils.launch import use_tcmalloc
+    use_tcmalloc()
+
+    import torch
+
+    from revgnn.models import count_parameters, create_model
+    from revgnn.utils import peak_rss_bytes
+
+    device = torch.device(args.device)
+    overrides = {} if args.num_layers is None else {"num_layers": args.num_layers}
+    model = create_model(args.model, **overrides).to(device)
+    with torch.device("meta"):  # the registered depth, without allocating the full model
+        full_depth = getattr(create_model(args.model), "num_layers", None)
+    x, edge_index, edge_attr, y = proteins_subgraph(args.nodes, args.edges, device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+
+    def step() -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
+            out = model(x, edge_index, edge_attr)
+        loss = loss_fn(out.float(), y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    model.train()
+    warmup = step()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    times = [step() for _ in range(args.steps)] or [warmup]
+    depth = getattr(model, "num_layers", None)
+    result = dict(model=args.model, depth=depth, params=count_parameters(model),
+                  device=str(device), nodes=args.nodes, edges=args.edges, bf16=args.bf16,
+                  step_s=statistics.median(times), warmup_s=warmup,
+                  threads=torch.get_num_threads())
+    if device.type == "cuda":
+        result["peak_gpu_bytes"] = torch.cuda.max_memory_allocated(device)
+    result["peak_rss_bytes"] = peak_rss_bytes()
+    if depth and full_depth and full_depth != depth:
+        result["full_depth"] = full_depth
+        result["extrapolated_step_s"] = result["step_s"] / depth * full_depth
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
