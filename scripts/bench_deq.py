@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -61,7 +62,7 @@ def bench_solvers(args) -> None:
     torch.set_num_threads(args.threads)
     data = load_graph(args.nodes)
     configs = [("fixed_point", {}), ("fixed_point", {"damping": 0.5}), ("anderson", {"m": 5}),
-               ("broyden", {"memory": 20})]
+               ("anderson", {"m": 10}), ("broyden", {"memory": 20})]
     print(f"graph: {data}\nDEQ-GNN layer width {args.hidden}, eval mode (no dropout), "
           f"stop at rel residual {args.tol:g}, max {args.max_iter} evaluations")
     rows = []
@@ -88,18 +89,16 @@ def bench_solvers(args) -> None:
                     print(f"seed {seed} trained_steps {trained:3d} {label:24s} "
                           f"evals {res.steps if res.converged else '>' + str(args.max_iter):>5} "
                           f"rel_res {res.rel_residual:.2e} time {dt:6.2f}s", flush=True)
-    print("\nmedian evaluations to tolerance (None = not reached within max_iter):")
+    print("\nevaluations to tolerance, median over seeds (inf = not reached within max_iter):")
+    labels = list(dict.fromkeys(r[2] for r in rows))
     for trained in sorted({0, args.train_steps}):
-        med = {}
-        for label in dict.fromkeys(r[2] for r in rows):
-            vals = [r[3] if r[3] is not None else float("inf") for r in rows
-                    if r[1] == trained and r[2] == label]
-            med[label] = statistics.median(vals)
-        fp = med["fixed_point"]
-        aa = med["anderson m=5"]
-        ratio = aa / fp if fp not in (0, float("inf")) else 0.0
-        print(f"  after {trained} training steps: " + ", ".join(f"{k}: {v}" for k, v in med.items())
-              + f"  | anderson / fixed_point = {ratio:.2f}")
+        evals = {label: [r[3] if r[3] is not None else float("inf") for r in rows
+                         if r[1] == trained and r[2] == label] for label in labels}
+        ratios = ["n/a" if math.isinf(f) or math.isinf(a) else f"{a / f:.2f}"
+                  for f, a in zip(evals["fixed_point"], evals["anderson m=5"])]
+        print(f"  after {trained} training steps: "
+              + ", ".join(f"{k}: {statistics.median(v)}" for k, v in evals.items())
+              + f"  | anderson(m=5) / fixed_point per seed: {', '.join(ratios)}")
 
 
 MODELS = {
