@@ -87,7 +87,7 @@ class GENMaxAggregate(torch.autograd.Function):
 def _segment_max(msg: Tensor, ptr: Tensor, num_nodes: int) -> Tuple[Tensor, Tensor]:
     """Max over the CSR segments of ``msg`` and the (first) argmax; empty -> index E."""
     num_edges = msg.size(0)
-    if torch_geometric.typing.WITH_TORCH_SCATTER:
+    if torch_geometric.typing.WITH_TORCH_SCATTER and (not msg.is_cuda or _scatter_has_cuda()):
         import torch_scatter
 
         out, arg = torch_scatter.segment_max_csr(msg, ptr)
@@ -102,6 +102,14 @@ def _segment_max(msg: Tensor, ptr: Tensor, num_nodes: int) -> Tuple[Tensor, Tens
     arg = torch.full_like(out, num_edges, dtype=torch.long).scatter_reduce_(
         0, index, candidate, "amin", include_self=True)
     return out, arg
+
+
+def _scatter_has_cuda() -> bool:
+    """Whether the installed torch-scatter was built with CUDA kernels."""
+    try:
+        return torch.ops.torch_scatter.cuda_version() != -1
+    except (AttributeError, RuntimeError):
+        return False
 
 
 def gen_max_aggregate(x: Tensor, edge_index: Tensor, edge_attr: Optional[Tensor] = None,

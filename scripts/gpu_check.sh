@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The prepared GPU check (<= 8 minutes on one GPU): CUDA correctness tests, then one
+# RevGNN-Deep (1001 x 80) training step on a proteins-sized generated sub-graph
+# (13.2k nodes, 0.79M edges), fp32 and bf16 autocast: peak max_memory_allocated and
+# step time, next to the paper's 2.86 GB / ~58 s per step on a V100.
+# Writes JSON lines to ${OUT:-gpu_out}/gpu_check.jsonl.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT_DIR="${OUT:-gpu_out}"; mkdir -p "$OUT_DIR"
+VENV=.venv-gpu
+if [ ! -x "$VENV/bin/python" ]; then
+  python3 -m venv "$VENV"
+  "$VENV/bin/python" -m pip install -q --upgrade pip
+  # a CUDA build of torch (PyPI's default wheel); torch-scatter is optional and skipped
+  "$VENV/bin/python" -m pip install -q "torch>=2.6"
+  "$VENV/bin/python" -m pip install -q -e ".[dev]"
+fi
+PY="$VENV/bin/python"
+"$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name())"
+"$PY" -m pytest tests/test_cuda.py tests/test_group_rev.py tests/test_aggr.py -q 2>&1 | tee "$OUT_DIR/tests.log"
+for flags in "" "--bf16"; do
+  timeout 240 "$PY" scripts/bench_step.py --model revgnn_deep --device cuda --steps 2 $flags \
+    | tee -a "$OUT_DIR/gpu_check.jsonl"
+done
+echo "paper (V100, RevGNN-Deep): 2.86 GB peak, ~58 s per step"
