@@ -166,6 +166,14 @@ def _worker(rank, world_size, mode, part_dir, cfg):
                 halo_rows=sum(graph.num_needed))
 
 
+def replot(json_path: str) -> None:
+    """Redraws the PNG next to a bench_sar.json."""
+    with open(json_path) as f:
+        summary = json.load(f)
+    _plot(summary['rows'], argparse.Namespace(**summary['args']),
+          json_path.replace('.json', '.png'))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawTextHelpFormatter)
@@ -237,6 +245,8 @@ def main(argv=None) -> int:
     with open(os.path.join(args.out, 'bench_sar.json'), 'w') as f:
         json.dump(summary, f, indent=2)
     _plot(rows, args, os.path.join(args.out, 'bench_sar.png'))
+    print('(epoch times: all workers share this host\'s cores, so they '
+          'measure overhead, not multi-machine speed-up)')
     print(f"wrote {args.out}/bench_sar.json and bench_sar.png")
     return 0
 
@@ -246,17 +256,19 @@ def _plot(rows, args, path):
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(1, 2, figsize=(10, 4))
-    for mode, style in (('sar', 'o-'), ('naive', 's--')):
+    for mode, style, color in (('sar', 'o-', 'tab:blue'),
+                               ('naive', 's--', 'tab:orange')):
         rs = sorted((r for r in rows if r['mode'] == mode),
                     key=lambda r: r['P'])
         if not rs:
             continue
         ps = [r['P'] for r in rs]
         ax[0].plot(ps, [r['peak_above_base_mb'] for r in rs], style,
-                   label=f'{mode} (above idle)')
+                   color=color, label=f'{mode} (above idle)')
         ax[0].plot(ps, [r['peak_rss_mb'] for r in rs], style, alpha=0.35,
-                   label=f'{mode} (total RSS)')
-        ax[1].plot(ps, [r['epoch_s'] for r in rs], style, label=mode)
+                   color=color, label=f'{mode} (total RSS)')
+        ax[1].plot(ps, [r['epoch_s'] for r in rs], style, color=color,
+                   label=mode)
     ax[0].set(xlabel='workers P', ylabel='per-worker peak memory (MB)',
               title=f'RevGNN {args.layers}x{args.hidden}, '
               f'{args.nodes * args.degree} edges', xticks=args.parts)
