@@ -148,3 +148,36 @@ def sort_edges(edge_index, edge_attr, num_nodes: int):
     if edge_attr is not None and perm is not None:
         edge_attr = edge_attr.index_select(0, perm)
     return edge_index, edge_attr
+
+
+class DeepNodeGNN(nn.Module):
+    """The skeleton shared by the deep node-level models: node encoder, the edge
+    encoder shared by all layers, the shared dropout and the head.
+
+    Subclasses call :meth:`_setup` in ``__init__`` (it returns the block
+    builder) and :meth:`_encode` at the start of ``forward``.
+    """
+
+    def _setup(self, in_channels: int, hidden_channels: int, out_channels: int, num_layers: int,
+               conv: str, edge_channels: Optional[int], species_channels: int, dropout: float,
+               norm: Optional[str], aggr: Optional[str], learn_t: bool, heads: int,
+               attn_dropout: float):
+        from revgnn.nn import SharedDropout
+
+        if num_layers < 1:
+            raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+        make = block_builder(conv, norm, hidden_channels if edge_channels else None,
+                             aggr, learn_t, heads, attn_dropout)
+        self.num_layers = num_layers
+        self.conv = conv
+        self.node_encoder = NodeEncoder(in_channels, hidden_channels, species_channels)
+        self.edge_encoder = make_edge_encoder(edge_channels, hidden_channels, make.uses_edges)
+        self.dropout = SharedDropout(dropout)
+        self.head = Head(hidden_channels, out_channels, dropout)
+        return make
+
+    def _encode(self, x: Tensor, edge_index, edge_attr: Optional[Tensor]):
+        """(node embedding, destination-sorted edge index, shared edge embedding)."""
+        edge_index, edge_attr = sort_edges(edge_index, edge_attr, x.size(0))
+        return (self.node_encoder(x), edge_index,
+                encode_edges(self.edge_encoder, edge_attr, self.conv))

@@ -6,14 +6,13 @@ from typing import Any, Optional
 from torch import Tensor, nn
 from torch_geometric.typing import Adj, OptTensor
 
-from revgnn.models.components import (Head, NodeEncoder, block_builder, encode_edges,
-                                       make_edge_encoder, sort_edges)
+from revgnn.models.components import DeepNodeGNN
 from revgnn.models.registry import build, register_model
 from revgnn.models.revgnn import PROTEINS
-from revgnn.nn import Residual, SharedDropout
+from revgnn.nn import Residual
 
 
-class ResGNN(nn.Module):
+class ResGNN(DeepNodeGNN):
     r"""DeeperGCN with res+ residual connections (`"DeeperGCN: All You Need to
     Train Deeper GCNs" <https://arxiv.org/abs/2006.07739>`_), the baseline of
     the RevGNN paper (ResGNN-112 x 64 on ogbn-proteins, about 2.37M parameters).
@@ -38,19 +37,12 @@ class ResGNN(nn.Module):
                  norm: Optional[str] = "layer", aggr: Optional[str] = None,
                  learn_t: bool = False, heads: int = 1, attn_dropout: float = 0.0):
         super().__init__()
-        if num_layers < 1:
-            raise ValueError(f"num_layers must be >= 1, got {num_layers}")
-        make = block_builder(conv, norm, hidden_channels if edge_channels else None,
-                             aggr, learn_t, heads, attn_dropout)
-        self.num_layers = num_layers
-        self.conv = conv
-        self.node_encoder = NodeEncoder(in_channels, hidden_channels, species_channels)
-        self.edge_encoder = make_edge_encoder(edge_channels, hidden_channels, make.uses_edges)
-        self.dropout = SharedDropout(dropout)
+        make = self._setup(in_channels, hidden_channels, out_channels, num_layers, conv,
+                           edge_channels, species_channels, dropout, norm, aggr, learn_t,
+                           heads, attn_dropout)
         self.layers = nn.ModuleList(
             [make(hidden_channels, preact=False)] +
             [Residual(make(hidden_channels)) for _ in range(num_layers - 1)])
-        self.head = Head(hidden_channels, out_channels, dropout)
 
     def reset_parameters(self) -> None:
         for module in (self.node_encoder, self.edge_encoder, self.head, *self.layers):
@@ -58,9 +50,7 @@ class ResGNN(nn.Module):
                 module.reset_parameters()
 
     def forward(self, x: Tensor, edge_index: Adj, edge_attr: OptTensor = None) -> Tensor:
-        edge_index, edge_attr = sort_edges(edge_index, edge_attr, x.size(0))
-        h = self.node_encoder(x)
-        e = encode_edges(self.edge_encoder, edge_attr, self.conv)
+        h, edge_index, e = self._encode(x, edge_index, edge_attr)
         h = self.layers[0](h, edge_index, e)
         for layer in self.layers[1:]:
             h = layer(h, edge_index, e, self.dropout(h))

@@ -6,17 +6,16 @@ from typing import Any, Optional
 from torch import Tensor, nn
 from torch_geometric.typing import Adj, OptTensor
 
-from revgnn.models.components import (Head, NodeEncoder, block_builder, encode_edges,
-                                       make_edge_encoder, sort_edges)
+from revgnn.models.components import DeepNodeGNN
 from revgnn.models.registry import build, register_model
-from revgnn.nn import GroupAddRev, SharedDropout, WeightTied
+from revgnn.nn import GroupAddRev, WeightTied
 
 #: ogbn-proteins shapes: 8 summed edge features + 8-way species one-hot in,
 #: 8-d edge features, 112 binary tasks out.
 PROTEINS = dict(in_channels=16, edge_channels=8, out_channels=112, species_channels=8)
 
 
-class RevGNN(nn.Module):
+class RevGNN(DeepNodeGNN):
     r"""The reversible deep GNN of `"Training Graph Neural Networks with 1000
     Layers" <https://arxiv.org/abs/2106.07476>`_ (Li et al., ICML 2021).
 
@@ -81,16 +80,10 @@ class RevGNN(nn.Module):
         if hidden_channels % num_groups != 0:
             raise ValueError(f"hidden_channels={hidden_channels} must be divisible by "
                              f"num_groups={num_groups}")
-        if num_layers < 1:
-            raise ValueError(f"num_layers must be >= 1, got {num_layers}")
-        make = block_builder(conv, norm, hidden_channels if edge_channels else None,
-                             aggr, learn_t, heads, attn_dropout)
-        self.num_layers = num_layers
-        self.conv = conv
+        make = self._setup(in_channels, hidden_channels, out_channels, num_layers, conv,
+                           edge_channels, species_channels, dropout, norm, aggr, learn_t,
+                           heads, attn_dropout)
         self.weight_tied = weight_tied
-        self.node_encoder = NodeEncoder(in_channels, hidden_channels, species_channels)
-        self.edge_encoder = make_edge_encoder(edge_channels, hidden_channels, make.uses_edges)
-        self.dropout = SharedDropout(dropout)
 
         def rev_block(layer: int) -> GroupAddRev:
             keep = bool(keep_every) and layer > 0 and layer % keep_every == 0
@@ -102,7 +95,6 @@ class RevGNN(nn.Module):
                                      keep_every=keep_every if reversible else 0)
         else:
             self.layers = nn.ModuleList([rev_block(i) for i in range(num_layers)])
-        self.head = Head(hidden_channels, out_channels, dropout)
 
     def reset_parameters(self) -> None:
         for module in (self.node_encoder, self.edge_encoder, self.head):
@@ -113,9 +105,7 @@ class RevGNN(nn.Module):
             block.reset_parameters()
 
     def forward(self, x: Tensor, edge_index: Adj, edge_attr: OptTensor = None) -> Tensor:
-        edge_index, edge_attr = sort_edges(edge_index, edge_attr, x.size(0))
-        h = self.node_encoder(x)
-        edges = encode_edges(self.edge_encoder, edge_attr, self.conv)
+        h, edge_index, edges = self._encode(x, edge_index, edge_attr)
         mask = self.dropout(h)
         if self.weight_tied:
             h = self.layers(h, edge_index, edges, mask)
