@@ -24,7 +24,8 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 __all__ = ["TrainConfig", "TrainerConfig", "LoggerConfig", "BackendConfig", "ModelConfig",
-           "ProteinsLikeConfig", "OgbnConfig", "AdamConfig", "Device", "Precision", "register_configs"]
+           "ProteinsLikeConfig", "OgbnConfig", "MolLikeConfig", "OgbgConfig", "AdamConfig", "Device",
+           "Precision", "register_configs"]
 
 
 class Device(str, Enum):
@@ -87,6 +88,32 @@ class OgbnConfig:
 
 
 @dataclass
+class MolLikeConfig:
+    """Arguments of :func:`revgnn.data.graphs.mol_like` (its docstring explains each)."""
+    _target_: str = "revgnn.data.graphs.mol_like"
+    num_graphs: int = 2000
+    min_nodes: int = 12
+    max_nodes: int = 28
+    distance: int = 5
+    hetero_atoms: int = 2
+    ring_prob: float = 0.5
+    valid_fraction: float = 0.1
+    test_fraction: float = 0.1
+    batch_size: int = 32
+    seed: int = 0
+
+
+@dataclass
+class OgbgConfig:
+    """Arguments of :func:`revgnn.data.graphs.load_ogbg`."""
+    _target_: str = "revgnn.data.graphs.load_ogbg"
+    name: str = MISSING
+    root: str = "data"
+    allow_download: bool = False
+    batch_size: int = 32
+
+
+@dataclass
 class AdamConfig:
     """``torch.optim.Adam``, built partially and completed with the model's parameters."""
     _target_: str = "torch.optim.Adam"
@@ -106,6 +133,9 @@ class TrainerConfig:
         eval_views: Independent random partitions at inference ``V``; logits are averaged over views.
         eval_parts: Parts per inference view (1 = the full graph at once).
         grad_clip: Max global gradient norm; 0 disables clipping.
+
+    ``train_parts``, ``eval_views`` and ``eval_parts`` concern node-level data (one big graph); graph-level
+    data sets (``data=mol_like``, ``data=ogbg_molhiv``) are batched by their own ``data.batch_size``.
     """
     epochs: int = 100
     train_parts: int = 10
@@ -153,6 +183,8 @@ def register_configs() -> None:
     cs.store(group="schema/model", name="model", node=ModelConfig)
     cs.store(group="schema/data", name="proteins_like", node=ProteinsLikeConfig)
     cs.store(group="schema/data", name="ogbn", node=OgbnConfig)
+    cs.store(group="schema/data", name="mol_like", node=MolLikeConfig)
+    cs.store(group="schema/data", name="ogbg", node=OgbgConfig)
     cs.store(group="schema/optim", name="adam", node=AdamConfig)
 
 

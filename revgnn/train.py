@@ -3,13 +3,16 @@
     revgnn-train                                          # small RevGNN on generated proteins_like
     revgnn-train experiment=proteins_revgnn_deep          # the paper's 1001-layer RevGNN
     revgnn-train -m experiment=proteins_revgnn_deep seed=0,1,2,3,4,5,6,7,8,9
+    revgnn-train experiment=molhiv_revgnn_graphnorm       # graph-level: RevGNN + GraphNorm on ogbg-molhiv
     python -m revgnn.train trainer.epochs=5 ckpt_path=outputs/.../last.pt   # resume
 
 Recipe (Li et al., ICML 2021, ogbn-proteins): every epoch draws a new random partition of the nodes into
 ``trainer.train_parts`` parts and takes one optimiser step per part, on its induced sub-graph, with the
 loss on that part's training nodes (BCE over tasks for multi-label data, cross entropy for classes).
 Adam, gradient-norm clipping. Evaluation is multi-view inference (:mod:`revgnn.evaluate`) scored by OGB's
-evaluator; the reported test score is the one at the best validation score.
+evaluator; the reported test score is the one at the best validation score. Graph-level data (a
+:class:`~revgnn.data.graphs.GraphDataset`) goes through the same loop with shuffled mini-batches of graphs
+instead of partitions; :mod:`revgnn.tasks` holds what differs between the two levels.
 
 Outputs in the run directory: ``metrics.csv`` (one row per epoch), ``summary.json``, ``last.pt`` and
 ``best.pt`` (written atomically: a crash mid-write leaves the previous file intact), ``learning_curve.png``
@@ -43,14 +46,11 @@ def train(cfg: DictConfig) -> Dict[str, Any]:
     import time
 
     import torch
-    import torch.nn.functional as F
     from hydra.utils import instantiate
     from tqdm.auto import tqdm
 
-    from revgnn.data.graph import NodeDataset
-    from revgnn.data.partition import partition_graph
-    from revgnn.evaluate import Scorer, as_edge_index, predict
     from revgnn.models import count_parameters
+    from revgnn.tasks import make_task
 
     # ---- setup ------------------------------------------------------------------------------
     out_dir = resolve_output_dir(cfg)
@@ -76,16 +76,12 @@ def train(cfg: DictConfig) -> Dict[str, Any]:
 
     # ---- data, model, optimiser ----------------------------------------------------------------
     ds = instantiate(cfg.data)
-    if not isinstance(ds, NodeDataset):
-        raise TypeError(f"data._target_ must build a revgnn.data.NodeDataset, got {type(ds).__name__}")
+    task = make_task(ds, tc)  # node- or graph-level batches, loss and evaluator
     log.info("data: %s", ds)
     model = build_model(cfg.model, ds).to(device)
     num_params = count_parameters(model)
     log.info("model: %s (%s parameters)", cfg.model.name, f"{num_params:,}")
     optimizer = instantiate(cfg.optim)(model.parameters())
-    scorer = Scorer(ds)
-    train_mask = torch.zeros(ds.num_nodes, dtype=torch.bool)
-    train_mask[ds.split_idx["train"]] = True
 
     start_epoch, history = 0, []
     best = {"epoch": 0, "train": float("nan"), "valid": -math.inf, "test": float("nan")}
@@ -134,26 +130,14 @@ def train(cfg: DictConfig) -> Dict[str, Any]:
         if hasattr(model, "set_epoch"):  # models with an epoch schedule (DEQ-GNN's unrolled pretraining)
             model.set_epoch(epoch - 1)
         t0 = time.perf_counter()
-        # The partition's randomness is a function of (seed, epoch) alone: no state to resume.
-        parts = partition_graph(ds.edge_index, ds.num_nodes, tc.train_parts,
-                                torch.Generator().manual_seed(_stream(cfg.seed, epoch, 0)))
+        # The batches' randomness (partition, or order of graphs) is a function of (seed, epoch) alone:
+        # no state to resume.
+        batches = task.train_batches(torch.Generator().manual_seed(_stream(cfg.seed, epoch, 0)), device)
         total_loss, total_nodes = 0.0, 0
-        for step, sub in enumerate(parts):
-            mask = train_mask[sub.node_idx]
-            if not mask.any():
-                continue
-            x = ds.x[sub.node_idx].to(device)
-            edge_index = as_edge_index(sub.edge_index.to(device), sub.num_nodes)
-            edge_attr = None if ds.edge_attr is None else ds.edge_attr[sub.edge_ids].to(device)
-            y = ds.y[sub.node_idx[mask]].to(device)
-            mask = mask.to(device)
+        for step, batch in enumerate(batches):
             with autocast if autocast is not None else contextlib.nullcontext():
-                logits = model(x, edge_index, edge_attr)
-            logits = logits[mask].float()
-            if ds.task == "multilabel":
-                loss = F.binary_cross_entropy_with_logits(logits, y.float())
-            else:
-                loss = F.cross_entropy(logits, y.view(-1))
+                logits = model(*batch.inputs)
+            loss = task.loss(logits, batch)
             if not torch.isfinite(loss):
                 good = f"{last_path} (epoch {start_epoch if not history else history[-1]['epoch']})" \
                     if os.path.exists(last_path) else "none (no epoch finished)"
@@ -165,8 +149,8 @@ def train(cfg: DictConfig) -> Dict[str, Any]:
             if tc.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
             optimizer.step()
-            total_loss += loss.item() * int(mask.sum())
-            total_nodes += int(mask.sum())
+            total_loss += loss.item() * batch.count
+            total_nodes += batch.count
         epoch_time = time.perf_counter() - t0
 
         row = {"epoch": epoch, "loss": total_loss / max(total_nodes, 1), "train": "", "valid": "",
@@ -174,9 +158,8 @@ def train(cfg: DictConfig) -> Dict[str, Any]:
                "lr": optimizer.param_groups[0]["lr"]}
         improved = False
         if epoch % tc.eval_every == 0 or epoch == tc.epochs:
-            logits = predict(model, ds, tc.eval_views, tc.eval_parts,
-                             torch.Generator().manual_seed(_stream(cfg.seed, epoch, 1)), device, autocast)
-            scores = scorer(logits)
+            scores = task.evaluate(model, torch.Generator().manual_seed(_stream(cfg.seed, epoch, 1)),
+                                   device, autocast)
             row.update(scores)
             improved = scores["valid"] > best["valid"]
             if improved:
@@ -203,7 +186,7 @@ def train(cfg: DictConfig) -> Dict[str, Any]:
     # ---- summary ------------------------------------------------------------------------------
     times = [r["epoch_time_s"] for r in history]
     summary = {"name": cfg.name, "seed": cfg.seed, "model": cfg.model.name, "data": ds.name,
-               "metric": scorer.metric, "num_parameters": num_params, "epochs": len(history),
+               "metric": task.metric, "num_parameters": num_params, "epochs": len(history),
                "best_epoch": best["epoch"], "highest_train": best["train"], "highest_valid": best["valid"],
                "final_test": best["test"], "epoch_time_s": sum(times) / max(len(times), 1),
                "peak_memory_mb": max((r["peak_memory_mb"] for r in history), default=peak_memory_mb(device)),
@@ -211,9 +194,9 @@ def train(cfg: DictConfig) -> Dict[str, Any]:
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     if cfg.logger.plot and history:
-        plot_learning_curve(history, scorer.metric, os.path.join(out_dir, "learning_curve.png"))
+        plot_learning_curve(history, task.metric, os.path.join(out_dir, "learning_curve.png"))
     log.info("Highest Train: %.4f  Highest Valid: %.4f  Final Test: %.4f  (%s, epoch %d of %d, %s params, "
-             "%.2f s/epoch, peak %.0f MB)", best["train"], best["valid"], best["test"], scorer.metric,
+             "%.2f s/epoch, peak %.0f MB)", best["train"], best["valid"], best["test"], task.metric,
              best["epoch"], len(history), f"{num_params:,}", summary["epoch_time_s"], summary["peak_memory_mb"])
     return summary
 

@@ -41,15 +41,20 @@ def ogb_safe_globals():
 
 
 def _meta(name: str):
+    """OGB's meta data of ``name``: from ``ogb.graphproppred`` for ``ogbg-*``, else ``ogb.nodeproppred``."""
     import pandas as pd
-    import ogb.nodeproppred
-    master = pd.read_csv(osp.join(osp.dirname(ogb.nodeproppred.__file__), "master.csv"), index_col=0,
+    if name.startswith("ogbg-"):
+        import ogb.graphproppred as package
+    else:
+        import ogb.nodeproppred as package
+    master = pd.read_csv(osp.join(osp.dirname(package.__file__), "master.csv"), index_col=0,
                          keep_default_na=False)
     return master[name]
 
 
 def _required_raw_files(meta) -> list[str]:
-    files = ["edge.csv.gz", "node-label.csv.gz", "num-node-list.csv.gz", "num-edge-list.csv.gz"]
+    labels = "graph-label.csv.gz" if str(meta.name).startswith("ogbg-") else "node-label.csv.gz"
+    files = ["edge.csv.gz", labels, "num-node-list.csv.gz", "num-edge-list.csv.gz"]
     if meta["has_node_attr"] == "True":
         files.append("node-feat.csv.gz")
     if meta["has_edge_attr"] == "True":
@@ -93,10 +98,13 @@ def _check_layout(name: str, root: str, allow_download: bool) -> str:
 
 
 def _load_pyg(name: str, root: str):
-    from ogb.nodeproppred import PygNodePropPredDataset
+    if name.startswith("ogbg-"):
+        from ogb.graphproppred import PygGraphPropPredDataset as Dataset
+    else:
+        from ogb.nodeproppred import PygNodePropPredDataset as Dataset
     with ogb_safe_globals():
         try:
-            dataset = PygNodePropPredDataset(name=name, root=root)
+            dataset = Dataset(name=name, root=root)
             split_idx = dataset.get_idx_split()
         except Exception as e:  # pandas parser errors, gzip/EOF errors, unpickling errors, bad shapes
             raise RuntimeError(
