@@ -285,6 +285,13 @@ def write_fake_ogbg(root: str, name: str = "ogbg-molhiv", num_graphs: int = 40, 
     write(osp.join(raw, "graph-label.csv.gz"), torch.cat([g.y for g in ds.graphs]).numpy())
     write(osp.join(raw, "num-node-list.csv.gz"), [g.num_nodes for g in ds.graphs])
     write(osp.join(raw, "num-edge-list.csv.gz"), [len(e) for e in edges])
-    for key, idx in ds.split_idx.items():
-        write(osp.join(split, f"{key}.csv.gz"), idx.numpy())
+    # every split gets both classes (OGB's ROC-AUC needs them): interleave positives and negatives
+    labels = np.array([int(g.y) for g in ds.graphs])
+    pos, neg = np.nonzero(labels == 1)[0], np.nonzero(labels == 0)[0]
+    order = [int(i) for pair in zip(pos, neg) for i in pair]
+    order += [int(i) for i in np.concatenate([pos[len(neg):], neg[len(pos):]])]
+    k = max(2, num_graphs // 10)
+    splits = {"valid": order[:k], "test": order[k:2 * k], "train": order[2 * k:]}
+    for key, idx in splits.items():
+        write(osp.join(split, f"{key}.csv.gz"), np.sort(np.array(idx, dtype=np.int64)))
     return path
