@@ -76,8 +76,7 @@ def bench_solvers(args) -> None:
             model.eval()
             with torch.no_grad():
                 h = model.node_encoder(data.x)
-                e1, e2 = model.layer.encode_edges(model.edge_encoder(data.edge_attr))
-                f = lambda z: model.layer(z, h, data.edge_index, e1, e2, None)  # noqa: E731
+                f = lambda z: model.layer(z, h, data.edge_index, data.edge_attr)  # noqa: E731
                 for name, opts in configs:
                     t0 = time.perf_counter()
                     res = get_solver(name)(f, torch.zeros_like(h), tol=args.tol,

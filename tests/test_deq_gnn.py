@@ -48,7 +48,17 @@ def test_paper_map():
     n1, n2 = layer.norms
     z1 = c1(z, ei)
     expected = n2((c2(mask * n1(z1 + x).relu(), ei) + z1).relu())
-    assert torch.allclose(layer(z, x, ei, None, None, mask), expected)
+    assert torch.allclose(layer(z, x, ei, None, mask), expected)
+    # with edges: the shared encoder then each conv's own encoder, applied as one composed map
+    x, ei, ea = graph()
+    layer = DEQGNNLayer(16, edge_channels=8)
+    c1, c2 = layer.convs
+    n1, n2 = layer.norms
+    emb = layer.edge_encoder(ea)
+    l1, l2 = layer.conv_edge_encoders
+    z1 = c1(z, ei, l1(emb))
+    expected = n2((c2(mask * n1(z1 + x).relu(), ei, l2(emb)) + z1).relu())
+    assert torch.allclose(layer(z, x, ei, ea, mask), expected, atol=1e-5)
 
 
 def test_three_solvers_agree_on_the_layer():
@@ -81,14 +91,13 @@ def test_dropout_mask_is_fixed_across_iterations():
     assert model.deq_stats()["forward_converged"] == 1.0
     # and the equilibrium is one of the map with that single mask
     h = model.node_encoder(x)
-    e1, e2 = model.layer.encode_edges(model.edge_encoder(ea))
     torch.manual_seed(1)
     mask = model.dropout(h)
     assert mask is not None and (mask == 0).any()
     deq = model.deq
     with torch.no_grad():
-        res = deq.solve(h, ei, e1, e2, mask)
-        fz = deq.f(res.z, h, ei, e1, e2, mask)
+        res = deq.solve(h, ei, ea, mask)
+        fz = deq.f(res.z, h, ei, ea, mask)
     assert ((fz - res.z).norm() / fz.norm()).item() <= 1e-5
 
 
@@ -97,21 +106,20 @@ def test_contraction_guarantee(aggr, p):
     torch.manual_seed(0)
     x, ei, ea = graph()
     kappa = 0.7
-    layer = DEQGNNLayer(16, edge_channels=16, aggr=aggr, dropout=p, contraction=kappa)
+    layer = DEQGNNLayer(16, edge_channels=8, aggr=aggr, dropout=p, contraction=kappa)
     with torch.no_grad():  # weights far outside the ball: the projection must bring them back
         for w in layer.mlp_weights():
             w.mul_(50.0)
     layer.project_()
-    e1, e2 = layer.encode_edges(torch.randn(ei.size(1), 16))
     mask = (torch.rand(40, 16) > p).float() / (1 - p) if p else None
     ratios = []
     for _ in range(20):
         z1, z2 = 3 * torch.randn(40, 16), 3 * torch.randn(40, 16)
-        f1, f2 = layer(z1, x, ei, e1, e2, mask), layer(z2, x, ei, e1, e2, mask)
+        f1, f2 = layer(z1, x, ei, ea, mask), layer(z2, x, ei, ea, mask)
         ratios.append(((f1 - f2).abs().max() / (z1 - z2).abs().max()).item())
     assert max(ratios) <= kappa
     # unique fixed point: plain iteration from two different starts agrees
-    f = lambda z: layer(z, x, ei, e1, e2, mask)  # noqa: E731
+    f = lambda z: layer(z, x, ei, ea, mask)  # noqa: E731
     a = get_solver("fixed_point")(f, torch.zeros(40, 16), tol=1e-6, max_iter=200)
     b = get_solver("fixed_point")(f, 10 * torch.randn(40, 16), tol=1e-6, max_iter=200)
     assert a.converged and b.converged

@@ -51,19 +51,27 @@ class _ImplicitGrad(torch.autograd.Function):
         # tensors = the inputs that need gradients (at positions `slots` of `inputs`), then the
         # parameters of f that need gradients. Other inputs (indices, masks) stay as given.
         ctx.f, ctx.solve, ctx.on_result = f, solve, on_result
-        ctx.inputs = tuple(None if i in slots else t for i, t in enumerate(inputs))
-        ctx.slots = slots
-        ctx.save_for_backward(z_star, *tensors)
+        # Every tensor goes through save_for_backward (so saved-tensor hooks see the true memory);
+        # other arguments (None, numbers) are kept as they are.
+        ctx.is_tensor = tuple(isinstance(t, Tensor) for t in inputs)
+        ctx.others = tuple(None if isinstance(t, Tensor) else t for t in inputs)
+        ctx.slots, ctx.num_tensors = slots, len(tensors)
+        ctx.save_for_backward(z_star, *tensors, *(t for i, t in enumerate(inputs)
+                                                  if isinstance(t, Tensor) and i not in slots))
         return z_star.clone()
 
     @staticmethod
     def backward(ctx, grad):
-        z_star, *tensors = ctx.saved_tensors
+        z_star, *saved = ctx.saved_tensors
         n = len(ctx.slots)
+        tensors, rest = saved[:ctx.num_tensors], iter(saved[ctx.num_tensors:])
         with torch.enable_grad():
             leaves = [t.detach().requires_grad_() for t in tensors[:n]]
             params = tensors[n:]
-            inputs = list(ctx.inputs)
+            inputs = list(ctx.others)
+            for i, is_tensor in enumerate(ctx.is_tensor):
+                if is_tensor and i not in ctx.slots:
+                    inputs[i] = next(rest)
             for i, leaf in zip(ctx.slots, leaves):
                 inputs[i] = leaf
             z_in = z_star.detach().requires_grad_()

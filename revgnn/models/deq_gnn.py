@@ -36,9 +36,13 @@ class DEQGNNLayer(nn.Module):
     where :math:`\mathbf{X}` is the injected (encoded) input, :math:`\mathbf{M}` a dropout mask drawn once
     per forward pass and held fixed across solver iterations, each Conv a
     :class:`~torch_geometric.nn.conv.GENConv` (2-layer MLP :math:`c \to 2c \to c` with LayerNorm, biases)
-    with its own edge encoder :math:`\mathbf{W}_e \in \mathbb{R}^{c \times c}`, and Norm a LayerNorm.
-    The edge encoders do not depend on :math:`\mathbf{Z}`, so :meth:`encode_edges` runs them once per
-    forward pass, outside the solver.
+    with its own edge encoder :math:`\mathbf{W}_k \in \mathbb{R}^{c \times c}` on top of the shared
+    encoder :math:`\mathbf{W}_e` of the raw edge features :math:`\mathbf{a}_{ji}`, and Norm a LayerNorm.
+    The two linear maps are applied as one, :math:`\mathbf{e}^{(k)}_{ji} = (\mathbf{W}_k\mathbf{W}_e)
+    \mathbf{a}_{ji} + \mathbf{W}_k\mathbf{b}_e + \mathbf{b}_k`, inside the map: no
+    :math:`|\mathcal{E}| \times c` edge embedding is kept for the backward pass (only the raw
+    :math:`|\mathcal{E}| \times 8` features), at the price of a small :math:`8 \to c` product per
+    evaluation. The parameters are exactly those of the paper's model.
 
     **Contraction guarantee.** LayerNorm has no useful Lipschitz bound, so with
     :obj:`contraction` :math:`=\kappa < 1` the norms (also the one inside each MLP) are dropped and,
@@ -57,8 +61,8 @@ class DEQGNNLayer(nn.Module):
 
     Args:
         channels (int): Hidden width :math:`c`.
-        edge_channels (int, optional): Width of the (shared) edge embedding each conv receives;
-            :obj:`None` for graphs without edge features. (default: :obj:`None`)
+        edge_channels (int, optional): Width of the raw edge features; :obj:`None` for graphs without
+            edge features. (default: :obj:`None`)
         aggr (str, optional): GENConv aggregation. (default: :obj:`"max"`)
         learn_t (bool, optional): Learnable softmax temperature. (default: :obj:`False`)
         dropout (float, optional): Dropout probability :math:`p` (used only for the contraction bound;
@@ -80,8 +84,9 @@ class DEQGNNLayer(nn.Module):
         self.contraction = contraction
         self.dropout = dropout
         norm = None if contraction is not None else "layer"
-        self.edge_encoders = nn.ModuleList(
-            [nn.Linear(edge_channels, channels) for _ in range(2)] if edge_channels else [])
+        self.edge_encoder = nn.Linear(edge_channels, channels) if edge_channels else None
+        self.conv_edge_encoders = nn.ModuleList(
+            [nn.Linear(channels, channels) for _ in range(2)] if edge_channels else [])
         self.convs = nn.ModuleList([
             GENConv(channels, channels, aggr=aggr, learn_t=learn_t, num_layers=2, norm=norm,
                     bias=True) for _ in range(2)])
@@ -94,7 +99,7 @@ class DEQGNNLayer(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        for module in [*self.edge_encoders, *self.convs, *self.norms]:
+        for module in [self.edge_encoder, *self.conv_edge_encoders, *self.convs, *self.norms]:
             if hasattr(module, "reset_parameters"):
                 module.reset_parameters()
         self.project_()
@@ -115,25 +120,41 @@ class DEQGNNLayer(nn.Module):
             row_sums = w.abs().sum(dim=1, keepdim=True)
             w.mul_(torch.clamp(self.row_bound / row_sums.clamp_min(1e-30), max=1.0))
 
-    def encode_edges(self, edge_emb: OptTensor) -> Tuple[OptTensor, OptTensor]:
-        r"""Per-conv edge features :math:`(\mathbf{W}_{e,1}\mathbf{U}, \mathbf{W}_{e,2}\mathbf{U})`."""
-        if edge_emb is None or len(self.edge_encoders) == 0:
+    def edge_features(self, edge_attr: OptTensor) -> Tuple[OptTensor, OptTensor]:
+        r"""Per-conv edge features :math:`(\mathbf{W}_k\mathbf{W}_e)\mathbf{a} + \mathbf{W}_k\mathbf{b}_e +
+        \mathbf{b}_k` from the raw features :math:`\mathbf{a}`, :math:`k = 1, 2`."""
+        if edge_attr is None or self.edge_encoder is None:
             return None, None
-        return self.edge_encoders[0](edge_emb), self.edge_encoders[1](edge_emb)
+        enc = self.edge_encoder
+        out = []
+        for lin in self.conv_edge_encoders:
+            weight = lin.weight @ enc.weight
+            bias = lin.weight @ enc.bias + lin.bias
+            out.append(nn.functional.linear(edge_attr, weight, bias))
+        return out[0], out[1]
 
-    def forward(self, z: Tensor, x: Tensor, edge_index: Adj, edge_attr1: OptTensor = None,
-                edge_attr2: OptTensor = None, mask: Optional[Tensor] = None) -> Tensor:
-        z1 = self.convs[0](z, edge_index, edge_attr1)
+    def forward(self, z: Tensor, x: Tensor, edge_index: Adj, edge_attr: OptTensor = None,
+                mask: Optional[Tensor] = None) -> Tensor:
+        r"""
+        Args:
+            z (Tensor): State :math:`\mathbf{Z}`, :math:`[N, c]`.
+            x (Tensor): Injected input :math:`\mathbf{X}`, :math:`[N, c]`.
+            edge_index (torch.Tensor or EdgeIndex): The graph.
+            edge_attr (Tensor, optional): Raw edge features :math:`[E, \text{edge\_channels}]`.
+            mask (Tensor, optional): Dropout mask (scaled), fixed for the whole solve.
+        """
+        e1, e2 = self.edge_features(edge_attr)
+        z1 = self.convs[0](z, edge_index, e1)
         h = self.norms[0](z1 + x).relu()
         if mask is not None:
             h = h * mask
-        z3 = self.convs[1](h, edge_index, edge_attr2)
+        z3 = self.convs[1](h, edge_index, e2)
         return self.norms[1]((z3 + z1).relu())
 
     def __repr__(self) -> str:
         extra = f", contraction={self.contraction}" if self.contraction is not None else ""
         return (f"{self.__class__.__name__}({self.channels}, aggr={self.convs[0].aggr}, "
-                f"edges={len(self.edge_encoders) > 0}{extra})")
+                f"edges={self.edge_encoder is not None}{extra})")
 
 
 class DEQGNN(nn.Module):
@@ -203,10 +224,8 @@ class DEQGNN(nn.Module):
         if pretrain_epochs < 0 or pretrain_depth < 1:
             raise ValueError("pretrain_epochs must be >= 0 and pretrain_depth >= 1")
         self.node_encoder = NodeEncoder(in_channels, hidden_channels, species_channels)
-        self.edge_encoder = nn.Linear(edge_channels, hidden_channels) if edge_channels else None
         self.dropout = SharedDropout(dropout)
-        layer = DEQGNNLayer(hidden_channels, hidden_channels if edge_channels else None, aggr,
-                            learn_t, dropout, contraction)
+        layer = DEQGNNLayer(hidden_channels, edge_channels, aggr, learn_t, dropout, contraction)
         self.deq = DEQ(layer, solver=solver, max_iter=max_iter, tol=tol, stop_mode=stop_mode,
                        solver_options=solver_options, backward=backward,
                        backward_solver=backward_solver, backward_max_iter=backward_max_iter,
@@ -239,19 +258,15 @@ class DEQGNN(nn.Module):
         return dict(self.deq.stats)
 
     def reset_parameters(self) -> None:
-        for module in (self.node_encoder, self.edge_encoder, self.head):
-            if module is not None:
-                module.reset_parameters()
+        self.node_encoder.reset_parameters()
+        self.head.reset_parameters()
         self.deq.reset_parameters()
 
     def forward(self, x: Tensor, edge_index: Adj, edge_attr: OptTensor = None) -> Tensor:
         h = self.node_encoder(x)
-        edge_emb = (self.edge_encoder(edge_attr)
-                    if self.edge_encoder is not None and edge_attr is not None else None)
-        e1, e2 = self.layer.encode_edges(edge_emb)
         mask = self.dropout(h)  # one mask, fixed across all solver iterations
         self.layer.project_()
-        z = self.deq(h, edge_index, e1, e2, mask)
+        z = self.deq(h, edge_index, edge_attr, mask)
         return self.head(z)
 
     def __repr__(self) -> str:
