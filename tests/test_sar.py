@@ -56,12 +56,21 @@ def _conv_models():
     """(name, constructor, uses_edge_attr) for every aggregation kind."""
     from torch_geometric.nn import (GATConv, GCNConv, GENConv, GINConv,
                                     SAGEConv)
-    from torch.nn import Linear, ReLU, Sequential
+    from torch.nn import BatchNorm1d, Linear, ReLU, Sequential
 
     return [
         ('sum/GIN', lambda: GINConv(Sequential(Linear(F_IN, 16), ReLU(),
                                                Linear(16, 8)), train_eps=True),
          False),
+        # no bias before BatchNorm: its exact gradient is 0, so only
+        # rounding noise would be compared
+        ('sum/GIN-batchnorm', lambda: GINConv(Sequential(
+            Linear(F_IN, 16, bias=False), BatchNorm1d(16), ReLU(),
+            Linear(16, 8))),
+         False),
+        ('softmax/GEN-batchnorm', lambda: GENConv(F_IN, F_IN,
+                                                  aggr='softmax',
+                                                  norm='batch'), False),
         ('sum/GCN', lambda: GCNConv(F_IN, 8), False),
         ('mean/SAGE', lambda: SAGEConv(F_IN, 8, aggr='mean'), False),
         ('max/SAGE', lambda: SAGEConv(F_IN, 8, aggr='max'), False),
@@ -133,6 +142,9 @@ def _compare_model(name, build, uses_edges, graph, part, forward_ref,
         g_ref = p_ref.grad if p_ref.grad is not None else torch.zeros_like(
             p_ref)
         errs.append((name, f'grad {pn}', rel_err(p.grad, g_ref)))
+    for (bn, b_ref), b in zip(ref.named_buffers(), sar.buffers()):
+        if b.is_floating_point():  # BatchNorm running statistics
+            errs.append((name, f'buffer {bn}', rel_err(b, b_ref)))
     return errs
 
 
@@ -347,7 +359,10 @@ def _zoo_takes_graph_objects() -> bool:
     """The zoo's RevGNN.forward sorts a tensor ``edge_index`` into a PyG
     ``EdgeIndex``; it must hand other graph objects (SARGraph) through."""
     from revgnn.distributed.sar import SARGraph
-    from revgnn.models.components import sort_edges
+    try:
+        from revgnn.models.components import sort_edges
+    except ImportError:  # the zoo is mid-edit or gone: nothing to sort
+        return True
     ei, _, ea = make_graph()
     graph = SARGraph(build_partitions(ei, N, 1, edge_attr=ea)[0])
     try:
@@ -356,13 +371,13 @@ def _zoo_takes_graph_objects() -> bool:
         return False
 
 
-@pytest.mark.xfail(not _zoo_takes_graph_objects(), strict=True,
-                   reason='revgnn.models.components.sort_edges turns every '
-                   'edge_index into an EdgeIndex and rejects a SARGraph; it '
-                   'should return non-Tensor graphs unchanged')
 def test_runner_end_to_end(tmp_path):
     """partition command -> setup_sar -> train_step -> OGB evaluation: all
     workers agree on losses, metrics and parameters."""
+    if not _zoo_takes_graph_objects():
+        pytest.xfail('revgnn.models.components.sort_edges turns every '
+                     'edge_index into an EdgeIndex and rejects a SARGraph; '
+                     'it should return non-Tensor graphs unchanged')
     from revgnn.distributed.partition import main as partition_main
     out = str(tmp_path / 'pl2')
     assert partition_main(['--data', 'proteins_like', '--num-nodes', '800',

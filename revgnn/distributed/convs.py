@@ -17,16 +17,18 @@ from __future__ import annotations
 from typing import List, Optional, Sequence
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 from torch_geometric.nn import GATConv, GCNConv, GENConv, GINConv, SAGEConv
 from torch_geometric.nn.aggr import (MaxAggregation, MeanAggregation,
                                      SoftmaxAggregation, SumAggregation)
 
+from .comm import AllReduceSum
 from .sar import EdgeOp, SARGraph, sequential_aggregate
 
 __all__ = ['SARGENConv', 'SARGATConv', 'SARSAGEConv', 'SARGINConv',
-           'SARGCNConv', 'gcn_edge_weight',
+           'SARGCNConv', 'gcn_edge_weight', 'SARBatchNorm',
            'convert_to_sar', 'SAR_CONVS']
 
 
@@ -58,12 +60,12 @@ def _no_tuple(x, name):
 
 def _check_no_batch_norm(module: torch.nn.Module, name: str):
     if module.training and any(
-            isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
-            for m in module.modules()):
+            isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and
+            not isinstance(m, SARBatchNorm) for m in module.modules()):
         raise NotImplementedError(
             f'{name} holds BatchNorm, whose training statistics span all '
-            'nodes of all workers; under SAR use norm="layer" (node-wise) '
-            'or evaluate in eval mode')
+            'nodes of all workers; run convert_to_sar(model), which makes '
+            'it a SARBatchNorm')
 
 
 class _GENMessage(EdgeOp):
@@ -330,14 +332,53 @@ class SARGCNConv(GCNConv):
         return out
 
 
+class SARBatchNorm(torch.nn.BatchNorm1d):
+    r""":class:`torch.nn.BatchNorm1d` whose training statistics span the
+    nodes of *all* workers, as on the full graph:
+
+    .. math::
+        \mu = \frac{1}{N}\sum_p \sum_{i \in \mathcal{V}_p} \mathbf{x}_i,
+        \qquad \sigma^2 = \frac{1}{N}\sum_p \sum_{i \in \mathcal{V}_p}
+        (\mathbf{x}_i - \mu)^2,
+
+    both sums all-reduced with a differentiable all-reduce, so the
+    gradients are exactly those of single-process BatchNorm. Running
+    statistics use the unbiased :math:`\sigma^2 N/(N-1)` like PyTorch. In
+    eval mode, or without a process group, it is plain BatchNorm.
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not (self.training and dist.is_initialized()
+                and dist.get_world_size() > 1):
+            return super().forward(x)
+        if x.dim() != 2:
+            raise NotImplementedError('SARBatchNorm takes [nodes, channels]')
+        n = AllReduceSum.apply(x.new_full((1, ), float(x.size(0))))
+        mean = AllReduceSum.apply(x.sum(0)) / n
+        var = AllReduceSum.apply(((x - mean)**2).sum(0)) / n
+        if self.track_running_stats:
+            with torch.no_grad():
+                self.num_batches_tracked += 1
+                m = (1.0 / float(self.num_batches_tracked)
+                     if self.momentum is None else self.momentum)
+                N = float(n)
+                self.running_mean.mul_(1 - m).add_(m * mean.detach())
+                self.running_var.mul_(1 - m).add_(
+                    m * var.detach() * N / max(N - 1, 1.0))
+        out = (x - mean) / torch.sqrt(var + self.eps)
+        if self.affine:
+            out = out * self.weight + self.bias
+        return out
+
+
 SAR_CONVS = {GENConv: SARGENConv, GATConv: SARGATConv,
              SAGEConv: SARSAGEConv, GINConv: SARGINConv, GCNConv: SARGCNConv}
 
 
 def convert_to_sar(module: torch.nn.Module) -> torch.nn.Module:
     """Switches every supported PyG conv inside ``module`` to its SAR-aware
-    subclass in place (same parameters, same ``state_dict``) and returns
-    ``module``. Convs already converted are left alone; other
+    subclass, and every ``BatchNorm1d`` to :class:`SARBatchNorm`, in place
+    (same parameters, same ``state_dict``) and returns ``module``. Convs already converted are left alone; other
     ``MessagePassing`` layers raise, since they would silently need the
     whole graph."""
     from torch_geometric.nn.conv import MessagePassing
@@ -345,6 +386,8 @@ def convert_to_sar(module: torch.nn.Module) -> torch.nn.Module:
         cls = type(m)
         if cls in SAR_CONVS:
             m.__class__ = SAR_CONVS[cls]
+        elif cls is torch.nn.BatchNorm1d:
+            m.__class__ = SARBatchNorm
         elif (isinstance(m, MessagePassing) and
               cls not in SAR_CONVS.values()):
             raise NotImplementedError(
