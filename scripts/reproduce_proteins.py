@@ -32,6 +32,8 @@ PAPER = {
     "proteins_deq_gnn": ("DEQ-GNN-224, test ROC-AUC", 85.84, None),
     "products_revgnn_112": ("RevGNN-112 (PyG example), test accuracy", 83.07, 0.30),
     "arxiv_revgat": ("RevGAT, test accuracy", 74.02, 0.18),
+    "molhiv_revgnn_graphnorm": ("RevGNN + GraphNorm, ogbg-molhiv test ROC-AUC", 78.62, None),
+    "molhiv_revgnn_batchnorm": ("RevGNN + BatchNorm, ogbg-molhiv test ROC-AUC", 77.82, None),
 }
 
 
@@ -71,11 +73,16 @@ def main() -> None:
     seeds = args.seeds
     if args.smoke:
         from revgnn.data.fake_ogb import write_fake_ogbn
+        from revgnn.data.graphs import write_fake_ogbg
         root = out / "fake_ogb"
         name = "ogbn-proteins" if args.experiment.startswith("proteins") else \
-            "ogbn-products" if args.experiment.startswith("products") else "ogbn-arxiv"
+            "ogbn-products" if args.experiment.startswith("products") else \
+            "ogbg-molhiv" if args.experiment.startswith("molhiv") else "ogbn-arxiv"
         if not (root / name.replace("-", "_")).exists():
-            write_fake_ogbn(str(root), name, num_nodes=96, avg_degree=6)
+            if name.startswith("ogbg"):
+                write_fake_ogbg(str(root), name, num_graphs=60)
+            else:
+                write_fake_ogbn(str(root), name, num_nodes=96, avg_degree=6)
         overrides = _smoke_overrides(args.experiment, str(root)) + overrides
         seeds = min(seeds, 2)
     elif args.data_root:
