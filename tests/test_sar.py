@@ -160,16 +160,19 @@ class RevStack(torch.nn.Module):
     Linear. (The zoo's RevGNN is exercised by the runner test.)"""
 
     def __init__(self, num_layers, aggr='max', learn_t=False,
-                 weight_tied=False, hidden=8):
+                 weight_tied=False, hidden=8, conv='gen', **block_kwargs):
         super().__init__()
-        from revgnn.nn import GENBlock, GroupAddRev, WeightTied
+        from revgnn.nn import GENBlock, GroupAddRev, WeightTied, make_block
         self.enc = torch.nn.Linear(F_IN, hidden)
         self.edge_enc = torch.nn.Linear(F_EDGE, hidden)
 
         def block():
-            return GroupAddRev(GENBlock(hidden // 2, edge_channels=hidden,
-                                        aggr=aggr, learn_t=learn_t),
-                               num_groups=2)
+            if conv == 'gen':
+                inner = GENBlock(hidden // 2, edge_channels=hidden,
+                                 aggr=aggr, learn_t=learn_t)
+            else:
+                inner = make_block(conv, hidden // 2, **block_kwargs)
+            return GroupAddRev(inner, num_groups=2)
 
         self.weight_tied = weight_tied
         if weight_tied:
@@ -180,10 +183,10 @@ class RevStack(torch.nn.Module):
         self.norm = torch.nn.LayerNorm(hidden)
         self.head = torch.nn.Linear(hidden, 3)
 
-    def forward(self, x, edge_index, edge_attr):
+    def forward(self, x, edge_index, edge_attr=None):
         from revgnn.nn import Shared
         h = self.enc(x)
-        e = Shared(self.edge_enc(edge_attr))
+        e = Shared(None if edge_attr is None else self.edge_enc(edge_attr))
         if self.weight_tied:
             h = self.layers(h, edge_index, e)
         else:
@@ -202,6 +205,18 @@ def _rev_model_softmax():
 
 def _wt_rev_model():
     return RevStack(5, aggr='max', weight_tied=True)
+
+
+def _block_stacks():
+    """Reversible stacks of the core's other blocks (3 layers each)."""
+    return [
+        ('RevStack-GAT', lambda: RevStack(3, conv='gat', heads=2,
+                                          edge_channels=8), True),
+        ('RevStack-GCN-batchnorm', lambda: RevStack(3, conv='gcn',
+                                                    norm='batch'), False),
+        ('RevStack-SAGE', lambda: RevStack(3, conv='sage'), False),
+        ('RevStack-GIN', lambda: RevStack(3, conv='gin'), False),
+    ]
 
 
 def _check_train_step(graph):
@@ -256,6 +271,10 @@ def _worker_exactness(rank, world_size, kind, with_models):
         errs += _compare_model('WT-RevStack-5-GEN-max', _wt_rev_model, True,
                                graph, parts[rank], _call_conv, _call_conv)
         errs += _check_train_step(graph)
+        if world_size == 4:
+            for name, build, uses_edges in _block_stacks():
+                errs += _compare_model(name, build, uses_edges, graph,
+                                       parts[rank], _call_conv, _call_conv)
     return errs
 
 
