@@ -82,6 +82,9 @@ def _conv_models():
                                         bias=True), True),
         ('softmax/GEN-nolearn', lambda: GENConv(F_IN, F_IN, aggr='softmax',
                                                 t=1.3, norm='layer'), False),
+        ('softmax_sg/GEN-msgnorm', lambda: GENConv(
+            F_IN, 8, aggr='softmax_sg', t=0.5, msg_norm=True,
+            learn_msg_scale=True, norm='layer'), False),
         ('GAT', lambda: GATConv(F_IN, 5, heads=3, edge_dim=F_EDGE), True),
         ('GAT-mean-heads', lambda: GATConv(F_IN, 4, heads=2, concat=False,
                                            add_self_loops=False), False),
