@@ -147,3 +147,19 @@ def test_batchnorm_running_stats_equal_plain_after_steps():
     for name in p_ref:
         assert rel_err(p_rev[name], p_ref[name]) <= 1e-9, name
     assert rel_err(out_rev, out_ref) <= 1e-9
+
+
+@pytest.mark.parametrize("norm", ["graph", "batch"])
+def test_graph_model_saved_bytes_flat_in_depth(norm):
+    """The GraphNorm / BatchNorm reversible model stores no per-layer activations for backward."""
+    from revgnn.utils import SavedTensorBytes
+    x, ei, ea, batch, y = mol_batch(0)
+
+    def saved(depth):
+        model = create_model("revgnn_mol_small", num_layers=depth, hidden_channels=16, norm=norm)
+        with SavedTensorBytes() as s:
+            loss = model(x, ei, ea, batch).sum()
+        loss.backward()
+        return s.bytes
+
+    assert saved(64) <= 1.05 * saved(2)
