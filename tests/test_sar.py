@@ -377,29 +377,9 @@ def _worker_runner(rank, world_size, part_dir):
     return losses, evaluate(model, job), checksum
 
 
-def _zoo_takes_graph_objects() -> bool:
-    """The zoo's RevGNN.forward sorts a tensor ``edge_index`` into a PyG
-    ``EdgeIndex``; it must hand other graph objects (SARGraph) through."""
-    from revgnn.distributed.sar import SARGraph
-    try:
-        from revgnn.models.components import sort_edges
-    except ImportError:  # the zoo is mid-edit or gone: nothing to sort
-        return True
-    ei, _, ea = make_graph()
-    graph = SARGraph(build_partitions(ei, N, 1, edge_attr=ea)[0])
-    try:
-        return sort_edges(graph, graph.edge_attr, N)[0] is graph
-    except Exception:
-        return False
-
-
 def test_runner_end_to_end(tmp_path):
     """partition command -> setup_sar -> train_step -> OGB evaluation: all
     workers agree on losses, metrics and parameters."""
-    if not _zoo_takes_graph_objects():
-        pytest.xfail('revgnn.models.components.sort_edges turns every '
-                     'edge_index into an EdgeIndex and rejects a SARGraph; '
-                     'it should return non-Tensor graphs unchanged')
     from revgnn.distributed.partition import main as partition_main
     out = str(tmp_path / 'pl2')
     assert partition_main(['--data', 'proteins_like', '--num-nodes', '800',

@@ -140,6 +140,8 @@ def sort_edges(edge_index, edge_attr, num_nodes: int):
     """
     from torch_geometric import EdgeIndex
 
+    if not isinstance(edge_index, Tensor):  # e.g. a SparseTensor or a distributed SARGraph
+        return edge_index, edge_attr
     if isinstance(edge_index, EdgeIndex) and edge_index.is_sorted_by_col:
         return edge_index, edge_attr
     if not isinstance(edge_index, EdgeIndex):
