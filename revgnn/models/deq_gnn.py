@@ -167,8 +167,9 @@ class DEQGNN(nn.Module):
         \mathbf{Z}^* = f_\theta(\mathbf{Z}^*, \mathbf{X}), \qquad
         \mathbf{Y} = \mathrm{Linear}(\mathrm{Dropout}(\mathrm{ReLU}(\mathrm{LayerNorm}(\mathbf{Z}^*)))).
 
-    Training memory is that of one layer, whatever the number of solver iterations
-    (see :class:`~revgnn.deq.DEQ`).
+    What is kept for the backward pass is :math:`\mathbf{Z}^*` and the map's inputs (node and raw edge
+    features, dropout mask), whatever the number of solver iterations: the backward pass re-evaluates the
+    map once and solves the adjoint equation (see :class:`~revgnn.deq.DEQ`).
 
     **Unrolled pretraining.** With :obj:`pretrain_epochs` :math:`= E > 0` the model first trains as a
     :obj:`pretrain_depth`-layer weight-tied network (plain backprop through the unrolled iterations from
