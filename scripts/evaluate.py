@@ -3,7 +3,8 @@
     .venv/bin/python scripts/evaluate.py outputs/proteins_revgnn_deep/<run>/best.pt --views 10 --parts 3
 
 The model and data are rebuilt from the config stored in the checkpoint (``--data-root`` points an OGB
-data set elsewhere). Prints the OGB metric on train / valid / test as JSON.
+data set elsewhere). Prints the OGB metric on train / valid / test as JSON. Node-level data: ``V`` views x
+``K`` parts, logits averaged; graph-level data: batched graphs (views and parts do not apply).
 """
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ def main() -> None:
     parser.add_argument("checkpoint", help="best.pt or last.pt of a revgnn-train run")
     parser.add_argument("--views", type=int, default=None, help="views V (default: the run's trainer.eval_views)")
     parser.add_argument("--parts", type=int, default=None, help="parts K per view (default: trainer.eval_parts)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the inference partitions")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="seed of the inference partitions (default: the one training used at the "
+                             "checkpoint's epoch, so the logged score is reproduced)")
     parser.add_argument("--data-root", default=None, help="override data.root (OGB data sets)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     args = parser.parse_args()
@@ -25,8 +28,8 @@ def main() -> None:
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from revgnn.evaluate import Scorer, predict
-    from revgnn.train import build_model, load_checkpoint
+    from revgnn.tasks import make_task
+    from revgnn.train import _stream, build_model, load_checkpoint
 
     ckpt = load_checkpoint(args.checkpoint)
     cfg = OmegaConf.create(ckpt["config"])
@@ -38,13 +41,13 @@ def main() -> None:
     model = build_model(cfg.model, ds)
     model.load_state_dict(ckpt["model"])
     model.to(args.device)
-    views = args.views or cfg.trainer.eval_views
-    parts = args.parts or cfg.trainer.eval_parts
-    logits = predict(model, ds, views, parts, torch.Generator().manual_seed(args.seed), args.device)
-    scorer = Scorer(ds)
-    scores = scorer(logits)
+    cfg.trainer.eval_views = views = args.views or cfg.trainer.eval_views
+    cfg.trainer.eval_parts = parts = args.parts or cfg.trainer.eval_parts
+    seed = args.seed if args.seed is not None else _stream(cfg.seed, ckpt["epoch"], 1)
+    task = make_task(ds, cfg.trainer)  # node level: multi-view inference; graph level: batched graphs
+    scores = task.evaluate(model, torch.Generator().manual_seed(seed), args.device)
     print(json.dumps({"checkpoint": args.checkpoint, "epoch": ckpt["epoch"], "views": views, "parts": parts,
-                      "metric": scorer.metric, **scores}, indent=2))
+                      "metric": task.metric, **scores}, indent=2))
 
 
 if __name__ == "__main__":
