@@ -10,9 +10,10 @@ from torch_geometric.nn import GENConv
 from torch_geometric.typing import Adj, OptTensor
 
 from revgnn.deq import DEQ
-from revgnn.models.components import Head, NodeEncoder
+from revgnn.models.components import Head, NodeEncoder, sort_edges
 from revgnn.models.registry import build, register_model
 from revgnn.nn import SharedDropout
+from revgnn.nn.aggr import gen_conv
 
 __all__ = ["DEQGNNLayer", "DEQGNN", "deq_gnn", "deq_gnn_small"]
 
@@ -144,11 +145,11 @@ class DEQGNNLayer(nn.Module):
             mask (Tensor, optional): Dropout mask (scaled), fixed for the whole solve.
         """
         e1, e2 = self.edge_features(edge_attr)
-        z1 = self.convs[0](z, edge_index, e1)
+        z1 = gen_conv(self.convs[0], z, edge_index, e1)
         h = self.norms[0](z1 + x).relu()
         if mask is not None:
             h = h * mask
-        z3 = self.convs[1](h, edge_index, e2)
+        z3 = gen_conv(self.convs[1], h, edge_index, e2)
         return self.norms[1]((z3 + z1).relu())
 
     def __repr__(self) -> str:
@@ -264,6 +265,7 @@ class DEQGNN(nn.Module):
         self.deq.reset_parameters()
 
     def forward(self, x: Tensor, edge_index: Adj, edge_attr: OptTensor = None) -> Tensor:
+        edge_index, edge_attr = sort_edges(edge_index, edge_attr, x.size(0))  # CSR once per pass
         h = self.node_encoder(x)
         mask = self.dropout(h)  # one mask, fixed across all solver iterations
         self.layer.project_()

@@ -130,3 +130,19 @@ def gen_max_aggregate(x: Tensor, edge_index: Tensor, edge_attr: Optional[Tensor]
     if edge_attr is not None and perm is not None:
         edge_attr = edge_attr.index_select(0, perm)
     return GENMaxAggregate.apply(x, edge_attr, src, ptr, eps)
+
+
+def gen_conv(conv, x: Tensor, edge_index, edge_attr: Optional[Tensor] = None) -> Tensor:
+    """``conv(x, edge_index, edge_attr)`` for a PyG ``GENConv``, through
+    :func:`gen_max_aggregate` when that computes the same function.
+
+    The fused path applies to max aggregation with equal in/out channels and no
+    message norm or internal edge encoder (edge features already encoded);
+    anything else, or a non-tensor graph (``SparseTensor``, a distributed
+    ``SARGraph``), calls the conv itself.
+    """
+    plain = not any(hasattr(conv, name) for name in
+                    ("lin_src", "lin_dst", "lin_edge", "lin_aggr_out", "msg_norm"))
+    if conv.aggr == "max" and plain and isinstance(edge_index, Tensor) and isinstance(x, Tensor):
+        return conv.mlp(gen_max_aggregate(x, edge_index, edge_attr, conv.eps) + x)
+    return conv(x, edge_index, edge_attr)

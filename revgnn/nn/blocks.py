@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from torch_geometric.nn import GATConv, GCNConv, GENConv, GINConv, GraphNorm, SAGEConv
 from torch_geometric.typing import Adj, OptTensor
 
-from revgnn.nn.aggr import gen_max_aggregate
+from revgnn.nn.aggr import gen_conv
 from revgnn.nn.edge_features import LinearEdgeFeatures
 
 NORMS = ("layer", "batch", "graph", None)
@@ -137,10 +137,7 @@ class GENBlock(PreActBlock):
             edge_attr = edge_attr.encode(self.edge_encoder)
         elif edge_attr is not None and self.edge_encoder is not None:
             edge_attr = self.edge_encoder(edge_attr)
-        if self.conv.aggr == "max" and isinstance(edge_index, Tensor):
-            # GENConv.forward for in == out channels, with the fused aggregation
-            return self.conv.mlp(gen_max_aggregate(h, edge_index, edge_attr, self.conv.eps) + h)
-        return self.conv(h, edge_index, edge_attr)
+        return gen_conv(self.conv, h, edge_index, edge_attr)
 
     def extra_repr(self) -> str:
         return f"channels={self.channels}, aggr={self.conv.aggr}"
