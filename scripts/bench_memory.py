@@ -8,7 +8,9 @@ stack and runs training steps (forward + backward), so that its peak RSS
 
 * saved bytes: what autograd stores for backward (deterministic),
 * peak RSS: what the user feels (process high-water mark, includes the graph),
-* step time: median over the measured steps.
+* step time: median over the measured steps,
+* parameter bytes: parameters and their gradients (2x) grow with depth in any
+  implementation; "peak RSS - 2 x params" isolates what training adds.
 
 Ratios (ours / PyG, ours / plain, depth D / smallest depth) come from the same
 run. Every process is started through revgnn's launcher, which preloads
@@ -108,6 +110,7 @@ def child(args) -> None:
     print(json.dumps(dict(impl=args.impl, depth=args.depth, allocator=allocator(),
                           saved_bytes=saved_bytes, peak_rss=peak_rss_bytes(),
                           setup_rss=setup_rss, step_s=statistics.median(times),
+                          param_bytes=sum(p.numel() * p.element_size() for p in stack.parameters()),
                           threads=torch.get_num_threads())))
 
 
@@ -212,14 +215,17 @@ def report(rows, drift_rows, args) -> None:
     get = {(r["impl"], r["depth"], r["allocator"]): r for r in ok}
     lines = [f"graph: {args.nodes} nodes, {args.edges} edges, {args.channels} channels, "
              f"2 groups of GENConv-max blocks, shared dropout 0.1", "",
-             "| allocator | depth | impl | saved MB | peak RSS MB | step s | step / PyG | step / plain |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| allocator | depth | impl | saved MB | peak RSS MB | peak RSS - 2 x params MB | step s "
+             "| step / PyG | step / plain |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in ok:
         pyg = get.get(("pyg", r["depth"], r["allocator"]))
         plain = get.get(("plain", r["depth"], r["allocator"]))
         ratio = lambda ref: f"{r['step_s'] / ref['step_s']:.2f}" if ref else "-"
+        lean = (r["peak_rss"] - 2 * r["param_bytes"]) / 2**20 if "param_bytes" in r else float("nan")
         lines.append(f"| {r['allocator']} | {r['depth']} | {r['impl']} | {r['saved_bytes'] / 2**20:.1f} "
-                     f"| {r['peak_rss'] / 2**20:.0f} | {r['step_s']:.2f} | {ratio(pyg)} | {ratio(plain)} |")
+                     f"| {r['peak_rss'] / 2**20:.0f} | {lean:.0f} | {r['step_s']:.2f} | {ratio(pyg)} "
+                     f"| {ratio(plain)} |")
     lines.append("")
     for alloc in sorted({r["allocator"] for r in ok}):
         for impl in IMPLS:

@@ -31,6 +31,7 @@ $PIP install -q -e ".[dev]"
 # with isolation pip would fetch a CUDA torch into the build environment.
 if [ "${REVGNN_NO_SCATTER:-0}" != 1 ] && ! "$VENV/bin/python" -c "import torch_scatter" 2>/dev/null; then
   say "building torch-scatter from source (about 7 minutes on 2 cores)"
+  $PIP install -q setuptools wheel  # the build runs in this venv (no isolation)
   $PIP install -q --no-build-isolation torch-scatter \
     || say "WARNING: torch-scatter did not build; continuing without it (slower max aggregation)"
 fi
