@@ -1,115 +1,86 @@
-r"""Fused GENConv message + max aggregation that stores no edge-sized tensor.
+r"""Fused GENConv message + max aggregation over destination-sorted edges.
 
-PyG's GENConv with ``aggr='max'`` materialises the messages
+PyG's GENConv with ``aggr='max'`` builds the messages
 :math:`\mathbf{m}_{ji} = \mathrm{ReLU}(\mathbf{x}_j + \mathbf{e}_{ji}) + \epsilon`
-as an :math:`E \times C` tensor, aggregates them with ``scatter_reduce``
-(amax) and keeps edge-sized tensors for the backward pass, which then scans
-all edges again. Only one edge per (node, channel) receives gradient, the
-argmax, so :class:`GENMaxAggregate` saves just that index and the sign of the
-pre-activation there (:math:`N \times C` each):
+through its generic message-passing path (index expansions, an
+:math:`E \times C` message tensor plus an :math:`E \times C` ReLU mask kept
+for backward, then ``scatter_reduce`` amax whose backward allocates several
+more edge-sized temporaries). :class:`GENMaxAggregate` computes the same
+function with fewer passes over edge-sized memory:
 
 .. math::
-    \mathbf{h}_{i,c} = \max_{j \in \mathcal{N}(i)} \mathbf{m}_{ji,c}, \qquad
-    a_{i,c} = \arg\max_{j} \mathbf{m}_{ji,c}
+    \mathbf{h}_{i,c} = \max_{j \in \mathcal{N}(i)} \mathrm{ReLU}(\mathbf{x}_{j,c}
+    + \mathbf{e}_{ji,c}) + \epsilon
 
-    \frac{\partial L}{\partial \mathbf{x}_{j,c}} = \sum_{i : a_{i,c} = (j \to i)}
-    \frac{\partial L}{\partial \mathbf{h}_{i,c}}\,
-    \mathbb{1}[\mathbf{x}_{j,c} + \mathbf{e}_{ji,c} > 0], \qquad
-    \frac{\partial L}{\partial \mathbf{e}_{ji,c}} = \frac{\partial L}{\partial
-    \mathbf{h}_{i,c}}\,\mathbb{1}[a_{i,c} = (j \to i)]\,\mathbb{1}[\cdot > 0]
+* the message buffer is written once (gather, add, in-place ReLU) and the
+  floor :math:`\epsilon` is added to the :math:`N \times C` result (equal:
+  rounding is monotone);
+* it keeps one :math:`E \times C` tensor for backward, the ReLU'd messages,
+  from which the backward derives both the ReLU mask (:math:`> 0`) and the
+  argmax mask (:math:`=` the maximum);
+* ties split the gradient evenly, exactly as ``scatter_reduce`` amax does in
+  PyG's CPU path. (torch-scatter's ``segment_max_csr`` returns an argmax, but
+  was 11x slower than native ``scatter_reduce`` here: 15.4 vs 1.35 ms for
+  200k x 32.)
 
-Nodes without incoming edges aggregate to 0, as in PyG. With torch-scatter
-installed the max runs as ``segment_csr`` over destination-sorted edges
-(which also returns the argmax); without it, native ``scatter_reduce``.
-
-Ties: the gradient goes to one maximal edge, where PyG's native path splits
-it evenly. Ties between messages only happen at the floor
-:math:`\epsilon` (all pre-activations :math:`\le 0`, where the gradient is 0
-either way) or between identical parallel edges, whose parameter gradients
-are the same either way; gradients therefore equal PyG's.
+Inside a reversible block the saved messages live only while that block's
+backward runs, so memory stays flat in depth. Nodes without incoming edges
+aggregate to 0, as in PyG.
 """
 from __future__ import annotations
 
 from typing import Optional, Tuple
 
 import torch
-import torch_geometric.typing
 from torch import Tensor
 
 from torch_geometric import EdgeIndex
 
 
-def _csc(edge_index: Tensor, num_nodes: int) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
-    """(source per edge in destination order, destination pointer, edge permutation or None)."""
+def _by_destination(edge_index: Tensor, num_nodes: int) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
+    """(source, destination) per edge in destination order, in-degree, and the permutation or None."""
     if not isinstance(edge_index, EdgeIndex):
         edge_index = EdgeIndex(edge_index, sparse_size=(num_nodes, num_nodes))
     perm = None
     if not edge_index.is_sorted_by_col:
         edge_index, perm = edge_index.sort_by("col")
-    (colptr, row), _ = edge_index.get_csc()
-    return row.as_subclass(Tensor), colptr.as_subclass(Tensor), perm
+    (colptr, _), _ = edge_index.get_csc()
+    plain = edge_index.as_subclass(Tensor)
+    return plain[0], plain[1], colptr.as_subclass(Tensor).diff(), perm
 
 
 class GENMaxAggregate(torch.autograd.Function):
     """``max_j relu(x[src_j] + e_j) + eps`` per destination; see the module docstring."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, edge_attr: Optional[Tensor], src: Tensor, ptr: Tensor,
-                eps: float) -> Tensor:  # type: ignore[override]
-        num_nodes, num_edges = ptr.numel() - 1, src.numel()
-        z = x.index_select(0, src)  # a fresh E x C buffer: updated in place below
+    def forward(ctx, x: Tensor, edge_attr: Optional[Tensor], src: Tensor, dst: Tensor,
+                degree: Tensor, eps: float) -> Tensor:  # type: ignore[override]
+        msg = x.index_select(0, src)  # a fresh E x C buffer: updated in place below
         if edge_attr is not None:
-            z.add_(edge_attr)
-        msg = z.clamp_min(0.0).add_(eps)
-        out, arg = _segment_max(msg, ptr, num_nodes)
-        empty = arg >= num_edges
-        safe_arg = arg.masked_fill(empty, 0)
-        positive = z.gather(0, safe_arg) > 0
-        positive &= ~empty
-        out.masked_fill_(empty, 0.0)
-        ctx.save_for_backward(safe_arg, positive, src)
-        ctx.num_nodes, ctx.num_edges = num_nodes, num_edges
+            msg.add_(edge_attr)
+        msg.clamp_min_(0.0)
+        index = dst.view(-1, 1).expand_as(msg)
+        out = msg.new_zeros(degree.numel(), msg.size(1)).scatter_reduce_(
+            0, index, msg, "amax", include_self=False)
+        ctx.save_for_backward(msg, out, src, dst)
         ctx.has_edge_attr = edge_attr is not None
-        return out
+        result = out + eps
+        return result.masked_fill_((degree == 0).view(-1, 1), 0.0)
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):  # type: ignore[override]
-        arg, positive, src = ctx.saved_tensors
-        g = grad_out * positive
+        msg, out, src, dst = ctx.saved_tensors
+        index = dst.view(-1, 1).expand_as(msg)
+        winner = msg == out.index_select(0, dst)          # argmax mask (ties included)
+        ties = out.new_zeros(out.shape).scatter_add_(0, index, winner.to(out.dtype))
+        grad_msg = (grad_out / ties.clamp_min(1.0)).index_select(0, dst)
+        grad_msg.mul_(winner & (msg > 0))                 # max, then ReLU
         grad_x = grad_e = None
         if ctx.needs_input_grad[0]:
-            grad_x = torch.zeros_like(g).scatter_add_(0, src[arg], g)
+            grad_x = torch.zeros_like(grad_out).index_add_(0, src, grad_msg)
         if ctx.has_edge_attr and ctx.needs_input_grad[1]:
-            grad_e = g.new_zeros(ctx.num_edges, g.size(1)).scatter_add_(0, arg, g)
-        return grad_x, grad_e, None, None, None
-
-
-def _segment_max(msg: Tensor, ptr: Tensor, num_nodes: int) -> Tuple[Tensor, Tensor]:
-    """Max over the CSR segments of ``msg`` and the (first) argmax; empty -> index E."""
-    num_edges = msg.size(0)
-    if torch_geometric.typing.WITH_TORCH_SCATTER and (not msg.is_cuda or _scatter_has_cuda()):
-        import torch_scatter
-
-        out, arg = torch_scatter.segment_max_csr(msg, ptr)
-        return out, arg
-    counts = ptr.diff()
-    dst = torch.repeat_interleave(torch.arange(num_nodes, device=msg.device), counts)
-    index = dst.view(-1, 1).expand_as(msg)
-    out = msg.new_zeros(num_nodes, msg.size(1)).scatter_reduce_(0, index, msg, "amax",
-                                                                include_self=False)
-    edge_ids = torch.arange(num_edges, device=msg.device).view(-1, 1).expand_as(msg)
-    candidate = torch.where(msg == out.index_select(0, dst), edge_ids, num_edges)
-    arg = torch.full_like(out, num_edges, dtype=torch.long).scatter_reduce_(
-        0, index, candidate, "amin", include_self=True)
-    return out, arg
-
-
-def _scatter_has_cuda() -> bool:
-    """Whether the installed torch-scatter was built with CUDA kernels."""
-    try:
-        return torch.ops.torch_scatter.cuda_version() != -1
-    except (AttributeError, RuntimeError):
-        return False
+            grad_e = grad_msg
+        return grad_x, grad_e, None, None, None, None
 
 
 def gen_max_aggregate(x: Tensor, edge_index: Tensor, edge_attr: Optional[Tensor] = None,
@@ -126,10 +97,10 @@ def gen_max_aggregate(x: Tensor, edge_index: Tensor, edge_attr: Optional[Tensor]
             order of ``edge_index``.
         eps (float, optional): The message floor :math:`\epsilon`.
     """
-    src, ptr, perm = _csc(edge_index, x.size(0))
+    src, dst, degree, perm = _by_destination(edge_index, x.size(0))
     if edge_attr is not None and perm is not None:
         edge_attr = edge_attr.index_select(0, perm)
-    return GENMaxAggregate.apply(x, edge_attr, src, ptr, eps)
+    return GENMaxAggregate.apply(x, edge_attr, src, dst, degree, eps)
 
 
 def gen_conv(conv, x: Tensor, edge_index, edge_attr: Optional[Tensor] = None) -> Tensor:
