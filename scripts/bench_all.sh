@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Runs every benchmark with its defaults and collects the results into bench_out/REPORT.md
+# (markdown tables; PNG plots next to it). Takes about an hour on 2 CPU cores; nothing else
+# should run meanwhile, since every comparison is timed side by side on the same cores.
+#   bash scripts/bench_all.sh            # after scripts/setup.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${REVGNN_VENV:-.venv}/bin/python"
+OUT=bench_out; mkdir -p "$OUT"
+{
+  echo "# revgnn benchmarks ($(date -u +%F), $(nproc) cores, $("$PY" -c 'import torch; print("torch", torch.__version__)'))"
+  echo; echo "## Conv blocks vs memory bandwidth (scripts/bench_layers.py)"; echo
+  "$PY" scripts/bench_layers.py --out "$OUT" > "$OUT/layers.log" && cat "$OUT/layers.md"
+  echo; echo "## Reversible stacks vs depth: revgnn vs PyG GroupAddRev vs plain (scripts/bench_memory.py)"; echo
+  "$PY" scripts/bench_memory.py --out "$OUT/memory" > "$OUT/memory.log" && cat "$OUT/memory/memory.md"
+  echo; echo "glibc malloc instead of tcmalloc:"; echo
+  "$PY" scripts/bench_memory.py --allocators system --depths 8,64 --impls revgnn,pyg --drift-depths "" \
+      --out "$OUT/memory_system" > "$OUT/memory_system.log" && cat "$OUT/memory_system/memory.md"
+  echo; echo "## RevGNN-Deep / Wide steps on a proteins-sized sub-graph, reduced depth (scripts/bench_step.py)"; echo
+  for model in revgnn_deep revgnn_wide; do "$PY" scripts/bench_step.py --model "$model" --num-layers 10; done
+  echo; echo "## Partitioning a 79M-edge graph into 10 parts (scripts/bench_partition.py)"; echo
+  "$PY" scripts/bench_partition.py
+  echo; echo "## DEQ solvers and step (scripts/bench_deq.py)"; echo
+  "$PY" scripts/bench_deq.py solvers
+  echo; echo "## SAR vs naive domain-parallel (scripts/bench_sar.py)"; echo
+  "$PY" scripts/bench_sar.py --out "$OUT/sar"
+} 2>&1 | tee "$OUT/REPORT.md"
