@@ -25,6 +25,7 @@ from omegaconf import MISSING
 
 __all__ = ["TrainConfig", "TrainerConfig", "LoggerConfig", "BackendConfig", "ModelConfig",
            "ProteinsLikeConfig", "OgbnConfig", "MolLikeConfig", "OgbgConfig", "AdamConfig", "Device",
+           "BackendName",
            "Precision", "register_configs"]
 
 
@@ -153,12 +154,25 @@ class LoggerConfig:
     progress_bar: bool = True
 
 
+class BackendName(str, Enum):
+    """``local``: one process. ``sar``: distributed full-graph training (SAR), one process per
+    worker started by ``torchrun``, on a graph partitioned by ``revgnn-partition``."""
+    local = "local"
+    sar = "sar"
+
+
 @dataclass
 class BackendConfig:
-    """Execution backend: device, numeric precision, CPU threads (``null``: torch's default)."""
+    """Execution backend: device, numeric precision, CPU threads (``null``: torch's default) and,
+    for ``name: sar``, the partition directory, the peer timeout and the torch.distributed backend
+    (``null``: gloo on CPU, NCCL on CUDA)."""
+    name: BackendName = BackendName.local
     device: Device = Device.auto
     precision: Precision = Precision.auto
     num_threads: Optional[int] = None
+    partition_dir: Optional[str] = None
+    timeout_s: float = 300.0
+    dist_backend: Optional[str] = None
 
 
 @dataclass

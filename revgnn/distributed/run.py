@@ -44,7 +44,7 @@ from .comm import (all_gather_object_checked, all_reduce_gradients,
 from .partition import load_partition
 
 __all__ = ['SARJob', 'setup_sar', 'prepare_model', 'train_step', 'evaluate',
-           'predict', 'main']
+           'predict', 'fit', 'train_sar', 'main']
 
 
 @dataclass
@@ -198,6 +198,88 @@ def _metric(job: SARJob, pred: Tensor, y: Tensor) -> float:
     return float((pred.argmax(-1) == y.view(-1)).float().mean())
 
 
+def _shapes(job: SARJob) -> Dict[str, object]:
+    """The model's data-dependent arguments, from the partition metadata."""
+    info = job.meta.get('dataset', {})
+    return dict(in_channels=job.x.size(1),
+                out_channels=info.get('num_classes', job.y.size(1)),
+                edge_channels=(None if job.edge_attr is None else job.edge_attr.size(1)),
+                species_channels=info.get('species_channels', 0))
+
+
+def fit(job: SARJob, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+        epochs: int, clip_norm: float, eval_every: int,
+        out_dir: Optional[str] = None) -> Dict[str, object]:
+    """The SAR training loop: one full-graph step per epoch on every worker,
+    distributed evaluation, selection by the best validation score. Rank 0
+    prints progress and, with ``out_dir``, writes ``metrics.csv`` and
+    ``summary.json``. Returns the summary (same on every worker)."""
+    rank = job.rank
+    history, best = [], {'epoch': 0, 'valid': -float('inf')}
+    for epoch in range(1, epochs + 1):
+        t = time.perf_counter()
+        loss = train_step(model, optimizer, job, clip_norm)
+        row = {'epoch': epoch, 'loss': loss, 'epoch_time_s': time.perf_counter() - t}
+        if eval_every and (epoch % eval_every == 0 or epoch == epochs):
+            row.update(evaluate(model, job))
+            if row.get('valid', -float('inf')) > best['valid']:
+                best = dict(row)
+        history.append(row)
+        if rank == 0:
+            print(' '.join(f'{k} {v:.4f}' if isinstance(v, float) else f'{k} {v}'
+                           for k, v in row.items()), flush=True)
+    summary = {'backend': 'sar', 'world_size': dist.get_world_size() if dist.is_initialized() else 1,
+               'epochs': epochs, 'best_epoch': best['epoch'],
+               'highest_train': best.get('train', float('nan')),
+               'highest_valid': best['valid'], 'final_test': best.get('test', float('nan')),
+               'epoch_time_s': sum(r['epoch_time_s'] for r in history) / max(len(history), 1)}
+    if rank == 0 and out_dir:
+        import csv
+        os.makedirs(out_dir, exist_ok=True)
+        keys = sorted({k for r in history for k in r}, key=lambda k: (k != 'epoch', k))
+        with open(os.path.join(out_dir, 'metrics.csv'), 'w', newline='') as f:
+            writer = csv.DictWriter(f, fieldnames=keys)
+            writer.writeheader()
+            writer.writerows(history)
+        with open(os.path.join(out_dir, 'summary.json'), 'w') as f:
+            json.dump(summary, f, indent=2)
+    return summary
+
+
+def train_sar(cfg) -> Dict[str, object]:
+    """``revgnn-train backend=sar``: the composed Hydra config run on the
+    partitioned graph (``backend.partition_dir``), one process per worker
+    started by ``torchrun``. ``model``, ``optim``, ``trainer.epochs``,
+    ``trainer.grad_clip``, ``trainer.eval_every`` and ``seed`` apply; the
+    ``data`` group does not (the partition files hold the graph)."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    from revgnn.models import create_model
+    from revgnn.train import resolve_output_dir
+
+    b = cfg.backend
+    if not b.partition_dir:
+        raise ValueError('backend=sar needs backend.partition_dir=DIR, a directory written by '
+                         '`revgnn-partition --data ... --num-parts P --out DIR`')
+    if b.num_threads:
+        torch.set_num_threads(b.num_threads)
+    job = setup_sar(b.partition_dir, b.timeout_s, b.dist_backend)
+    kwargs = {k: v for k, v in OmegaConf.to_container(cfg.model, resolve=True).items()
+              if v is not None and k != '_target_'}
+    name = kwargs.pop('name')
+    torch.manual_seed(cfg.seed)
+    model = prepare_model(create_model(name, **_shapes(job), **kwargs))
+    torch.manual_seed(cfg.seed + job.rank)  # independent dropout per worker
+    optimizer = instantiate(cfg.optim)(model.parameters())
+    try:
+        return fit(job, model, optimizer, cfg.trainer.epochs, cfg.trainer.grad_clip,
+                   cfg.trainer.eval_every, resolve_output_dir(cfg))
+    finally:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(
         description='SAR distributed full-graph training (launch with '
@@ -216,31 +298,17 @@ def main(argv=None) -> None:
                    help='seconds before a silent or dead peer aborts the job')
     p.add_argument('--seed', type=int, default=0)
     p.add_argument('--backend', default=None, choices=['gloo', 'nccl'])
+    p.add_argument('--out', default=None, help='directory for metrics.csv and summary.json')
     args = p.parse_args(argv)
 
     job = setup_sar(args.partition_dir, args.timeout, args.backend)
     from revgnn.models import create_model
-    info = job.meta.get('dataset', {})
-    overrides = dict(in_channels=job.x.size(1),
-                     out_channels=info.get('num_classes', job.y.size(1)),
-                     edge_channels=(None if job.edge_attr is None else
-                                    job.edge_attr.size(1)),
-                     species_channels=info.get('species_channels', 0))
-    overrides.update(json.loads(args.model_args))
     torch.manual_seed(args.seed)
-    model = prepare_model(create_model(args.model, **overrides))
+    model = prepare_model(create_model(args.model, **{**_shapes(job),
+                                                      **json.loads(args.model_args)}))
     torch.manual_seed(args.seed + job.rank)  # independent dropout per worker
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
-    rank = job.rank
-    for epoch in range(1, args.epochs + 1):
-        t = time.perf_counter()
-        loss = train_step(model, opt, job, args.clip_norm)
-        msg = f'epoch {epoch} loss {loss:.4f} time {time.perf_counter()-t:.2f}s'
-        if args.eval_every and epoch % args.eval_every == 0:
-            msg += ' ' + ' '.join(f'{k} {v:.4f}' for k, v in
-                                  evaluate(model, job).items())
-        if rank == 0:
-            print(msg, flush=True)
+    fit(job, model, opt, args.epochs, args.clip_norm, args.eval_every, args.out)
     dist.barrier()
     dist.destroy_process_group()
 
