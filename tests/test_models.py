@@ -128,3 +128,16 @@ def test_factored_edge_encoding_equals_materialised():
         grads.append([out.detach()] + [p.grad.clone() for p in (*block.parameters(), *shared.parameters())])
     for a, b in zip(*grads):
         assert torch.allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_tall_linear_matches_linear():
+    from revgnn.nn.edge_features import TallLinear
+
+    x = torch.randn(500, 8, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(6, 8, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(6, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(500, 6, dtype=torch.float64)
+    ours = torch.autograd.grad(TallLinear.apply(x, w, b), (x, w, b), g)
+    ref = torch.autograd.grad(torch.nn.functional.linear(x, w, b), (x, w, b), g)
+    for a, r in zip(ours, ref):
+        assert torch.allclose(a, r, rtol=1e-12, atol=1e-12)

@@ -21,9 +21,34 @@ from __future__ import annotations
 
 from typing import Optional
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils import _pytree as pytree
+
+
+class TallLinear(torch.autograd.Function):
+    r""":func:`torch.nn.functional.linear` for a very tall input (one row per edge).
+
+    Same forward; the weight gradient is formed as
+    :math:`(\mathbf{X}^\top \mathbf{G})^\top` instead of PyTorch's
+    :math:`\mathbf{G}^\top \mathbf{X}`: for :math:`E = 790\text{k}` rows,
+    40 outputs and 8 inputs that was 9 ms instead of 74 ms here.
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:  # type: ignore[override]
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        x, weight = ctx.saved_tensors
+        grad_x = grad @ weight if ctx.needs_input_grad[0] else None
+        grad_w = (x.t() @ grad).t() if ctx.needs_input_grad[1] else None
+        grad_b = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return grad_x, grad_w, grad_b
 
 
 class LinearEdgeFeatures:
@@ -56,7 +81,7 @@ class LinearEdgeFeatures:
 
     def materialize(self) -> Tensor:
         """:math:`\\mathbf{U}` itself, ``[E, h]``."""
-        return F.linear(self.raw, self.weight, self.bias)
+        return TallLinear.apply(self.raw, self.weight, self.bias)
 
     def encode(self, linear: Optional[nn.Linear]) -> Tensor:
         """``linear(U)`` computed from the raw features with the composed map."""
@@ -66,7 +91,7 @@ class LinearEdgeFeatures:
         bias = linear.bias
         if self.bias is not None:
             bias = linear.weight @ self.bias if bias is None else bias + linear.weight @ self.bias
-        return F.linear(self.raw, weight, bias)
+        return TallLinear.apply(self.raw, weight, bias)
 
     def __repr__(self) -> str:
         return f"LinearEdgeFeatures(edges={self.raw.size(0)}, {self.raw.size(-1)} -> {self.channels})"
