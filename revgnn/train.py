@@ -42,7 +42,6 @@ def train(cfg: DictConfig) -> Dict[str, Any]:
     import json
     import math
     import os
-    import resource
     import time
 
     import torch

@@ -16,7 +16,6 @@ the mean over neighbours and ``k_t`` cycling through ``1 .. max_hops``: an MLP s
 from __future__ import annotations
 
 import torch
-from torch import Tensor
 
 from revgnn.data.graph import NodeDataset, species_one_hot, sum_edge_features
 

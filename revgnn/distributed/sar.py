@@ -61,7 +61,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .comm import (SARCommError, all_gather_object_checked, post_transfer)
+from .comm import all_gather_object_checked, post_transfer
 from .partition import PartitionMismatchError
 
 __all__ = ['SARGraph', 'EdgeOp', 'sequential_aggregate', 'SOFTMAX_EPS']

@@ -90,6 +90,38 @@ def encode_edges(edge_encoder: Optional[nn.Linear], edge_attr: Optional[Tensor],
     return Shared(edge_encoder(edge_attr))
 
 
+def reversible_layers(make_group_block, hidden_channels: int, num_groups: int, num_layers: int,
+                      weight_tied: bool = False, reversible: bool = True, keep_every: int = 0):
+    """``num_layers`` reversible blocks of ``num_groups`` groups, called as ``layers(h, *args)``.
+
+    ``make_group_block()`` builds the function of one group (width ``hidden_channels /
+    num_groups``). Returns a :class:`~revgnn.nn.WeightTied` (one block applied ``num_layers``
+    times) or a :class:`~revgnn.nn.BlockSequence`; ``reversible=False`` gives the same blocks as a
+    plain stack, ``keep_every`` stores every ``keep_every``-th input to bound float32 drift.
+    """
+    from revgnn.nn import BlockSequence, GroupAddRev, WeightTied
+
+    if hidden_channels % num_groups != 0:
+        raise ValueError(f"hidden_channels={hidden_channels} must be divisible by "
+                         f"num_groups={num_groups}")
+    if num_layers < 1:
+        raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+
+    def rev_block(layer: int):
+        keep = bool(keep_every) and layer > 0 and layer % keep_every == 0
+        return GroupAddRev(make_group_block(), num_groups=num_groups, disable=not reversible,
+                           keep_input=keep)
+
+    if weight_tied:
+        return WeightTied(rev_block(0), num_layers, keep_every=keep_every if reversible else 0)
+    return BlockSequence(rev_block(i) for i in range(num_layers))
+
+
+def first_block(layers):
+    """The first (or the only, when weight-tied) block of :func:`reversible_layers`' result."""
+    return layers.block if hasattr(layers, "block") else layers[0]
+
+
 def count_parameters(model: nn.Module) -> int:
     """Number of trainable parameters (shared tensors counted once)."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -16,9 +16,9 @@ from torch_geometric.nn import GraphNorm, global_add_pool, global_max_pool, glob
 from torch_geometric.nn.aggr import AttentionalAggregation
 from torch_geometric.typing import Adj, OptTensor
 
-from revgnn.models.components import sort_edges
+from revgnn.models.components import first_block, reversible_layers, sort_edges
 from revgnn.models.registry import build, register_model
-from revgnn.nn import GENBlock, GroupAddRev, Shared, SharedDropout, WeightTied
+from revgnn.nn import GENBlock, Shared, SharedDropout
 from revgnn.nn.blocks import make_norm
 
 __all__ = ["GraphRevGNN", "READOUTS", "ENCODERS"]
@@ -89,11 +89,6 @@ class GraphRevGNN(nn.Module):
                  encoder: str = "ogb", weight_tied: bool = False, reversible: bool = True,
                  keep_every: int = 0):
         super().__init__()
-        if hidden_channels % num_groups != 0:
-            raise ValueError(f"hidden_channels={hidden_channels} must be divisible by "
-                             f"num_groups={num_groups}")
-        if num_layers < 1:
-            raise ValueError(f"num_layers must be >= 1, got {num_layers}")
         if readout not in READOUTS:
             raise ValueError(f"unknown readout {readout!r}; choose one of {READOUTS}")
         if encoder not in ENCODERS:
@@ -117,18 +112,11 @@ class GraphRevGNN(nn.Module):
             self.node_encoder = nn.Linear(in_channels, hidden_channels)
             self.edge_encoder = nn.Linear(edge_channels, hidden_channels) if edge_channels else None
         self.dropout = SharedDropout(dropout)
-        channels = hidden_channels // num_groups
-
-        def rev_block(layer: int) -> GroupAddRev:
-            block = GENBlock(channels, edge_channels=hidden_channels if edge_channels else None,
-                             aggr=aggr, learn_t=learn_t, t=t, mlp_layers=mlp_layers, norm=norm)
-            keep = bool(keep_every) and layer > 0 and layer % keep_every == 0
-            return GroupAddRev(block, num_groups=num_groups, disable=not reversible, keep_input=keep)
-
-        if weight_tied:
-            self.layers = WeightTied(rev_block(0), num_layers, keep_every=keep_every if reversible else 0)
-        else:
-            self.layers = nn.ModuleList([rev_block(i) for i in range(num_layers)])
+        self.layers = reversible_layers(
+            lambda: GENBlock(hidden_channels // num_groups,
+                             edge_channels=hidden_channels if edge_channels else None, aggr=aggr,
+                             learn_t=learn_t, t=t, mlp_layers=mlp_layers, norm=norm),
+            hidden_channels, num_groups, num_layers, weight_tied, reversible, keep_every)
         self.norm = make_norm(norm, hidden_channels)
         self.readout = readout
         self.attention = (AttentionalAggregation(nn.Linear(hidden_channels, 1))
@@ -161,11 +149,7 @@ class GraphRevGNN(nn.Module):
         edges = Shared(self.edge_encoder(edge_attr)
                        if self.edge_encoder is not None and edge_attr is not None else None)
         mask = self.dropout(h)
-        if self.weight_tied:
-            h = self.layers(h, edge_index, edges, mask, batch=batch)
-        else:
-            for block in self.layers:
-                h = block(h, edge_index, edges, mask, batch=batch)
+        h = self.layers(h, edge_index, edges, mask, batch=batch)
         if self.norm is not None:
             h = self.norm(h, batch, num_graphs) if isinstance(self.norm, GraphNorm) else self.norm(h)
         h = h.relu()
@@ -180,7 +164,7 @@ class GraphRevGNN(nn.Module):
         return self.lin(self.head_dropout(g))
 
     def __repr__(self) -> str:
-        first = self.layers.block if self.weight_tied else self.layers[0]
+        first = first_block(self.layers)
         tied = ", weight_tied=True" if self.weight_tied else ""
         return (f"{self.__class__.__name__}({first.convs[0]}, num_layers={self.num_layers}, "
                 f"num_groups={first.num_groups}, readout={self.readout}{tied})")

@@ -3,12 +3,11 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from torch import Tensor, nn
+from torch import Tensor
 from torch_geometric.typing import Adj, OptTensor
 
-from revgnn.models.components import DeepNodeGNN
+from revgnn.models.components import DeepNodeGNN, first_block, reversible_layers
 from revgnn.models.registry import build, register_model
-from revgnn.nn import GroupAddRev, WeightTied
 
 #: ogbn-proteins shapes: 8 summed edge features + 8-way species one-hot in,
 #: 8-d edge features, 112 binary tasks out.
@@ -77,45 +76,27 @@ class RevGNN(DeepNodeGNN):
                  learn_t: bool = False, heads: int = 1, attn_dropout: float = 0.0,
                  weight_tied: bool = False, reversible: bool = True, keep_every: int = 0):
         super().__init__()
-        if hidden_channels % num_groups != 0:
-            raise ValueError(f"hidden_channels={hidden_channels} must be divisible by "
-                             f"num_groups={num_groups}")
         make = self._setup(in_channels, hidden_channels, out_channels, num_layers, conv,
                            edge_channels, species_channels, dropout, norm, aggr, learn_t,
                            heads, attn_dropout)
         self.weight_tied = weight_tied
-
-        def rev_block(layer: int) -> GroupAddRev:
-            keep = bool(keep_every) and layer > 0 and layer % keep_every == 0
-            return GroupAddRev(make(hidden_channels // num_groups), num_groups=num_groups,
-                               disable=not reversible, keep_input=keep)
-
-        if weight_tied:
-            self.layers = WeightTied(rev_block(0), num_layers,
-                                     keep_every=keep_every if reversible else 0)
-        else:
-            self.layers = nn.ModuleList([rev_block(i) for i in range(num_layers)])
+        self.layers = reversible_layers(lambda: make(hidden_channels // num_groups),
+                                        hidden_channels, num_groups, num_layers, weight_tied,
+                                        reversible, keep_every)
 
     def reset_parameters(self) -> None:
         for module in (self.node_encoder, self.edge_encoder, self.head):
             if module is not None:
                 module.reset_parameters()
-        blocks = [self.layers] if self.weight_tied else self.layers
-        for block in blocks:
-            block.reset_parameters()
+        self.layers.reset_parameters()
 
     def forward(self, x: Tensor, edge_index: Adj, edge_attr: OptTensor = None) -> Tensor:
         h, edge_index, edges = self._encode(x, edge_index, edge_attr)
         mask = self.dropout(h)
-        if self.weight_tied:
-            h = self.layers(h, edge_index, edges, mask)
-        else:
-            for block in self.layers:
-                h = block(h, edge_index, edges, mask)
-        return self.head(h)
+        return self.head(self.layers(h, edge_index, edges, mask))
 
     def __repr__(self) -> str:
-        first = self.layers.block if self.weight_tied else self.layers[0]
+        first = first_block(self.layers)
         tied = ", weight_tied=True" if self.weight_tied else ""
         return (f"{self.__class__.__name__}({first.convs[0]}, num_layers={self.num_layers}, "
                 f"num_groups={first.num_groups}{tied})")

@@ -59,3 +59,20 @@ class WeightTied(nn.Module):
 
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}({self.block}, num_layers={self.num_layers})"
+
+
+class BlockSequence(nn.ModuleList):
+    r"""Distinct blocks applied in turn, each receiving the same extra arguments:
+    the untied counterpart of :class:`WeightTied`,
+    :math:`\mathbf{X}^{(\ell)} = f_{\mathbf{w}_\ell}(\mathbf{X}^{(\ell-1)}, \ldots)`.
+    Parameter names are those of a :class:`torch.nn.ModuleList`."""
+
+    def reset_parameters(self) -> None:
+        for block in self:
+            if hasattr(block, "reset_parameters"):
+                block.reset_parameters()
+
+    def forward(self, x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        for block in self:
+            x = block(x, *args, **kwargs)
+        return x
