@@ -242,7 +242,7 @@ pytree.register_pytree_node(PerGroup, lambda p: (list(p.values), None), lambda v
 class _Call:
     block: "nn.Module"
     binding: ArgBinding
-    num_params: int
+    params: List[nn.Parameter]  # the trainable parameters at forward time, in input order
     in_slot: Optional[OutputSlot]
     keep_input: bool
     num_bwd_passes: int
@@ -254,8 +254,8 @@ class InvertibleFunction(torch.autograd.Function):
 
     The block must provide
 
-    * ``_inverse_forward(x, args, kwargs, record_rng) -> (y, rng_states)``
-      (called under ``no_grad``), and
+    * ``_inverse_forward(x, args, kwargs) -> (y, rng_states)`` (called under
+      ``no_grad``), and
     * ``_inverse_backward(y, grad_y, args, kwargs, rng_states, x_kept,
       arg_leaves, params) -> (x, grad_x, arg_grads, param_grads)``, which
       reconstructs the input and differentiates in the same pass.
@@ -263,7 +263,7 @@ class InvertibleFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, call: _Call, x: Tensor, *tensors: Tensor) -> Tensor:  # type: ignore[override]
-        arg_tensors = tensors[:len(tensors) - call.num_params]
+        arg_tensors = tensors[:len(tensors) - len(call.params)]
         args, kwargs = call.binding.bind([t.detach() for t in arg_tensors])
         with torch.no_grad():
             y, rng_states = call.block._inverse_forward(x.detach(), args, kwargs)
@@ -295,7 +295,7 @@ class InvertibleFunction(torch.autograd.Function):
         arg_leaves = [t.detach().requires_grad_(bool(needs[1 + i]))
                       for i, t in enumerate(arg_tensors)]
         args, kwargs = call.binding.bind(arg_leaves)
-        params = list(call.block._inverse_params)
+        params = call.params
         wanted_params = [p for i, p in enumerate(params) if needs[1 + num_args + i]]
 
         y = call.out_slot.take()
@@ -322,10 +322,9 @@ def apply_invertible(block: nn.Module, x: Tensor, args: Tuple[Any, ...],
     binding = ArgBinding(args, kwargs)
     params = list(block._inverse_params)
     slot = input_slot(x)
-    call = _Call(block, binding, len(params), slot, keep_input, num_bwd_passes)
+    call = _Call(block, binding, params, slot, keep_input, num_bwd_passes)
     y = InvertibleFunction.apply(call, x, *binding.tensors, *params)
     if slot is not None:
         slot.consume()
     setattr(y, SLOT_ATTR, call.out_slot)
-    call.out_slot.version = y._version
     return y
