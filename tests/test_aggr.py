@@ -1,12 +1,27 @@
-"""The fused GENConv max aggregation equals PyG's GENConv exactly (float64)."""
+"""The fused GENConv max aggregation equals PyG's GENConv exactly (float64), in both
+implementations: the C++ kernel (revgnn.nn.kernels) and the PyTorch fallback."""
 import pytest
 import torch
 import torch_geometric.typing
 from torch_geometric import EdgeIndex
+from torch_geometric.nn import GENConv
 
-from revgnn.nn import GENBlock
-from revgnn.nn.aggr import gen_max_aggregate
+from revgnn.nn import GENBlock, LinearEdgeFeatures, kernels
+from revgnn.nn.aggr import FusedGENMax, gen_max_aggregate
 from revgnn.utils import SavedTensorBytes
+
+
+@pytest.fixture(params=["kernel", "torch"])
+def impl(request, monkeypatch):
+    """Runs a test once through the C++ kernel and once through the PyTorch path. The kernel
+    must build here (a C++ compiler is part of the setup); REVGNN_KERNELS=0 skips it."""
+    if request.param == "kernel":
+        if not kernels.enabled():
+            pytest.skip("REVGNN_KERNELS=0")
+        assert kernels.gen_max() is not None, "the C++ kernel did not build (see the warning)"
+    else:
+        monkeypatch.setattr(kernels, "gen_max", lambda: None)
+    return request.param
 
 
 def graph(n=40, e=200, seed=0):
@@ -16,21 +31,28 @@ def graph(n=40, e=200, seed=0):
     return ei
 
 
+def sort(ei, n, *edge_tensors):
+    perm = (ei[1] * n + ei[0]).argsort()
+    return (EdgeIndex(ei[:, perm], sparse_size=(n, n), sort_order="col"),
+            *[t[perm] for t in edge_tensors])
+
+
 @pytest.mark.parametrize("scatter", [True, False])
 @pytest.mark.parametrize("sorted_input", [True, False])
-def test_gen_block_matches_pyg_genconv(scatter, sorted_input, monkeypatch):
+@pytest.mark.parametrize("factored", [True, False])
+def test_gen_block_matches_pyg_genconv(impl, scatter, sorted_input, factored, monkeypatch):
     monkeypatch.setattr(torch_geometric.typing, "WITH_TORCH_SCATTER",
                         scatter and torch_geometric.typing.WITH_TORCH_SCATTER)
     n, c = 40, 6
     ei = graph(n)
     torch.manual_seed(0)
     block = GENBlock(c, edge_channels=5).double()
+    shared = torch.nn.Linear(3, 5).double()  # the model's shared edge encoder (factored case)
     x = torch.randn(n, c, dtype=torch.float64)
-    ea = torch.randn(ei.size(1), 5, dtype=torch.float64)
+    ea = torch.randn(ei.size(1), 3 if factored else 5, dtype=torch.float64)
     if sorted_input:
-        perm = (ei[1] * n + ei[0]).argsort()
-        ei_in, ea = EdgeIndex(ei[:, perm], sparse_size=(n, n), sort_order="col"), ea[perm]
-        ei = ei[:, perm]
+        ei_in, ea = sort(ei, n, ea)
+        ei = ei_in.as_tensor()
     else:
         ei_in = ei
     results = []
@@ -38,12 +60,14 @@ def test_gen_block_matches_pyg_genconv(scatter, sorted_input, monkeypatch):
         xx, ee = x.clone().requires_grad_(), ea.clone().requires_grad_()
         h = block.norm(xx).relu()
         if fused:
-            out = block.conv_forward(h, ei_in, ee)
+            out = block.conv_forward(h, ei_in, LinearEdgeFeatures.from_linear(ee, shared) if factored else ee)
         else:
-            out = block.conv(h, ei, block.edge_encoder(ee))
+            out = block.conv(h, ei, block.edge_encoder(shared(ee) if factored else ee))
         (out * out.sin()).sum().backward()
-        grads = [xx.grad, ee.grad] + [p.grad.clone() for p in block.parameters()]
+        params = [*block.parameters(), *(shared.parameters() if factored else [])]
+        grads = [xx.grad, ee.grad] + [p.grad.clone() for p in params]
         block.zero_grad()
+        shared.zero_grad()
         results.append((out.detach(), grads))
     (o1, g1), (o2, g2) = results
     assert torch.allclose(o1, o2, rtol=0, atol=1e-13)
@@ -51,19 +75,132 @@ def test_gen_block_matches_pyg_genconv(scatter, sorted_input, monkeypatch):
         assert torch.allclose(a, b, rtol=1e-11, atol=1e-13)
 
 
-def test_fused_aggregation_saves_less_than_pyg():
-    """One E x C tensor (the ReLU'd messages) + the N x C maximum + indices; PyG's GENConv
-    path keeps more."""
-    from torch_geometric.nn import GENConv
+@pytest.mark.parametrize("edges", ["none", "dense", "factored"])
+def test_ties_split_the_gradient_like_pyg(impl, edges):
+    """Integer-valued features make most maxima ties; the gradient is split evenly among
+    them, as scatter_reduce amax (PyG's GENConv) does. Nodes 0..2 have no in-edges."""
+    n, c, d = 30, 8, 3
+    g = torch.Generator().manual_seed(1)
+    ei = torch.randint(3, n, (2, 400), generator=g)
+    ei[1] = ei[1] % (n - 3) + 3
+    x = torch.randint(-2, 3, (n, c), generator=g).double()
+    raw = torch.randint(0, 2, (ei.size(1), d), generator=g).double()
+    weight = torch.randint(-1, 2, (c, d), generator=g).double()
+    bias = torch.randint(-1, 2, (c,), generator=g).double()
+    ei_s, raw_s = sort(ei, n, raw)
+    grad = torch.randn(n, c, generator=g, dtype=torch.float64)
 
-    n, e, c = 50, 2000, 8
+    def ours(x, raw, weight, bias):
+        if edges == "none":
+            term = None
+        elif edges == "dense":
+            term = torch.nn.functional.linear(raw, weight, bias)
+        else:
+            term = LinearEdgeFeatures(raw, weight, bias)
+        return gen_max_aggregate(x, ei_s, term, eps=1e-7)
+
+    def reference(x, raw, weight, bias):
+        msg = x[ei_s.as_tensor()[0]]
+        if edges != "none":
+            msg = msg + torch.nn.functional.linear(raw, weight, bias)
+        msg = msg.relu() + 1e-7
+        index = ei_s.as_tensor()[1].view(-1, 1).expand_as(msg)
+        return msg.new_zeros(n, c).scatter_reduce(0, index, msg, "amax", include_self=False)
+
+    outs = []
+    for fn in (ours, reference):
+        inputs = [t.clone().requires_grad_() for t in (x, raw_s, weight, bias)]
+        out = fn(*inputs)
+        out.backward(grad)
+        outs.append([out.detach()] + [t.grad for t in inputs])
+    assert (outs[0][0] == outs[1][0]).all()
+    for a, b in zip(outs[0][1:], outs[1][1:]):
+        if edges == "none" and b is None:
+            continue
+        assert a is not None and torch.allclose(a, b, rtol=0, atol=1e-13)
+
+
+def test_kernel_gradcheck():
+    torch.manual_seed(0)
+    n, c, d = 12, 5, 3
+    ei, = sort(graph(n, 60), n)
+    _, _, ptr, _ = __import__("revgnn.nn.aggr", fromlist=["_by_destination"])._by_destination(ei, n)
+    src = ei.as_tensor()[0].contiguous()
+    raw = torch.randn(ei.size(1), d, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(n, c, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(c, d, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(c, dtype=torch.float64, requires_grad=True)
+    if kernels.gen_max() is None:
+        pytest.skip("REVGNN_KERNELS=0")
+    assert torch.autograd.gradcheck(lambda *a: FusedGENMax.apply(*a, ptr, src, 1e-7), (x, raw, w, b))
+    dense = torch.randn(ei.size(1), c, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, e: FusedGENMax.apply(a, e, None, None, ptr, src, 1e-7),
+                                    (x, dense))
+
+
+def test_kernel_threads_are_deterministic():
+    """Forward is bitwise independent of the thread count; backward is bitwise repeatable for a
+    given count and agrees across counts to rounding."""
+    if kernels.gen_max() is None:
+        pytest.skip("REVGNN_KERNELS=0")
+    n, c = 3000, 24
+    g = torch.Generator().manual_seed(0)
+    ei, raw = sort(torch.randint(0, n, (2, 60_000), generator=g), n, torch.rand(60_000, 8, generator=g))
+    lin = torch.nn.Linear(8, c)
+    x = torch.randn(n, c, generator=g)
+    results = {}
+    threads = torch.get_num_threads()
+    try:
+        for t in (1, 2, 2, 4):
+            torch.set_num_threads(t)
+            xx = x.clone().requires_grad_()
+            out = gen_max_aggregate(xx, ei, LinearEdgeFeatures.from_linear(raw, lin))
+            gw, = torch.autograd.grad(out, [xx], torch.ones_like(out))
+            results.setdefault(t, []).append((out, gw))
+    finally:
+        torch.set_num_threads(threads)
+    (o1, g1), = results[1]
+    (o2, g2), (o2b, g2b) = results[2]
+    assert torch.equal(o1, o2) and torch.equal(o2, o2b) and torch.equal(o1, results[4][0][0])
+    assert torch.equal(g2, g2b)
+    assert torch.allclose(g1, g2, rtol=1e-6, atol=1e-6)
+
+
+def test_noncontiguous_group_input_and_nan(impl):
+    """A group of a GroupAddRev is a column slice (non-contiguous); a NaN message propagates."""
+    n, c = 20, 4
+    ei, = sort(graph(n, 80), n)
+    full = torch.randn(n, 2 * c, dtype=torch.float64)
+    x = full[:, :c]
+    ref = gen_max_aggregate(x.contiguous(), ei)
+    assert torch.equal(gen_max_aggregate(x, ei), ref)
+    x = x.contiguous()
+    x[ei.as_tensor()[0, 0], 1] = float("nan")
+    out = gen_max_aggregate(x, ei)
+    assert out[ei.as_tensor()[1, 0], 1].isnan()
+    assert not out[:, 0].isnan().any()
+
+
+def test_fused_aggregation_saves_less_than_pyg(impl):
+    """The kernel keeps an int32 winner per (node, channel) and a tie flag per node, no
+    edge-sized float tensor (the raw features are the caller's); the PyTorch path keeps one
+    E x C tensor (the ReLU'd messages) + the N x C maximum. PyG's GENConv path keeps more."""
+    n, e, c, d = 50, 2000, 8, 3
     ei = EdgeIndex(graph(n, e), sparse_size=(n, n)).sort_by("col")[0]
+    E = ei.size(1)
     x = torch.randn(n, c, requires_grad=True)
-    ea = torch.randn(ei.size(1), c, requires_grad=True)
+    raw = torch.randn(E, d)
+    lin = torch.nn.Linear(d, c)
     with SavedTensorBytes() as ours:
-        gen_max_aggregate(x, ei, ea)
+        gen_max_aggregate(x, ei, LinearEdgeFeatures.from_linear(raw, lin))
+    index = 2 * E * 8 + (n + 1) * 8  # the caller's edge index and its CSC pointer
+    if impl == "kernel":
+        # x and raw are the caller's; new: W^T, winners, tie flags (bias is a Parameter)
+        assert ours.bytes == n * c * 4 + E * d * 4 + index + d * c * 4 + n * c * 4 + n
+    else:
+        assert ours.bytes == E * c * 4 + n * c * 4 + 2 * E * 8 + E * d * 4  # + the encoder (TallLinear)
+    ea = lin(raw)
     conv = GENConv(c, c, aggr="max")
     with SavedTensorBytes() as pyg:
         conv.propagate(ei, x=(x, x), edge_attr=ea)
-    assert ours.bytes == ei.size(1) * c * 4 + n * c * 4 + 2 * ei.size(1) * 8
     assert ours.bytes < pyg.bytes

@@ -2,7 +2,7 @@ r"""DEQ-GNN (Li et al., ICML 2021, Section 5): a GNN of "infinite depth" evaluat
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional
 
 import torch
 from torch import Tensor, nn
@@ -12,7 +12,7 @@ from torch_geometric.typing import Adj, OptTensor
 from revgnn.deq import DEQ
 from revgnn.models.components import Head, NodeEncoder, sort_edges
 from revgnn.models.registry import build, register_model
-from revgnn.nn import SharedDropout
+from revgnn.nn import LinearEdgeFeatures, SharedDropout
 from revgnn.nn.aggr import gen_conv
 
 __all__ = ["DEQGNNLayer", "DEQGNN", "deq_gnn", "deq_gnn_small"]
@@ -121,9 +121,10 @@ class DEQGNNLayer(nn.Module):
             row_sums = w.abs().sum(dim=1, keepdim=True)
             w.mul_(torch.clamp(self.row_bound / row_sums.clamp_min(1e-30), max=1.0))
 
-    def edge_features(self, edge_attr: OptTensor) -> Tuple[OptTensor, OptTensor]:
+    def edge_features(self, edge_attr: OptTensor):
         r"""Per-conv edge features :math:`(\mathbf{W}_k\mathbf{W}_e)\mathbf{a} + \mathbf{W}_k\mathbf{b}_e +
-        \mathbf{b}_k` from the raw features :math:`\mathbf{a}`, :math:`k = 1, 2`."""
+        \mathbf{b}_k` from the raw features :math:`\mathbf{a}`, :math:`k = 1, 2`, in factored form
+        (:class:`~revgnn.nn.LinearEdgeFeatures`: the aggregation kernel never expands them)."""
         if edge_attr is None or self.edge_encoder is None:
             return None, None
         enc = self.edge_encoder
@@ -131,7 +132,7 @@ class DEQGNNLayer(nn.Module):
         for lin in self.conv_edge_encoders:
             weight = lin.weight @ enc.weight
             bias = lin.weight @ enc.bias + lin.bias
-            out.append(nn.functional.linear(edge_attr, weight, bias))
+            out.append(LinearEdgeFeatures(edge_attr, weight, bias))
         return out[0], out[1]
 
     def forward(self, z: Tensor, x: Tensor, edge_index: Adj, edge_attr: OptTensor = None,

@@ -5,48 +5,99 @@ PyG's GENConv with ``aggr='max'`` builds the messages
 through its generic message-passing path (index expansions, an
 :math:`E \times C` message tensor plus an :math:`E \times C` ReLU mask kept
 for backward, then ``scatter_reduce`` amax whose backward allocates several
-more edge-sized temporaries). :class:`GENMaxAggregate` computes the same
-function with fewer passes over edge-sized memory:
+more edge-sized temporaries). :func:`gen_max_aggregate` computes
 
 .. math::
     \mathbf{h}_{i,c} = \max_{j \in \mathcal{N}(i)} \mathrm{ReLU}(\mathbf{x}_{j,c}
     + \mathbf{e}_{ji,c}) + \epsilon
 
-* the message buffer is written once (gather, add, in-place ReLU) and the
-  floor :math:`\epsilon` is added to the :math:`N \times C` result (equal:
-  rounding is monotone);
-* it keeps one :math:`E \times C` tensor for backward, the ReLU'd messages,
-  from which the backward derives both the ReLU mask (:math:`> 0`) and the
-  argmax mask (:math:`=` the maximum);
-* ties split the gradient evenly, exactly as ``scatter_reduce`` amax does in
-  PyG's CPU path. (torch-scatter's ``segment_max_csr`` returns an argmax, but
-  was 11x slower than native ``scatter_reduce`` here: 15.4 vs 1.35 ms for
-  200k x 32.)
+with one of two implementations:
 
-Inside a reversible block the saved messages live only while that block's
-backward runs, so memory stays flat in depth. Nodes without incoming edges
-aggregate to 0, as in PyG.
+* **the C++ kernel** (:mod:`revgnn.nn.kernels`, CPU, float32/float64): one
+  pass over the destination-sorted (CSC) edges that forms each message in
+  registers and keeps only the running maximum. With the edge term in factored
+  form :math:`\mathbf{e}_{ji} = \mathbf{W}\mathbf{a}_{ji} + \mathbf{b}`
+  (a :class:`~revgnn.nn.edge_features.LinearEdgeFeatures` on the raw
+  :math:`d`-dimensional features, :math:`d = 8` on proteins) no
+  :math:`E \times C` tensor is ever written, in forward or backward. Forward
+  keeps the winning edge per (node, channel) (int32, :math:`N \times C`), so
+  backward costs :math:`O(NCd)` rather than :math:`O(EC)`;
+* **the PyTorch path** (GPU, other dtypes, or no compiler): the message buffer
+  is written once (gather, add, in-place ReLU), aggregated with native
+  ``scatter_reduce`` amax, and the ReLU'd messages are the one
+  :math:`E \times C` tensor kept for backward.
+
+Both add the floor :math:`\epsilon` to the :math:`N \times C` result (equal:
+rounding is monotone), split the gradient evenly among tied maxima exactly as
+``scatter_reduce`` amax does in PyG's CPU path (ties are judged before
+:math:`\epsilon` is added), and aggregate nodes without incoming edges to 0,
+as PyG. (torch-scatter's ``segment_max_csr`` returns an argmax too, but was
+11x slower than native ``scatter_reduce`` here: 15.4 vs 1.35 ms for
+200k x 32.)
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 
 from torch_geometric import EdgeIndex
 
+from revgnn.nn import kernels
+from revgnn.nn.edge_features import LinearEdgeFeatures
 
-def _by_destination(edge_index: Tensor, num_nodes: int) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
-    """(source, destination) per edge in destination order, in-degree, and the permutation or None."""
+#: Upper bound on the per-thread gradient buffers of the kernel's backward.
+SCATTER_BUFFER_BYTES = 256 * 2**20
+
+
+def _by_destination(edge_index: Tensor, num_nodes: int
+                    ) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
+    """(source, destination) per edge in destination order, the CSC pointer
+    ``[N + 1]``, and the sorting permutation or None."""
     if not isinstance(edge_index, EdgeIndex):
         edge_index = EdgeIndex(edge_index, sparse_size=(num_nodes, num_nodes))
     perm = None
     if not edge_index.is_sorted_by_col:
         edge_index, perm = edge_index.sort_by("col")
     (colptr, _), _ = edge_index.get_csc()
-    plain = edge_index.as_subclass(Tensor)
-    return plain[0], plain[1], colptr.as_subclass(Tensor).diff(), perm
+    plain = edge_index.as_tensor()
+    return plain[0], plain[1], colptr, perm
+
+
+class FusedGENMax(torch.autograd.Function):
+    """The C++ kernel (:mod:`revgnn.nn.kernels`) as an autograd function.
+
+    ``attr`` is None, dense ``[E, C]``, or the raw ``[E, d]`` features when
+    ``weight`` ``[C, d]`` (and optionally ``bias`` ``[C]``) is given.
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, attr: Optional[Tensor], weight: Optional[Tensor],
+                bias: Optional[Tensor], ptr: Tensor, src: Tensor, eps: float) -> Tensor:  # type: ignore[override]
+        x = x.contiguous()
+        attr = attr.contiguous() if attr is not None else None
+        wt = weight.t().contiguous() if weight is not None else None
+        bias = bias.contiguous() if bias is not None else None
+        out, arg, tied = kernels.gen_max().forward(x, ptr, src, attr, wt, bias, eps)
+        ctx.save_for_backward(x, attr, wt, bias, ptr, src, arg, tied)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):  # type: ignore[override]
+        x, attr, wt, bias, ptr, src, arg, tied = ctx.saved_tensors
+        need_x, need_attr, need_w, need_b = ctx.needs_input_grad[:4]
+        # one gradient buffer per thread for the scatter into source rows (summed after)
+        buffers = max(1, min(torch.get_num_threads(),
+                             SCATTER_BUFFER_BYTES // max(1, x.numel() * x.element_size())))
+        gx, ga, gw, gb = kernels.gen_max().backward(
+            grad_out.contiguous(), arg, tied, x, ptr, src, attr, wt, bias, buffers,
+            need_x, need_attr, need_w, need_b)
+        grad_x = (gx[0] if buffers == 1 else gx.sum(0)) if need_x else None
+        grad_w = gw.sum(0) if need_w and wt is not None else None
+        grad_b = gb.sum(0) if need_b and bias is not None else None
+        grad_attr = ga if need_attr and attr is not None else None
+        return grad_x, grad_attr, grad_w, grad_b, None, None, None
 
 
 class GENMaxAggregate(torch.autograd.Function):
@@ -83,7 +134,16 @@ class GENMaxAggregate(torch.autograd.Function):
         return grad_x, grad_e, None, None, None, None
 
 
-def gen_max_aggregate(x: Tensor, edge_index: Tensor, edge_attr: Optional[Tensor] = None,
+def _kernel_applies(x: Tensor, tensors) -> bool:
+    return (x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and x.dim() == 2
+            and all(t is None or (t.dtype == x.dtype and t.device == x.device) for t in tensors)
+            and kernels.gen_max() is not None)
+
+
+EdgeTerm = Union[Tensor, LinearEdgeFeatures, None]
+
+
+def gen_max_aggregate(x: Tensor, edge_index: Tensor, edge_attr: EdgeTerm = None,
                       eps: float = 1e-7) -> Tensor:
     r"""Fused :math:`\max_{j \in \mathcal{N}(i)} \mathrm{ReLU}(\mathbf{x}_j +
     \mathbf{e}_{ji}) + \epsilon` (GENConv's max aggregation).
@@ -93,14 +153,26 @@ def gen_max_aggregate(x: Tensor, edge_index: Tensor, edge_attr: Optional[Tensor]
         edge_index (torch.Tensor or torch_geometric.EdgeIndex): ``[2, E]``,
             source in row 0, destination in row 1. A destination-sorted
             ``EdgeIndex`` avoids a sort per call.
-        edge_attr (torch.Tensor, optional): Edge features ``[E, C]`` in the
-            order of ``edge_index``.
+        edge_attr (torch.Tensor or LinearEdgeFeatures, optional): Edge terms
+            ``[E, C]`` in the order of ``edge_index``, or the same in factored
+            form (raw ``[E, d]`` features with a ``C x d`` map), which the C++
+            kernel never expands.
         eps (float, optional): The message floor :math:`\epsilon`.
     """
-    src, dst, degree, perm = _by_destination(edge_index, x.size(0))
-    if edge_attr is not None and perm is not None:
-        edge_attr = edge_attr.index_select(0, perm)
-    return GENMaxAggregate.apply(x, edge_attr, src, dst, degree, eps)
+    src, dst, ptr, perm = _by_destination(edge_index, x.size(0))
+    if isinstance(edge_attr, LinearEdgeFeatures):
+        if edge_attr.channels != x.size(1):
+            raise ValueError(f"edge features map to {edge_attr.channels} channels but x has {x.size(1)}")
+        attr, weight, bias = edge_attr.raw, edge_attr.weight, edge_attr.bias
+    else:
+        attr, weight, bias = edge_attr, None, None
+    if attr is not None and perm is not None:
+        attr = attr.index_select(0, perm)
+    if _kernel_applies(x, (attr, weight, bias)):
+        return FusedGENMax.apply(x, attr, weight, bias, ptr, src, eps)
+    if weight is not None:
+        attr = LinearEdgeFeatures(attr, weight, bias).materialize()
+    return GENMaxAggregate.apply(x, attr, src, dst, ptr.diff(), eps)
 
 
 def gen_conv(conv, x: Tensor, edge_index, edge_attr: Optional[Tensor] = None) -> Tensor:
@@ -108,12 +180,14 @@ def gen_conv(conv, x: Tensor, edge_index, edge_attr: Optional[Tensor] = None) ->
     :func:`gen_max_aggregate` when that computes the same function.
 
     The fused path applies to max aggregation with equal in/out channels and no
-    message norm or internal edge encoder (edge features already encoded);
-    anything else, or a non-tensor graph (``SparseTensor``, a distributed
-    ``SARGraph``), calls the conv itself.
+    message norm or internal edge encoder (edge features already encoded,
+    possibly in factored form); anything else, or a non-tensor graph
+    (``SparseTensor``, a distributed ``SARGraph``), calls the conv itself.
     """
     plain = not any(hasattr(conv, name) for name in
                     ("lin_src", "lin_dst", "lin_edge", "lin_aggr_out", "msg_norm"))
     if conv.aggr == "max" and plain and isinstance(edge_index, Tensor) and isinstance(x, Tensor):
         return conv.mlp(gen_max_aggregate(x, edge_index, edge_attr, conv.eps) + x)
+    if isinstance(edge_attr, LinearEdgeFeatures):
+        edge_attr = edge_attr.materialize()
     return conv(x, edge_index, edge_attr)

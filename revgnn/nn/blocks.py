@@ -102,8 +102,10 @@ class GENBlock(PreActBlock):
     per-block edge encoder :math:`\mathbf{W}_e` (``edge_channels -> channels``).
     ``edge_attr`` may be a :class:`~revgnn.nn.edge_features.LinearEdgeFeatures`
     (the model's shared edge embedding in factored form), which makes the
-    per-block encoder 10x cheaper on proteins. Max aggregation runs through :func:`~revgnn.nn.aggr.gen_max_aggregate`,
-    which stores no edge-sized tensor for backward; pass a destination-sorted
+    per-block encoder 10x cheaper on proteins. Max aggregation runs through
+    :func:`~revgnn.nn.aggr.gen_max_aggregate`, whose C++ kernel then never
+    forms the :math:`E \times C` edge encoding or messages at all (the PyTorch
+    fallback keeps one :math:`E \times C` tensor); pass a destination-sorted
     :class:`torch_geometric.EdgeIndex` to avoid sorting edges in every call.
     With ``channels=40, edge_channels=80`` and LayerNorm this is exactly 10,000
     parameters, one group of RevGNN-Deep.
@@ -134,7 +136,7 @@ class GENBlock(PreActBlock):
 
     def conv_forward(self, h: Tensor, edge_index: Adj, edge_attr: OptTensor) -> Tensor:
         if isinstance(edge_attr, LinearEdgeFeatures):
-            edge_attr = edge_attr.encode(self.edge_encoder)
+            edge_attr = edge_attr.compose(self.edge_encoder)  # expanded only if needed
         elif edge_attr is not None and self.edge_encoder is not None:
             edge_attr = self.edge_encoder(edge_attr)
         return gen_conv(self.conv, h, edge_index, edge_attr)

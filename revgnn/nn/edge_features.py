@@ -83,15 +83,20 @@ class LinearEdgeFeatures:
         """:math:`\\mathbf{U}` itself, ``[E, h]``."""
         return TallLinear.apply(self.raw, self.weight, self.bias)
 
-    def encode(self, linear: Optional[nn.Linear]) -> Tensor:
-        """``linear(U)`` computed from the raw features with the composed map."""
+    def compose(self, linear: Optional[nn.Linear]) -> "LinearEdgeFeatures":
+        r"""``linear(U)``, still unevaluated: the raw features with the composed map
+        :math:`(\mathbf{W}_\ell\mathbf{W}_0, \mathbf{W}_\ell\mathbf{b}_0 + \mathbf{b}_\ell)`."""
         if linear is None:
-            return self.materialize()
+            return self
         weight = linear.weight @ self.weight
         bias = linear.bias
         if self.bias is not None:
             bias = linear.weight @ self.bias if bias is None else bias + linear.weight @ self.bias
-        return TallLinear.apply(self.raw, weight, bias)
+        return LinearEdgeFeatures(self.raw, weight, bias)
+
+    def encode(self, linear: Optional[nn.Linear]) -> Tensor:
+        """``linear(U)`` evaluated, ``[E, c]``, computed from the raw features with the composed map."""
+        return self.compose(linear).materialize()
 
     def __repr__(self) -> str:
         return f"LinearEdgeFeatures(edges={self.raw.size(0)}, {self.raw.size(-1)} -> {self.channels})"

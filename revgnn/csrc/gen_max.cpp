@@ -1,0 +1,380 @@
+// Fused GENConv message + max aggregation over destination-sorted (CSC) edges, CPU.
+//
+//   h[i, c] = max_{e = (j -> i)} relu(x[j, c] + t[e, c]) + eps        (0 for nodes without in-edges)
+//
+// where the edge term t is absent, a dense [E, C] tensor, or kept factored as t = raw W^T + b with
+// raw [E, d] (d = 8 on ogbn-proteins): the E x C edge encoding and the E x C messages are never
+// written to memory. ReLU is monotone, so the max is taken over the pre-activations and the ReLU
+// applied to the result. Forward keeps, per (node, channel), the winning edge as an int32 offset
+// into the node's edge segment (-1 where the max is <= 0, so no gradient flows) and, per node, a
+// flag telling whether some positive max was reached by several edges. Backward then costs
+// O(N C d) instead of O(E C): the gradient goes to the winning edge only, except on flagged nodes,
+// whose messages are recomputed and the gradient split evenly among the tied edges (what PyTorch's
+// scatter_reduce "amax" backward does, and so PyG's GENConv).
+//
+// Threads: torch's intra-op pool (at::parallel_for), so torch.set_num_threads applies. Forward is
+// parallel over destination nodes and deterministic. Backward scatters into source rows, which
+// different nodes share: each of R fixed contiguous node ranges writes its own buffer (R chosen
+// by the caller), summed afterwards in a fixed order, so it is deterministic too.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kLanes = 8;  // channels per register block: one AVX register of float
+constexpr int64_t kChunk = 6;
+constexpr int64_t kAhead = 2;  // backward: prefetch the edge features of node i + kAhead  // register blocks processed together (6 x 8 = 48 channels)
+
+enum Mode { kNone = 0, kDense = 1, kFactored = 2 };
+
+template <typename T, int MODE>
+struct GenMax {
+  const T* x;          // [N, C]
+  const int64_t* ptr;  // [N + 1]
+  const int64_t* src;  // [E]
+  const T* attr;       // kDense: [E, C]; kFactored: raw [E, d]
+  const T* wt;         // kFactored: W^T [d, C]
+  const T* bias;       // kFactored: [C] or nullptr
+  int64_t C, d;
+
+  // Pre-activation messages of edge e for channels [c0, c0 + n), n <= kLanes (scalar reference).
+  inline void message(T* __restrict m, int64_t e, int64_t c0, int64_t n) const {
+    const int64_t cnt = n;
+    const T* __restrict xj = x + src[e] * C + c0;
+    if constexpr (MODE == kFactored) {
+      T t[kLanes];
+      for (int64_t l = 0; l < cnt; ++l) t[l] = bias ? bias[c0 + l] : T(0);
+      const T* __restrict er = attr + e * d;
+      for (int64_t k = 0; k < d; ++k) {
+        const T ek = er[k];
+        const T* __restrict w = wt + k * C + c0;
+        for (int64_t l = 0; l < cnt; ++l) t[l] += w[l] * ek;
+      }
+      for (int64_t l = 0; l < cnt; ++l) m[l] = xj[l] + t[l];
+    } else if constexpr (MODE == kDense) {
+      const T* __restrict a = attr + e * C + c0;
+      for (int64_t l = 0; l < cnt; ++l) m[l] = xj[l] + a[l];
+    } else {
+      for (int64_t l = 0; l < cnt; ++l) m[l] = xj[l];
+    }
+  }
+
+  // GCC/Clang vector extension: kLanes channels in registers (compiled to AVX/AVX-512/SSE/NEON).
+  typedef T vec __attribute__((vector_size(kLanes * sizeof(T))));
+  static inline vec load(const T* p) {
+    vec v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  }
+  static inline vec splat(T s) { return vec{} + s; }
+
+  // Max over node i's edges for channels [c0, c0 + NB * kLanes), NB register blocks at once
+  // (independent dependency chains; one block alone is bound by the compare-blend latency).
+  // Returns whether a positive max was tied.
+  template <int NB>
+  inline bool blocks(int64_t i, int64_t c0, T eps, T* out, int32_t* arg) const {
+    const int64_t e0 = ptr[i], e1 = ptr[i + 1];
+    // the winner's offset and the tie flag are kept as T, so that all lanes have one type
+    vec acc[NB], win[NB], tie[NB], b[NB];
+#pragma GCC unroll 8
+    for (int j = 0; j < NB; ++j) {
+      acc[j] = splat(-std::numeric_limits<T>::infinity());
+      win[j] = splat(T(-1));
+      tie[j] = splat(T(0));
+      b[j] = MODE == kFactored && bias ? load(bias + c0 + j * kLanes) : splat(T(0));
+    }
+    for (int64_t e = e0; e < e1; ++e) {
+      const T* xj = x + src[e] * C + c0;
+      const vec local = splat(T(e - e0));
+      vec m[NB];
+#pragma GCC unroll 8
+      for (int j = 0; j < NB; ++j) m[j] = load(xj + j * kLanes);
+      if constexpr (MODE == kFactored) {
+        vec t[NB];
+#pragma GCC unroll 8
+        for (int j = 0; j < NB; ++j) t[j] = b[j];
+        const T* er = attr + e * d;
+        for (int64_t k = 0; k < d; ++k) {
+          const T ek = er[k];
+          const T* w = wt + k * C + c0;
+#pragma GCC unroll 8
+          for (int j = 0; j < NB; ++j) t[j] += load(w + j * kLanes) * ek;
+        }
+#pragma GCC unroll 8
+        for (int j = 0; j < NB; ++j) m[j] += t[j];
+      } else if constexpr (MODE == kDense) {
+        const T* a = attr + e * C + c0;
+#pragma GCC unroll 8
+        for (int j = 0; j < NB; ++j) m[j] += load(a + j * kLanes);
+      }
+#pragma GCC unroll 8
+      for (int j = 0; j < NB; ++j) {
+        const auto gt = (m[j] > acc[j]) | (m[j] != m[j]);  // NaN sticks, as in scatter_reduce
+        tie[j] = gt ? splat(T(0)) : (m[j] == acc[j] ? splat(T(1)) : tie[j]);
+        acc[j] = gt ? m[j] : acc[j];
+        win[j] = gt ? local : win[j];
+      }
+    }
+    bool tied = false;
+#pragma GCC unroll 8
+    for (int j = 0; j < NB; ++j)
+      tied |= finish(i, c0 + j * kLanes, kLanes, e1 > e0, reinterpret_cast<const T*>(&acc[j]),
+                     reinterpret_cast<const T*>(&win[j]), reinterpret_cast<const T*>(&tie[j]), eps,
+                     out, arg);
+    return tied;
+  }
+
+  // Same for a tail of n < kLanes channels, one lane at a time.
+  inline bool tail(int64_t i, int64_t c0, int64_t n, T eps, T* out, int32_t* arg) const {
+    const int64_t e0 = ptr[i], e1 = ptr[i + 1];
+    T acc[kLanes], win[kLanes], tie[kLanes], m[kLanes];
+    for (int64_t l = 0; l < n; ++l) {
+      acc[l] = -std::numeric_limits<T>::infinity();
+      win[l] = T(-1);
+      tie[l] = T(0);
+    }
+    for (int64_t e = e0; e < e1; ++e) {
+      message(m, e, c0, n);
+      for (int64_t l = 0; l < n; ++l) {
+        const bool gt = (m[l] > acc[l]) | (m[l] != m[l]);
+        tie[l] = gt ? T(0) : (m[l] == acc[l] ? T(1) : tie[l]);
+        acc[l] = gt ? m[l] : acc[l];
+        win[l] = gt ? T(e - e0) : win[l];
+      }
+    }
+    return finish(i, c0, n, e1 > e0, acc, win, tie, eps, out, arg);
+  }
+
+  // out = relu(max) + eps (0 without in-edges); winner offset or -1 where no gradient flows.
+  static inline bool finish(int64_t i, int64_t c0, int64_t n, bool has_edges, const T* acc,
+                            const T* win, const T* tie, T eps, T* out, int32_t* arg, int64_t C) {
+    bool tied = false;
+    T* o = out + i * C + c0;
+    int32_t* a = arg + i * C + c0;
+    for (int64_t l = 0; l < n; ++l) {
+      const T v = acc[l];
+      const bool pos = v > T(0);
+      o[l] = has_edges ? (pos || v != v ? v : T(0)) + eps : T(0);
+      a[l] = pos ? static_cast<int32_t>(win[l]) : -1;
+      tied |= pos && tie[l] != T(0);
+    }
+    return tied;
+  }
+  inline bool finish(int64_t i, int64_t c0, int64_t n, bool has_edges, const T* acc, const T* win,
+                     const T* tie, T eps, T* out, int32_t* arg) const {
+    return finish(i, c0, n, has_edges, acc, win, tie, eps, out, arg, C);
+  }
+
+  void forward(int64_t N, T eps, T* out, int32_t* arg, uint8_t* tied) const {
+    at::parallel_for(0, N, 64, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        bool any = false;
+        // full blocks in chunks of at most kChunk, as even as possible (C = 80: 5 + 5)
+        const int64_t full = C / kLanes, chunks = (full + kChunk - 1) / kChunk;
+        int64_t c0 = 0;
+        for (int64_t q = 0; q < chunks; ++q) {
+          const int64_t nb = full * (q + 1) / chunks - full * q / chunks;
+          switch (nb) {
+            case 1: any |= blocks<1>(i, c0, eps, out, arg); break;
+            case 2: any |= blocks<2>(i, c0, eps, out, arg); break;
+            case 3: any |= blocks<3>(i, c0, eps, out, arg); break;
+            case 4: any |= blocks<4>(i, c0, eps, out, arg); break;
+            case 5: any |= blocks<5>(i, c0, eps, out, arg); break;
+            default: any |= blocks<6>(i, c0, eps, out, arg); break;
+          }
+          c0 += nb * kLanes;
+        }
+        if (c0 < C) any |= tail(i, c0, C - c0, eps, out, arg);
+        tied[i] = any;
+      }
+    });
+  }
+
+  // Gradient of one (edge, channel) message with upstream gradient g.
+  inline void push(int64_t e, int64_t c, T g, T* gx, T* gattr, T* gw, T* gb) const {
+    if (gx) gx[src[e] * C + c] += g;
+    if constexpr (MODE == kDense) {
+      if (gattr) gattr[e * C + c] += g;
+    } else if constexpr (MODE == kFactored) {
+      const T* er = attr + e * d;
+      if (gw) {
+        T* row = gw + c * d;
+        if (d == kLanes) {  // ogbn-proteins' 8 edge features: one register
+          const vec r = load(row) + load(er) * g;
+          std::memcpy(row, &r, sizeof r);
+        } else {
+          for (int64_t k = 0; k < d; ++k) row[k] += g * er[k];
+        }
+      }
+      if (gb) gb[c] += g;
+      if (gattr) {
+        T* gr = gattr + e * d;
+        for (int64_t k = 0; k < d; ++k) gr[k] += g * wt[k * C + c];
+      }
+    }
+  }
+
+  // The winners are scattered over a node's edge segment: fetch all of it (sources and edge
+  // features) ahead of time rather than miss the cache on each.
+  inline void prefetch_segment(int64_t i) const {
+    auto fetch = [](const void* begin, const void* end) {
+      for (const char* line = static_cast<const char*>(begin); line < end; line += 64) __builtin_prefetch(line);
+    };
+    fetch(src + ptr[i], src + ptr[i + 1]);
+    if constexpr (MODE != kNone) {
+      const int64_t width = MODE == kFactored ? d : C;
+      fetch(attr + ptr[i] * width, attr + ptr[i + 1] * width);
+    }
+  }
+
+  // Node with a tied positive max: recompute its messages, split each gradient among the ties.
+  void tied_node(int64_t i, const T* g, T* gx, T* gattr, T* gw, T* gb) const {
+    const int64_t e0 = ptr[i], e1 = ptr[i + 1], deg = e1 - e0;
+    std::vector<T> msg(deg * C), best(C, -std::numeric_limits<T>::infinity()), count(C, T(0));
+    for (int64_t e = e0; e < e1; ++e)
+      for (int64_t c0 = 0; c0 < C; c0 += kLanes)
+        message(msg.data() + (e - e0) * C + c0, e, c0, std::min(kLanes, C - c0));
+    for (int64_t k = 0; k < deg; ++k)
+      for (int64_t c = 0; c < C; ++c) best[c] = std::max(best[c], msg[k * C + c]);
+    for (int64_t k = 0; k < deg; ++k)
+      for (int64_t c = 0; c < C; ++c) count[c] += msg[k * C + c] == best[c] ? T(1) : T(0);
+    for (int64_t k = 0; k < deg; ++k)
+      for (int64_t c = 0; c < C; ++c)
+        if (best[c] > T(0) && msg[k * C + c] == best[c])
+          push(e0 + k, c, g[i * C + c] / count[c], gx, gattr, gw, gb);
+  }
+
+  // R buffers: gx [R, N, C], gw [R, C, d], gb [R, C] (any may be nullptr); gattr is shared
+  // (each edge belongs to exactly one destination node).
+  void backward(int64_t N, int64_t R, const T* g, const int32_t* arg, const uint8_t* tied,
+                T* gx, T* gattr, T* gw, T* gb) const {
+    at::parallel_for(0, R, 1, [&](int64_t rb, int64_t re) {
+      for (int64_t r = rb; r < re; ++r) {
+        T* gxr = gx ? gx + r * N * C : nullptr;
+        T* gwr = gw ? gw + r * C * d : nullptr;
+        T* gbr = gb ? gb + r * C : nullptr;
+        for (int64_t i = N * r / R; i < N * (r + 1) / R; ++i) {
+          if (tied[i]) {
+            tied_node(i, g, gxr, gattr, gwr, gbr);
+            continue;
+          }
+          const int64_t e0 = ptr[i];
+          if (i + kAhead < N) prefetch_segment(i + kAhead);
+          const int32_t* a = arg + i * C;
+          const T* gi = g + i * C;
+          for (int64_t c = 0; c < C; ++c)
+            if (a[c] >= 0) push(e0 + a[c], c, gi[c], gxr, gattr, gwr, gbr);
+        }
+      }
+    });
+  }
+};
+
+int mode_of(const c10::optional<at::Tensor>& attr, const c10::optional<at::Tensor>& weight) {
+  if (!attr.has_value()) return kNone;
+  return weight.has_value() ? kFactored : kDense;
+}
+
+template <typename T, int MODE>
+GenMax<T, MODE> make(const at::Tensor& x, const at::Tensor& ptr, const at::Tensor& src,
+                     const c10::optional<at::Tensor>& attr, const c10::optional<at::Tensor>& wt,
+                     const c10::optional<at::Tensor>& bias) {
+  GenMax<T, MODE> k;
+  k.x = x.data_ptr<T>();
+  k.ptr = ptr.data_ptr<int64_t>();
+  k.src = src.data_ptr<int64_t>();
+  k.attr = attr.has_value() ? attr->data_ptr<T>() : nullptr;
+  k.wt = wt.has_value() ? wt->data_ptr<T>() : nullptr;
+  k.bias = bias.has_value() ? bias->data_ptr<T>() : nullptr;
+  k.C = x.size(1);
+  k.d = MODE == kFactored ? attr->size(1) : 0;
+  return k;
+}
+
+template <typename Fn>
+void dispatch(const at::Tensor& x, int mode, Fn&& fn) {
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "gen_max", [&] {
+    if (mode == kNone) fn(scalar_t(), std::integral_constant<int, kNone>());
+    else if (mode == kDense) fn(scalar_t(), std::integral_constant<int, kDense>());
+    else fn(scalar_t(), std::integral_constant<int, kFactored>());
+  });
+}
+
+void check(const at::Tensor& x, const at::Tensor& ptr, const at::Tensor& src,
+           const c10::optional<at::Tensor>& attr, const c10::optional<at::Tensor>& wt,
+           const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.is_contiguous(), "gen_max: x must be a contiguous CPU [N, C] tensor");
+  TORCH_CHECK(ptr.scalar_type() == at::kLong && src.scalar_type() == at::kLong && ptr.is_contiguous() && src.is_contiguous(),
+              "gen_max: ptr and src must be contiguous int64");
+  TORCH_CHECK(ptr.numel() == x.size(0) + 1, "gen_max: ptr must have N + 1 entries");
+  const int64_t E = src.numel();
+  if (attr.has_value()) {
+    TORCH_CHECK(attr->scalar_type() == x.scalar_type() && attr->is_contiguous() && attr->dim() == 2 && attr->size(0) == E,
+                "gen_max: edge features must be a contiguous [E, *] tensor of x's dtype");
+    if (wt.has_value()) {
+      TORCH_CHECK(wt->scalar_type() == x.scalar_type() && wt->is_contiguous() && wt->dim() == 2 &&
+                  wt->size(0) == attr->size(1) && wt->size(1) == x.size(1), "gen_max: W^T must be a contiguous [d, C] tensor");
+      TORCH_CHECK(!bias.has_value() || (bias->scalar_type() == x.scalar_type() && bias->is_contiguous() && bias->numel() == x.size(1)),
+                  "gen_max: bias must be a contiguous [C] tensor");
+    } else {
+      TORCH_CHECK(attr->size(1) == x.size(1), "gen_max: dense edge features must be [E, C]");
+    }
+  }
+}
+
+std::vector<at::Tensor> forward(const at::Tensor& x, const at::Tensor& ptr, const at::Tensor& src,
+                                const c10::optional<at::Tensor>& attr, const c10::optional<at::Tensor>& wt,
+                                const c10::optional<at::Tensor>& bias, double eps) {
+  check(x, ptr, src, attr, wt, bias);
+  const int64_t N = x.size(0), C = x.size(1);
+  auto out = at::empty({N, C}, x.options());
+  auto arg = at::empty({N, C}, x.options().dtype(at::kInt));
+  auto tied = at::empty({N}, x.options().dtype(at::kByte));
+  dispatch(x, mode_of(attr, wt), [&](auto tag, auto mode) {
+    using T = decltype(tag);
+    make<T, decltype(mode)::value>(x, ptr, src, attr, wt, bias)
+        .forward(N, static_cast<T>(eps), out.data_ptr<T>(), arg.data_ptr<int32_t>(), tied.data_ptr<uint8_t>());
+  });
+  return {out, arg, tied};
+}
+
+// Returns grad_x [R, N, C] (or empty), grad_attr, grad_w [R, C, d], grad_b [R, C] (or empty).
+std::vector<at::Tensor> backward(const at::Tensor& grad, const at::Tensor& arg, const at::Tensor& tied,
+                                 const at::Tensor& x, const at::Tensor& ptr, const at::Tensor& src,
+                                 const c10::optional<at::Tensor>& attr, const c10::optional<at::Tensor>& wt,
+                                 const c10::optional<at::Tensor>& bias, int64_t R, bool need_x,
+                                 bool need_attr, bool need_w, bool need_b) {
+  check(x, ptr, src, attr, wt, bias);
+  TORCH_CHECK(grad.sizes() == x.sizes() && grad.is_contiguous() && grad.scalar_type() == x.scalar_type(),
+              "gen_max: grad must be contiguous and shaped like x");
+  TORCH_CHECK(R >= 1, "gen_max: need at least one buffer");
+  const int64_t N = x.size(0), C = x.size(1);
+  const int mode = mode_of(attr, wt);
+  const int64_t d = mode == kFactored ? attr->size(1) : 0;
+  auto opts = x.options();
+  at::Tensor gx = need_x ? at::zeros({R, N, C}, opts) : at::Tensor();
+  at::Tensor ga = need_attr && mode != kNone ? at::zeros_like(*attr) : at::Tensor();
+  at::Tensor gw = need_w && mode == kFactored ? at::zeros({R, C, d}, opts) : at::Tensor();
+  at::Tensor gb = need_b && mode == kFactored && bias.has_value() ? at::zeros({R, C}, opts) : at::Tensor();
+  dispatch(x, mode, [&](auto tag, auto m) {
+    using T = decltype(tag);
+    auto p = [](at::Tensor& t) { return t.defined() ? t.data_ptr<T>() : nullptr; };
+    make<T, decltype(m)::value>(x, ptr, src, attr, wt, bias)
+        .backward(N, R, grad.data_ptr<T>(), arg.data_ptr<int32_t>(), tied.data_ptr<uint8_t>(),
+                  p(gx), p(ga), p(gw), p(gb));
+  });
+  return {gx, ga, gw, gb};
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("forward", &forward, "fused GENConv max aggregation, forward");
+  m.def("backward", &backward, "fused GENConv max aggregation, backward");
+}
