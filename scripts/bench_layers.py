@@ -9,7 +9,15 @@ the 80-wide shared edge embedding in factored form):
 * the bytes the layer must move at least (inputs, outputs, edge index and
   gradients read or written once, fp32), and the machine's copy bandwidth
   (measured here, same run), giving "x the bandwidth bound",
-* our fused GENConv-max path next to PyG's GENConv (same parameters), side by side.
+* the floating-point operations the layer must do at least (its matrix
+  products and the factored edge encoder; no recomputation) and the machine's
+  fp32 matmul rate (measured here, same run), giving the compute bound; a
+  layer can be no faster than the larger of the two bounds (the roofline),
+* GENConv-max three ways, side by side: our C++ kernel (``gen_max``), our
+  PyTorch fallback (``gen_max_torch``, what runs without a compiler) and PyG's
+  GENConv (``gen_max_pyg``), same parameters; and the aggregation alone
+  (``aggr_max``/``aggr_max_torch``: ``max_j relu(x_j + W a_ji + b) + eps``
+  with the factored 8-d edge features, no norm or MLP).
 
     python scripts/bench_layers.py                       # both graphs, all blocks
     python scripts/bench_layers.py --graphs small --reps 3
@@ -23,7 +31,8 @@ import time
 from pathlib import Path
 
 GRAPHS = {"proteins": (13_200, 790_000), "small": (2_000, 40_000)}
-BLOCKS = ("gen_max", "gen_max_pyg", "gen_softmax", "gat", "sage", "gcn", "gin")
+BLOCKS = ("aggr_max", "aggr_max_torch", "gen_max", "gen_max_torch", "gen_max_pyg", "gen_softmax",
+          "gat", "sage", "gcn", "gin")
 
 
 def bandwidth(reps: int = 5, mib: int = 256) -> float:
@@ -41,10 +50,40 @@ def bandwidth(reps: int = 5, mib: int = 256) -> float:
     return 2 * src.numel() * 4 / statistics.median(times)
 
 
+def matmul_rate(reps: int = 5, n: int = 2048) -> float:
+    """fp32 matrix-product rate in FLOP/s (a multiply-add counts 2), all threads."""
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t)
+    return 2 * n**3 / statistics.median(times)
+
+
+def min_flops(block: str, nodes: int, edges: int, channels: int, edge_dim: int = 8):
+    """FLOPs of forward + backward that no implementation can avoid, or None where not counted.
+
+    GEN: the factored edge encoder (2 E C d forward; its weight gradient through the N x C
+    winners, 2 N C d) and the MLP's two GEMMs c -> 2c -> c (8 N C^2 forward, twice that
+    backward). SAGE/GIN: two C x C GEMMs, GCN one (forward + 2 backward GEMMs each).
+    """
+    n, e, c, d = nodes, edges, channels, edge_dim
+    edge_term = 2 * e * c * d + 2 * n * c * d
+    if block.startswith("aggr_max"):
+        return edge_term
+    if block.startswith("gen_max"):
+        return edge_term + 24 * n * c * c
+    return {"sage": 12 * n * c * c, "gin": 12 * n * c * c, "gcn": 6 * n * c * c}.get(block)
+
+
 def make(block: str, channels: int, hidden: int):
     from revgnn.nn import GATBlock, GCNBlock, GENBlock, GINBlock, SAGEBlock
 
-    if block.startswith("gen"):
+    if block.startswith(("gen", "aggr")):
         aggr = "softmax" if block == "gen_softmax" else "max"
         return GENBlock(channels, edge_channels=hidden, aggr=aggr, learn_t=aggr == "softmax")
     return {"gat": lambda: GATBlock(channels, heads=2, edge_channels=hidden),
@@ -56,7 +95,21 @@ def measure(block_name: str, nodes: int, edges: int, channels: int, hidden: int,
     import torch
     from torch_geometric import EdgeIndex
 
-    from revgnn.nn import LinearEdgeFeatures
+    from revgnn.nn import LinearEdgeFeatures, kernels
+    from revgnn.nn.aggr import gen_max_aggregate
+
+    kernel = kernels.gen_max
+    if block_name.endswith("_torch"):  # the PyTorch fallback, as without a compiler
+        kernels.gen_max = lambda: None
+    try:
+        return _measure(block_name, nodes, edges, channels, hidden, reps, torch, EdgeIndex,
+                        LinearEdgeFeatures, gen_max_aggregate)
+    finally:
+        kernels.gen_max = kernel
+
+
+def _measure(block_name, nodes, edges, channels, hidden, reps, torch, EdgeIndex, LinearEdgeFeatures,
+             gen_max_aggregate):
 
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)
@@ -67,12 +120,15 @@ def measure(block_name: str, nodes: int, edges: int, channels: int, hidden: int,
     shared = torch.nn.Linear(8, hidden)
     block = make(block_name, channels, hidden)
     x = torch.randn(nodes, channels)
-    uses_edges = block_name.startswith("gen") or block_name == "gat"
+    uses_edges = block_name.startswith(("gen", "aggr")) or block_name == "gat"
 
     def call(inp):
         if block_name == "gen_max_pyg":  # PyG's GENConv on the materialised encoding
             h = block.norm(inp).relu()
             return block.conv(h, ei, block.edge_encoder(shared(raw)))
+        if block_name.startswith("aggr"):
+            edge_term = LinearEdgeFeatures.from_linear(raw, shared).compose(block.edge_encoder)
+            return gen_max_aggregate(inp, ei, edge_term, block.conv.eps)
         edges_in = LinearEdgeFeatures.from_linear(raw, shared) if uses_edges else None
         return block(inp, ei, edges_in)
 
@@ -105,7 +161,8 @@ def measure(block_name: str, nodes: int, edges: int, channels: int, hidden: int,
     min_fwd = 2 * node_bytes + edge_in + index
     min_fwd_bwd = min_fwd + 3 * node_bytes + 2 * edge_in + index
     return dict(block=block_name, nodes=nodes, edges=edges, channels=channels,
-                fwd_s=f, fwd_bwd_s=fb, min_bytes_fwd=min_fwd, min_bytes_fwd_bwd=min_fwd_bwd)
+                fwd_s=f, fwd_bwd_s=fb, min_bytes_fwd=min_fwd, min_bytes_fwd_bwd=min_fwd_bwd,
+                min_flops_fwd_bwd=min_flops(block_name, nodes, edges, channels))
 
 
 def main() -> None:
@@ -122,29 +179,42 @@ def main() -> None:
     use_tcmalloc()
     import torch
 
-    bw = bandwidth()
+    bw, rate = bandwidth(), matmul_rate()
     rows = []
     for graph in args.graphs.split(","):
         nodes, edges = GRAPHS[graph]
         for block in args.blocks.split(","):
             row = measure(block, nodes, edges, args.channels, args.hidden, args.reps)
-            row.update(graph=graph, bound_x=row["fwd_bwd_s"] / (row["min_bytes_fwd_bwd"] / bw))
+            bound = row["min_bytes_fwd_bwd"] / bw
+            flops = row["min_flops_fwd_bwd"]
+            compute = flops / rate if flops else None
+            row.update(graph=graph, bandwidth_bound_s=bound, compute_bound_s=compute,
+                       bound_x=row["fwd_bwd_s"] / bound,
+                       roofline_x=row["fwd_bwd_s"] / max(bound, compute) if compute else None)
             rows.append(row)
             print(json.dumps(row), flush=True)
-    lines = [f"copy bandwidth: {bw / 1e9:.1f} GB/s ({torch.get_num_threads()} threads); "
-             f"block width {args.channels}, edge embedding {args.hidden} (factored from 8-d)", "",
-             "| graph | block | fwd ms | fwd+bwd ms | min MB moved (fwd+bwd) | bound ms | x bound |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [f"copy bandwidth: {bw / 1e9:.1f} GB/s, fp32 matmul: {rate / 1e9:.0f} GFLOP/s "
+             f"({torch.get_num_threads()} threads); block width {args.channels}, edge embedding "
+             f"{args.hidden} (factored from 8-d)", "",
+             "| graph | block | fwd ms | fwd+bwd ms | min MB moved | bandwidth bound ms | x bandwidth bound "
+             "| min GFLOP | compute bound ms | x roofline |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        bound = r["min_bytes_fwd_bwd"] / bw
+        compute = r["compute_bound_s"]
+        flops = (f"{r['min_flops_fwd_bwd'] / 1e9:.2f} | {compute * 1e3:.2f} | {r['roofline_x']:.1f}"
+                 if compute else "- | - | -")
         lines.append(f"| {r['graph']} | {r['block']} | {r['fwd_s'] * 1e3:.1f} | {r['fwd_bwd_s'] * 1e3:.1f} "
-                     f"| {r['min_bytes_fwd_bwd'] / 2**20:.0f} | {bound * 1e3:.2f} | {r['bound_x']:.1f} |")
+                     f"| {r['min_bytes_fwd_bwd'] / 2**20:.0f} | {r['bandwidth_bound_s'] * 1e3:.2f} "
+                     f"| {r['bound_x']:.1f} | {flops} |")
     by = {(r["graph"], r["block"]): r for r in rows}
     for graph in args.graphs.split(","):
-        ours, pyg = by.get((graph, "gen_max")), by.get((graph, "gen_max_pyg"))
-        if ours and pyg:
-            lines.append(f"\n{graph}: fused GEN-max vs PyG GENConv, fwd+bwd: "
-                         f"{ours['fwd_bwd_s'] / pyg['fwd_bwd_s']:.2f}x")
+        for a, b, what in (("gen_max", "gen_max_pyg", "GEN-max block, C++ kernel vs PyG GENConv"),
+                           ("gen_max_torch", "gen_max_pyg", "GEN-max block, PyTorch fallback vs PyG GENConv"),
+                           ("gen_max", "gen_max_torch", "GEN-max block, C++ kernel vs PyTorch fallback"),
+                           ("aggr_max", "aggr_max_torch", "aggregation alone, C++ kernel vs PyTorch fallback")):
+            ra, rb = by.get((graph, a)), by.get((graph, b))
+            if ra and rb:
+                lines.append(f"\n{graph}: {what}, fwd+bwd: {ra['fwd_bwd_s'] / rb['fwd_bwd_s']:.2f}x")
     text = "\n".join(lines)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

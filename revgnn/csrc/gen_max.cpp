@@ -81,12 +81,14 @@ struct GenMax {
   inline bool blocks(int64_t i, int64_t c0, T eps, T* out, int32_t* arg) const {
     const int64_t e0 = ptr[i], e1 = ptr[i + 1];
     // the winner's offset and the tie flag are kept as T, so that all lanes have one type
-    vec acc[NB], win[NB], tie[NB], b[NB];
+    using mask = decltype(vec{} > vec{});  // integer lanes, all ones where true
+    vec acc[NB], win[NB], b[NB];
+    mask tie[NB];
 #pragma GCC unroll 8
     for (int j = 0; j < NB; ++j) {
       acc[j] = splat(-std::numeric_limits<T>::infinity());
       win[j] = splat(T(-1));
-      tie[j] = splat(T(0));
+      tie[j] = mask{};
       b[j] = MODE == kFactored && bias ? load(bias + c0 + j * kLanes) : splat(T(0));
     }
     for (int64_t e = e0; e < e1; ++e) {
@@ -116,17 +118,19 @@ struct GenMax {
 #pragma GCC unroll 8
       for (int j = 0; j < NB; ++j) {
         const auto gt = (m[j] > acc[j]) | (m[j] != m[j]);  // NaN sticks, as in scatter_reduce
-        tie[j] = gt ? splat(T(0)) : (m[j] == acc[j] ? splat(T(1)) : tie[j]);
+        tie[j] = (tie[j] | (m[j] == acc[j])) & ~gt;
         acc[j] = gt ? m[j] : acc[j];
         win[j] = gt ? local : win[j];
       }
     }
     bool tied = false;
 #pragma GCC unroll 8
-    for (int j = 0; j < NB; ++j)
+    for (int j = 0; j < NB; ++j) {
+      const vec tie_t = tie[j] ? splat(T(1)) : splat(T(0));
       tied |= finish(i, c0 + j * kLanes, kLanes, e1 > e0, reinterpret_cast<const T*>(&acc[j]),
-                     reinterpret_cast<const T*>(&win[j]), reinterpret_cast<const T*>(&tie[j]), eps,
+                     reinterpret_cast<const T*>(&win[j]), reinterpret_cast<const T*>(&tie_t), eps,
                      out, arg);
+    }
     return tied;
   }
 
