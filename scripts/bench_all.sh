@@ -9,6 +9,8 @@ PY="${REVGNN_VENV:-.venv}/bin/python"
 OUT=bench_out; mkdir -p "$OUT"
 {
   echo "# revgnn benchmarks ($(date -u +%F), $(nproc) cores, $("$PY" -c 'import torch; print("torch", torch.__version__)'))"
+  echo; echo "## Peak RSS of CLI training runs, 8 vs 1001 layers (scripts/bench_cli_memory.py)"; echo
+  "$PY" scripts/bench_cli_memory.py --breakdown --out "$OUT/cli_memory.md" > "$OUT/cli_memory.log" && cat "$OUT/cli_memory.md"
   echo; echo "## Conv blocks vs memory bandwidth (scripts/bench_layers.py)"; echo
   "$PY" scripts/bench_layers.py --out "$OUT" > "$OUT/layers.log" && cat "$OUT/layers.md"
   echo; echo "## Reversible stacks vs depth: revgnn vs PyG GroupAddRev vs plain (scripts/bench_memory.py)"; echo

@@ -105,3 +105,62 @@ def test_incompatible_checkpoint_is_explained(tmp_path):
     with pytest.raises(RuntimeError, match="does not fit model"):
         train(_cfg(tmp_path / "b", "trainer.epochs=2", "model.hidden_channels=16",
                    f"ckpt_path={tmp_path / 'a' / 'last.pt'}"))
+
+
+def test_checkpoint_writer_saves_what_torch_save_of_state_dict_saves(tmp_path):
+    """atomic_save (memo-free pickler; parameters written detached) round-trips to exactly what
+    ``torch.save`` of ``state_dict()`` gives: same keys, values, plain tensors, optimizer state."""
+    from revgnn.models import create_model
+    from revgnn.train import atomic_copy, atomic_save
+    torch.manual_seed(0)
+    model = create_model("revgnn_small", num_layers=3, hidden_channels=8, in_channels=16,
+                         out_channels=4, edge_channels=8)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    opt.step()
+    history = [{"epoch": 1, "valid": 0.5}]
+    state = {"model": model.state_dict(keep_vars=True), "optimizer": opt.state_dict(),
+             "history": history, "best": dict(history[0]), "rng": {"torch": torch.get_rng_state()}}
+    atomic_save(state, str(tmp_path / "ours.pt"))
+    torch.save({**state, "model": model.state_dict()}, tmp_path / "torch.pt")
+    atomic_copy(str(tmp_path / "ours.pt"), str(tmp_path / "copy.pt"))
+    assert (tmp_path / "copy.pt").read_bytes() == (tmp_path / "ours.pt").read_bytes()
+    assert not any(p.name.startswith(("ours.pt.tmp", "copy.pt.tmp")) for p in tmp_path.iterdir())
+    ours, ref = load_checkpoint(str(tmp_path / "ours.pt")), load_checkpoint(str(tmp_path / "torch.pt"))
+    assert list(ours["model"]) == list(ref["model"])
+    for key, value in ours["model"].items():
+        assert type(value) is torch.Tensor and not value.requires_grad, key
+        assert torch.equal(value, ref["model"][key]), key
+    assert ours["model"]._metadata == ref["model"]._metadata
+    assert ours["optimizer"]["param_groups"] == ref["optimizer"]["param_groups"]
+    for i, entry in ref["optimizer"]["state"].items():
+        for k, v in entry.items():
+            assert torch.equal(ours["optimizer"]["state"][i][k], v), (i, k)
+    assert ours["history"] == history and torch.equal(ours["rng"]["torch"], ref["rng"]["torch"])
+    # tensors that share a storage still share it after loading (torch.save tracks storages)
+    base = torch.arange(6.0)
+    atomic_save({"a": base[:3], "b": base[3:]}, str(tmp_path / "views.pt"))
+    views = load_checkpoint(str(tmp_path / "views.pt"))
+    assert views["a"].untyped_storage().data_ptr() == views["b"].untyped_storage().data_ptr()
+
+
+def test_clip_grad_norm_is_torchs_bit_for_bit():
+    from revgnn.models import create_model
+    from revgnn.utils import clip_grad_norm_
+    torch.manual_seed(0)
+    model = create_model("revgnn_small", num_layers=4, hidden_channels=8, in_channels=16,
+                         out_channels=4, edge_channels=8)
+    params = list(model.parameters())
+    grads = [torch.randn_like(p) * 0.3 for p in params]
+    params[1].grad = None  # parameters without a gradient are skipped, as by torch
+    for max_norm in (0.5, 1e6):  # clipped, and left as is (coefficient clamped to 1)
+        results = []
+        for fn in (torch.nn.utils.clip_grad_norm_, clip_grad_norm_):
+            for i, (p, g) in enumerate(zip(params, grads)):
+                p.grad = None if i == 1 else g.clone()
+            norm = fn(model.parameters(), max_norm)
+            results.append((norm, [p.grad for p in params]))
+        (n_ref, g_ref), (n, g) = results
+        assert torch.equal(n, n_ref)
+        assert all((a is None and b is None) or torch.equal(a, b) for a, b in zip(g, g_ref))
