@@ -50,7 +50,6 @@ def train(cfg: DictConfig) -> Dict[str, Any]:
 
     from revgnn.models import count_parameters
     from revgnn.tasks import make_task
-    from revgnn.utils.memory import clip_grad_norm_
 
     # ---- setup ------------------------------------------------------------------------------
     out_dir = resolve_output_dir(cfg)
@@ -148,7 +147,7 @@ def train(cfg: DictConfig) -> Dict[str, Any]:
                     f"Last good checkpoint: {good}. Try a lower optim.lr or trainer.grad_clip.")
             loss.backward()
             if tc.grad_clip > 0:
-                clip_grad_norm_(model.parameters(), tc.grad_clip)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
             optimizer.step()
             # Gradients are dead once applied: freeing them here rather than before the next
             # backward keeps them out of the next forward pass, evaluation and checkpointing

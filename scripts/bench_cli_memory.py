@@ -176,7 +176,7 @@ def breakdown_child(args, depth: int) -> None:
 
     revgnn.train.build_model = build_model
     probe(torch.Tensor, "backward", "backward")
-    probe(revgnn.utils.memory, "clip_grad_norm_", "clip")
+    probe(torch.nn.utils, "clip_grad_norm_", "clip")
     probe(torch.optim.Adam, "step", "optimizer step")
     probe(revgnn.tasks.NodeTask, "evaluate", "evaluate")
     probe(revgnn.train, "atomic_save", "checkpoint")

@@ -6,7 +6,7 @@ loaded); the memory helpers are imported on first use.
 import importlib
 from typing import Any
 
-__all__ = ["SavedTensorBytes", "clip_grad_norm_", "peak_rss_bytes"]
+__all__ = ["SavedTensorBytes", "peak_rss_bytes"]
 
 
 def __getattr__(name: str) -> Any:

@@ -1,9 +1,9 @@
-"""Memory measures (bytes saved for backward, peak RSS) and a gradient clip that allocates less."""
+"""Memory measures: bytes saved for backward (deterministic) and peak RSS."""
 from __future__ import annotations
 
 import resource
 import sys
-from typing import Dict, Iterable
+from typing import Dict
 
 import torch
 from torch import Tensor
@@ -60,32 +60,3 @@ def peak_rss_bytes() -> int:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024
 
-
-def clip_grad_norm_(parameters: Iterable[Tensor], max_norm: float) -> Tensor:
-    """:func:`torch.nn.utils.clip_grad_norm_` (2-norm), bit for bit, without a tensor per parameter.
-
-    On the CPU, torch's version collects the per-parameter norms as a list of 0-d tensors (one
-    tensor object per parameter: 20k of them for a 1001-layer RevGNN, ~5 MB that raise the
-    step's peak RSS) and then stacks them. Here they are written into one preallocated vector;
-    each norm is the same ``linalg.vector_norm`` call that torch's CPU foreach path makes, so the
-    total norm and the scaled gradients are identical. Other devices (whose fused foreach
-    kernels may round differently) and mixed device/dtype gradients go to torch's function.
-    Returns the total norm, as torch's does.
-    """
-    params = [parameters] if isinstance(parameters, Tensor) else list(parameters)
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return torch.tensor(0.0)
-    device, dtype = grads[0].device, grads[0].dtype
-    if (device.type != "cpu" or any(g.device != device or g.dtype != dtype for g in grads)
-            or any(type(g) is not Tensor for g in grads)):
-        return torch.nn.utils.clip_grad_norm_(params, max_norm)
-    with torch.no_grad():
-        norms = torch.empty(len(grads), dtype=dtype)
-        for i, g in enumerate(grads):
-            torch.linalg.vector_norm(g, 2.0, out=norms[i])
-        total_norm = torch.linalg.vector_norm(norms, 2.0)
-        clip_coef = torch.clamp(float(max_norm) / (total_norm + 1e-6), max=1.0)
-        for g in grads:
-            g.mul_(clip_coef)
-    return total_norm
