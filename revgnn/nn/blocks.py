@@ -100,9 +100,10 @@ class GENBlock(PreActBlock):
 
     with a 2-layer MLP (``c -> 2c -> c``, LayerNorm inside, biases) and a
     per-block edge encoder :math:`\mathbf{W}_e` (``edge_channels -> channels``).
-    ``edge_attr`` may be a :class:`~revgnn.nn.edge_features.LinearEdgeFeatures`
-    (the model's shared edge embedding in factored form), which makes the
-    per-block encoder 10x cheaper on proteins. Max aggregation runs through
+    ``edge_attr`` may be raw ``[E, edge_channels]`` features or a
+    :class:`~revgnn.nn.edge_features.LinearEdgeFeatures` (the model's shared
+    edge embedding in factored form, which makes the per-block encoder 10x
+    cheaper on proteins). Max aggregation runs through
     :func:`~revgnn.nn.aggr.gen_max_aggregate`, whose C++ kernel then never
     forms the :math:`E \times C` edge encoding or messages at all (the PyTorch
     fallback keeps one :math:`E \times C` tensor); pass a destination-sorted
@@ -135,10 +136,12 @@ class GENBlock(PreActBlock):
                             num_layers=mlp_layers, norm="layer", bias=True)
 
     def conv_forward(self, h: Tensor, edge_index: Adj, edge_attr: OptTensor) -> Tensor:
+        # the edge encoder stays in factored form: the aggregation kernel applies it per edge in
+        # registers; anything else expands it (gen_conv)
         if isinstance(edge_attr, LinearEdgeFeatures):
-            edge_attr = edge_attr.compose(self.edge_encoder)  # expanded only if needed
+            edge_attr = edge_attr.compose(self.edge_encoder)
         elif edge_attr is not None and self.edge_encoder is not None:
-            edge_attr = self.edge_encoder(edge_attr)
+            edge_attr = LinearEdgeFeatures.from_linear(edge_attr, self.edge_encoder)
         return gen_conv(self.conv, h, edge_index, edge_attr)
 
     def extra_repr(self) -> str:
