@@ -160,7 +160,7 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=20_000)
     parser.add_argument("--edges", type=int, default=200_000)
     parser.add_argument("--channels", type=int, default=64)
-    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--plain-limit-gb", type=float, default=12.0,
                         help="skip the plain stack where its projected saved bytes exceed this")
     parser.add_argument("--drift-depths", default="10,100,1001")
