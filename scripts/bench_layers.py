@@ -219,8 +219,38 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "layers.md").write_text(text + "\n")
-    (out / "layers.json").write_text(json.dumps(dict(bandwidth=bw, rows=rows), indent=1))
-    print("\n" + text)
+    (out / "layers.json").write_text(json.dumps(dict(bandwidth=bw, matmul_rate=rate, rows=rows), indent=1))
+    plot(rows, out / "layers.png")
+    print("\n" + text + f"\n\nwrote {out / 'layers.md'}, {out / 'layers.png'}")
+
+
+def plot(rows, path: Path) -> None:
+    """One panel per graph: forward + backward time of each block (log scale), with its
+    bandwidth bound and, where counted, its compute bound."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    graphs = list(dict.fromkeys(r["graph"] for r in rows))
+    fig, axes = plt.subplots(1, len(graphs), figsize=(6 * len(graphs), 4.5), squeeze=False)
+    for ax, graph in zip(axes[0], graphs):
+        sel = [r for r in rows if r["graph"] == graph]
+        ys = range(len(sel))
+        ax.barh(ys, [r["fwd_bwd_s"] * 1e3 for r in sel], color="tab:blue", label="forward + backward")
+        ax.scatter([r["bandwidth_bound_s"] * 1e3 for r in sel], ys, marker="|", s=300, color="tab:red",
+                   label="bandwidth bound", zorder=3)
+        comp = [(r["compute_bound_s"] * 1e3, y) for r, y in zip(sel, ys) if r["compute_bound_s"]]
+        if comp:
+            ax.scatter(*zip(*comp), marker="|", s=300, color="tab:green", label="compute bound", zorder=3)
+        ax.set_yticks(list(ys), [r["block"] for r in sel])
+        ax.invert_yaxis()
+        ax.set_xscale("log")
+        ax.set_xlabel("ms (log scale)")
+        ax.set_title(f"{graph}: {sel[0]['nodes']:,} nodes, {sel[0]['edges']:,} edges, {sel[0]['channels']} ch")
+        ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
