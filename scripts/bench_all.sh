@@ -18,8 +18,10 @@ OUT=bench_out; mkdir -p "$OUT"
   echo; echo "glibc malloc instead of tcmalloc:"; echo
   "$PY" scripts/bench_memory.py --allocators system --depths 8,64 --impls revgnn,pyg --drift-depths "" \
       --out "$OUT/memory_system" > "$OUT/memory_system.log" && cat "$OUT/memory_system/memory.md"
-  echo; echo "## RevGNN-Deep / Wide steps on a proteins-sized sub-graph, reduced depth (scripts/bench_step.py)"; echo
-  for model in revgnn_deep revgnn_wide; do "$PY" scripts/bench_step.py --model "$model" --num-layers 10; done
+  echo; echo "## RevGNN-Deep / Wide steps on a proteins-sized sub-graph (scripts/bench_step.py)"; echo
+  "$PY" scripts/bench_step.py --model revgnn_deep --num-layers 20
+  "$PY" scripts/bench_step.py --model revgnn_deep --steps 1   # all 1001 layers, ~2 min
+  "$PY" scripts/bench_step.py --model revgnn_wide --num-layers 10
   echo; echo "## Partitioning a 79M-edge graph into 10 parts (scripts/bench_partition.py)"; echo
   "$PY" scripts/bench_partition.py
   echo; echo "## DEQ solvers and step (scripts/bench_deq.py)"; echo
