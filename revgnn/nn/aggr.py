@@ -44,7 +44,6 @@ from torch import Tensor
 
 from torch_geometric import EdgeIndex
 
-from revgnn.nn import kernels
 from revgnn.nn.edge_features import LinearEdgeFeatures
 
 #: Upper bound on the per-thread gradient buffers of the kernel's backward.
@@ -65,6 +64,13 @@ def _by_destination(edge_index: Tensor, num_nodes: int
     return plain[0], plain[1], colptr, perm
 
 
+def _kernel():
+    """The compiled module or None; imported here, not at the top, so that ``python -m
+    revgnn.nn.kernels`` (the build command) does not find itself already imported."""
+    from revgnn.nn import kernels
+    return kernels.gen_max()
+
+
 class FusedGENMax(torch.autograd.Function):
     """The C++ kernel (:mod:`revgnn.nn.kernels`) as an autograd function.
 
@@ -79,7 +85,7 @@ class FusedGENMax(torch.autograd.Function):
         attr = attr.contiguous() if attr is not None else None
         wt = weight.t().contiguous() if weight is not None else None
         bias = bias.contiguous() if bias is not None else None
-        out, arg, tied = kernels.gen_max().forward(x, ptr, src, attr, wt, bias, eps)
+        out, arg, tied = _kernel().forward(x, ptr, src, attr, wt, bias, eps)
         ctx.save_for_backward(x, attr, wt, bias, ptr, src, arg, tied)
         return out
 
@@ -90,7 +96,7 @@ class FusedGENMax(torch.autograd.Function):
         # one gradient buffer per thread for the scatter into source rows (summed after)
         buffers = max(1, min(torch.get_num_threads(),
                              SCATTER_BUFFER_BYTES // max(1, x.numel() * x.element_size())))
-        gx, ga, gw, gb = kernels.gen_max().backward(
+        gx, ga, gw, gb = _kernel().backward(
             grad_out.contiguous(), arg, tied, x, ptr, src, attr, wt, bias, buffers,
             need_x, need_attr, need_w, need_b)
         grad_x = (gx[0] if buffers == 1 else gx.sum(0)) if need_x else None
@@ -137,7 +143,7 @@ class GENMaxAggregate(torch.autograd.Function):
 def _kernel_applies(x: Tensor, tensors) -> bool:
     return (x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and x.dim() == 2
             and all(t is None or (t.dtype == x.dtype and t.device == x.device) for t in tensors)
-            and kernels.gen_max() is not None)
+            and _kernel() is not None)
 
 
 EdgeTerm = Union[Tensor, LinearEdgeFeatures, None]
