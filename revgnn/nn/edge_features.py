@@ -38,13 +38,20 @@ class TallLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:  # type: ignore[override]
+        device = x.device.type
+        if torch.is_autocast_enabled(device):  # what autocast does to a linear, made explicit so
+            dtype = torch.get_autocast_dtype(device)  # that backward sees the same dtypes
+            x, weight = x.to(dtype), weight.to(dtype)
+            bias = bias.to(dtype) if bias is not None else None
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        return F.linear(x, weight, bias)
+        with torch.autocast(device, enabled=False):
+            return F.linear(x, weight, bias)
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
         x, weight = ctx.saved_tensors
+        grad = grad.to(weight.dtype)
         grad_x = grad @ weight if ctx.needs_input_grad[0] else None
         grad_w = (x.t() @ grad).t() if ctx.needs_input_grad[1] else None
         grad_b = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
