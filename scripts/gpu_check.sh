@@ -7,16 +7,22 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR="${OUT:-gpu_out}"; mkdir -p "$OUT_DIR"
-VENV=.venv-gpu
-if [ ! -x "$VENV/bin/python" ]; then
-  python3 -m venv "$VENV"
-  "$VENV/bin/python" -m pip install -q --upgrade pip
-  # a CUDA build of torch (PyPI's default wheel); torch-scatter is optional and skipped
-  "$VENV/bin/python" -m pip install -q "torch>=2.6"
-  "$VENV/bin/python" -m pip install -q -e ".[dev]"
+# The checks need only torch (CUDA build), PyG and pytest. Use an interpreter that already has
+# them (GPU machines are often offline: PYTHON=..., default python3); otherwise make .venv-gpu.
+PY="${PYTHON:-python3}"
+if ! "$PY" -c "import torch, torch_geometric, pytest; assert torch.cuda.is_available()" 2>/dev/null; then
+  VENV=.venv-gpu
+  if [ ! -x "$VENV/bin/python" ]; then
+    python3 -m venv "$VENV"
+    "$VENV/bin/python" -m pip install -q --upgrade pip
+    # a CUDA build of torch (PyPI's default wheel); torch-scatter is optional and skipped
+    "$VENV/bin/python" -m pip install -q "torch>=2.6"
+    "$VENV/bin/python" -m pip install -q -e ".[dev]"
+  fi
+  PY="$VENV/bin/python"
 fi
-PY="$VENV/bin/python"
-"$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name())"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+"$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name(), 'torch', torch.__version__)"
 "$PY" -m pytest tests/test_cuda.py tests/test_group_rev.py tests/test_aggr.py -q 2>&1 | tee "$OUT_DIR/tests.log"
 for flags in "" "--bf16"; do
   timeout 240 "$PY" scripts/bench_step.py --model revgnn_deep --device cuda --steps 2 $flags \
