@@ -59,6 +59,8 @@ class ModelConfig:
     aggr: Optional[str] = None
     norm: Optional[str] = None
     heads: Optional[int] = None
+    keep_every: Optional[int] = None
+    quantize: Optional[int] = None
 
 
 @dataclass

@@ -91,13 +91,15 @@ def encode_edges(edge_encoder: Optional[nn.Linear], edge_attr: Optional[Tensor],
 
 
 def reversible_layers(make_group_block, hidden_channels: int, num_groups: int, num_layers: int,
-                      weight_tied: bool = False, reversible: bool = True, keep_every: int = 0):
+                      weight_tied: bool = False, reversible: bool = True, keep_every: int = 0,
+                      quantize: Optional[int] = None):
     """``num_layers`` reversible blocks of ``num_groups`` groups, called as ``layers(h, *args)``.
 
     ``make_group_block()`` builds the function of one group (width ``hidden_channels /
     num_groups``). Returns a :class:`~revgnn.nn.WeightTied` (one block applied ``num_layers``
     times) or a :class:`~revgnn.nn.BlockSequence`; ``reversible=False`` gives the same blocks as a
-    plain stack, ``keep_every`` stores every ``keep_every``-th input to bound float32 drift.
+    plain stack, ``keep_every`` stores every ``keep_every``-th input to bound float32 drift,
+    ``quantize`` makes every block's coupling exact (:class:`~revgnn.nn.GroupAddRev`).
     """
     from revgnn.nn import BlockSequence, GroupAddRev, WeightTied
 
@@ -110,7 +112,7 @@ def reversible_layers(make_group_block, hidden_channels: int, num_groups: int, n
     def rev_block(layer: int):
         keep = bool(keep_every) and layer > 0 and layer % keep_every == 0
         return GroupAddRev(make_group_block(), num_groups=num_groups, disable=not reversible,
-                           keep_input=keep)
+                           keep_input=keep, quantize=quantize)
 
     if weight_tied:
         return WeightTied(rev_block(0), num_layers, keep_every=keep_every if reversible else 0)

@@ -80,6 +80,8 @@ class GraphRevGNN(nn.Module):
             stores activations (reference and baseline). (default: :obj:`True`)
         keep_every (int, optional): Store the input of every ``keep_every``-th block to bound float32
             reconstruction drift; :obj:`0` keeps none. (default: :obj:`0`)
+        quantize (int, optional): Exact coupling on a :math:`2^{-q}` grid in every block (see
+            :class:`~revgnn.nn.GroupAddRev`). (default: :obj:`None`)
     """
 
     def __init__(self, in_channels: int, hidden_channels: int, out_channels: int, num_layers: int,
@@ -87,7 +89,7 @@ class GraphRevGNN(nn.Module):
                  dropout: float = 0.0, norm: Optional[str] = "graph", aggr: str = "softmax",
                  learn_t: bool = True, t: float = 1.0, mlp_layers: int = 1, readout: str = "mean",
                  encoder: str = "ogb", weight_tied: bool = False, reversible: bool = True,
-                 keep_every: int = 0):
+                 keep_every: int = 0, quantize: Optional[int] = None):
         super().__init__()
         if readout not in READOUTS:
             raise ValueError(f"unknown readout {readout!r}; choose one of {READOUTS}")
@@ -116,7 +118,7 @@ class GraphRevGNN(nn.Module):
             lambda: GENBlock(hidden_channels // num_groups,
                              edge_channels=hidden_channels if edge_channels else None, aggr=aggr,
                              learn_t=learn_t, t=t, mlp_layers=mlp_layers, norm=norm),
-            hidden_channels, num_groups, num_layers, weight_tied, reversible, keep_every)
+            hidden_channels, num_groups, num_layers, weight_tied, reversible, keep_every, quantize)
         self.norm = make_norm(norm, hidden_channels)
         self.readout = readout
         self.attention = (AttentionalAggregation(nn.Linear(hidden_channels, 1))

@@ -67,6 +67,9 @@ class RevGNN(DeepNodeGNN):
         keep_every (int, optional): Store the input of every ``keep_every``-th
             block to bound float32 reconstruction drift; :obj:`0` keeps none.
             (default: :obj:`0`)
+        quantize (int, optional): Exact coupling on a :math:`2^{-q}` grid in
+            every block: bit-exact reconstruction at any depth, also under bf16
+            autocast (see :class:`~revgnn.nn.GroupAddRev`). (default: :obj:`None`)
     """
 
     def __init__(self, in_channels: int, hidden_channels: int, out_channels: int,
@@ -74,7 +77,7 @@ class RevGNN(DeepNodeGNN):
                  edge_channels: Optional[int] = None, species_channels: int = 0,
                  dropout: float = 0.0, norm: Optional[str] = "layer", aggr: Optional[str] = None,
                  learn_t: bool = False, heads: int = 1, attn_dropout: float = 0.0,
-                 weight_tied: bool = False, reversible: bool = True, keep_every: int = 0):
+                 weight_tied: bool = False, reversible: bool = True, keep_every: int = 0, quantize: Optional[int] = None):
         super().__init__()
         make = self._setup(in_channels, hidden_channels, out_channels, num_layers, conv,
                            edge_channels, species_channels, dropout, norm, aggr, learn_t,
@@ -82,7 +85,7 @@ class RevGNN(DeepNodeGNN):
         self.weight_tied = weight_tied
         self.layers = reversible_layers(lambda: make(hidden_channels // num_groups),
                                         hidden_channels, num_groups, num_layers, weight_tied,
-                                        reversible, keep_every)
+                                        reversible, keep_every, quantize)
 
     def reset_parameters(self) -> None:
         for module in (self.node_encoder, self.edge_encoder, self.head):

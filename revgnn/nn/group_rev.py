@@ -2,6 +2,8 @@ r"""Grouped additive reversible residual block (a drop-in for PyG's ``GroupAddRe
 from __future__ import annotations
 
 import copy
+import math
+import warnings
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -75,6 +77,17 @@ class GroupAddRev(nn.Module):
         keep_input (bool, optional): Store this block's input instead of
             reconstructing it; set on every :math:`k`-th block of a very deep
             float32 stack to bound reconstruction drift. (default: :obj:`False`)
+        quantize (int, optional): Make the coupling exactly invertible: the
+            block's input and every :math:`f_i` output are rounded to multiples
+            of :math:`2^{-q}` (straight-through gradient), so every sum and
+            difference in the coupling is exact while values stay below
+            :math:`2^{p - q}` (:math:`p` = 24 mantissa bits in float32). The
+            input is then reconstructed bit for bit at any depth and in any
+            autocast precision, where rounding inside :math:`f_i` otherwise
+            amplifies the float32 reconstruction error (bf16 autocast at 1001
+            layers: max drift 0.6 instead of 3e-4). ``q = 16`` gives a grid of
+            1.5e-5 for values up to 256; a warning says when values outgrow it.
+            (default: :obj:`None`)
 
     Example:
         >>> conv = GENBlock(32, edge_channels=64)
@@ -85,8 +98,11 @@ class GroupAddRev(nn.Module):
     def __init__(self, conv: Union[nn.Module, nn.ModuleList], split_dim: int = -1,
                  num_groups: Optional[int] = None, disable: bool = False,
                  num_bwd_passes: int = 1, preserve_rng_state: bool = True,
-                 keep_input: bool = False):
+                 keep_input: bool = False, quantize: Optional[int] = None):
         super().__init__()
+        if quantize is not None and not 1 <= quantize <= 50:
+            raise ValueError(f"quantize must be the number of fractional bits, 1..50 (e.g. 16), "
+                             f"got {quantize}")
         if isinstance(conv, nn.ModuleList):
             if num_groups is not None and num_groups != len(conv):
                 raise ValueError(f"GroupAddRev got num_groups={num_groups} but a ModuleList "
@@ -113,6 +129,8 @@ class GroupAddRev(nn.Module):
         self.num_bwd_passes = num_bwd_passes
         self.preserve_rng_state = preserve_rng_state
         self.keep_input = keep_input
+        self.quantize = quantize
+        self._warned_range = False
 
     @property
     def num_groups(self) -> int:
@@ -144,8 +162,8 @@ class GroupAddRev(nn.Module):
         ys = y.chunk(self.num_groups, dim=self.split_dim)
         xs: List[Optional[Tensor]] = [None] * self.num_groups
         for i in range(self.num_groups - 1, 0, -1):
-            xs[i] = ys[i] - self.convs[i](ys[i - 1], *groups[i][0], **groups[i][1])
-        xs[0] = ys[0] - self.convs[0](self._sum(xs[1:]), *groups[0][0], **groups[0][1])
+            xs[i] = ys[i] - self._f(i, ys[i - 1], groups)
+        xs[0] = ys[0] - self._f(0, self._sum(xs[1:]), groups)
         return torch.cat(xs, dim=self.split_dim)
 
     def _needs_graph(self, x: Tensor, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> bool:
@@ -194,6 +212,33 @@ class GroupAddRev(nn.Module):
                 f"reversible block must keep the shape (for a conv: in_channels == "
                 f"out_channels == channels / num_groups).")
 
+    def _grid(self, t: Tensor) -> Tensor:
+        """``t`` rounded to multiples of 2^-quantize (straight-through), or ``t``."""
+        if self.quantize is None:
+            return t
+        scale = float(2 ** self.quantize)
+        return t + (torch.round(t.detach() * scale) / scale - t.detach())
+
+    def _f(self, i: int, inp: Tensor, groups: GroupArgs) -> Tensor:
+        """:math:`f_i` on its input group, in the input's dtype and on the grid when quantizing."""
+        out = self.convs[i](inp, *groups[i][0], **groups[i][1])
+        if self.quantize is None or not isinstance(out, Tensor):
+            return out
+        return self._grid(out.to(inp.dtype))
+
+    def _check_range(self, y: Tensor) -> None:
+        if self.quantize is None or self._warned_range:
+            return
+        significand_bits = round(-math.log2(torch.finfo(y.dtype).eps)) + 1  # 24 in float32
+        limit = 2.0 ** (significand_bits - self.quantize)
+        peak = y.detach().abs().max().item() if y.numel() else 0.0
+        if peak >= limit:
+            self._warned_range = True
+            warnings.warn(f"GroupAddRev(quantize={self.quantize}): values reached {peak:.3g} >= "
+                          f"{limit:.3g}, beyond which the coupling is no longer exact in "
+                          f"{y.dtype}; reconstruction then drifts as without quantize. Use a "
+                          f"smaller quantize.", RuntimeWarning, stacklevel=3)
+
     @staticmethod
     def _sum(tensors: Sequence[Tensor]) -> Tensor:
         out = tensors[0]
@@ -206,17 +251,19 @@ class GroupAddRev(nn.Module):
     def _coupling(self, x: Tensor, args: Tuple[Any, ...], kwargs: Dict[str, Any],
                   record_rng: bool) -> Tuple[Tensor, List[Optional[RNGState]]]:
         groups = self._group_args(args, kwargs, self._channels(x))
-        xs = x.chunk(self.num_groups, dim=self.split_dim)
+        xs = self._grid(x).chunk(self.num_groups, dim=self.split_dim)
         y_in = self._sum(xs[1:])
         ys, states = [], []
-        for i, conv in enumerate(self.convs):
+        for i in range(self.num_groups):
             state = capture_rng(x.device) if record_rng else None
-            out = conv(y_in, *groups[i][0], **groups[i][1])
+            out = self._f(i, y_in, groups)
             self._check_shape(out, xs[i], i)
             states.append(state if state is not None and rng_advanced(state) else None)
             y_in = xs[i] + out
             ys.append(y_in)
-        return torch.cat(ys, dim=self.split_dim), states
+        y = torch.cat(ys, dim=self.split_dim)
+        self._check_range(y)
+        return y, states
 
     def _inverse_forward(self, x: Tensor, args: Tuple[Any, ...], kwargs: Dict[str, Any]
                          ) -> Tuple[Tensor, List[Optional[RNGState]]]:
@@ -238,7 +285,7 @@ class GroupAddRev(nn.Module):
             conv = self.convs[i]
             # buffers are restored only after the gradient: BatchNorm's graph holds them
             with torch.enable_grad(), replay_rng(rng_states[i]), frozen_buffers(conv):
-                out = conv(inp, *groups[i][0], **groups[i][1])
+                out = self._f(i, inp, groups)
                 grads = torch.autograd.grad(out, [inp, *targets], gs[i], allow_unused=True)
             for j, g in enumerate(grads[1:]):
                 if g is not None:
@@ -260,4 +307,5 @@ class GroupAddRev(nn.Module):
 
     def __repr__(self) -> str:
         extra = ", disable=True" if self.disable else ""
+        extra += f", quantize={self.quantize}" if self.quantize is not None else ""
         return f"{self.__class__.__name__}({self.convs[0]}, num_groups={self.num_groups}{extra})"
