@@ -380,16 +380,21 @@ def test_autocast_recomputation_matches_plain(graph):
         torch.manual_seed(1)
         stack = nn.ModuleList([GroupAddRev(GENBlock(8, edge_channels=16), num_groups=2,
                                            disable=disable) for _ in range(8)])
-        xx = x.clone().requires_grad_()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            h = xx
-            for block in stack:
-                h = block(h, graph, Shared(ea))
-            loss = h.float().square().mean()
-        loss.backward()
-        res.append([xx.grad] + [p.grad for p in stack.parameters()])
+        res.append(bf16_autocast_grads(stack, x, ea, graph))
     for a, b in zip(*res):
         assert rel_err(a.float(), b.float()) <= 1e-5  # 1e-1 without re-entering autocast
+
+
+def bf16_autocast_grads(stack, x, ea, graph):
+    """Gradients of the input and parameters of ``stack`` run under CPU bf16 autocast."""
+    xx = x.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        h = xx
+        for block in stack:
+            h = block(h, graph, Shared(ea))
+        loss = h.float().square().mean()
+    loss.backward()
+    return [xx.grad] + [p.grad for p in stack.parameters()]
 
 
 def test_quantize_makes_inversion_bit_exact_and_keeps_gradients(graph):
@@ -425,17 +430,8 @@ def test_quantize_under_bf16_autocast_gradients_match_stored(graph):
     factory = BLOCK_FACTORIES["gen_max"]
     x = torch.randn(N, 16)
     ea = torch.randn(E, 16)
-    res = []
-    for disable in (False, True):
-        stack = make_stack(factory, 60, disable, quantize=16).float()
-        xx = x.clone().requires_grad_()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            h = xx
-            for block in stack:
-                h = block(h, graph, Shared(ea))
-            loss = h.float().square().mean()
-        loss.backward()
-        res.append([xx.grad] + [p.grad for p in stack.parameters()])
+    res = [bf16_autocast_grads(make_stack(factory, 60, disable, quantize=16).float(), x, ea, graph)
+           for disable in (False, True)]
     for a, b in zip(*res):
         assert rel_err(a.float(), b.float()) <= 1e-5
 
