@@ -46,6 +46,8 @@ def main() -> None:
     parser.add_argument("--edges", type=int, default=790_000)
     parser.add_argument("--steps", type=int, default=2, help="measured steps after one warm-up")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast (GPU recipe)")
+    parser.add_argument("--quantize", type=int, default=None,
+                        help="GroupAddRev(quantize=q): exact coupling (e.g. 16)")
     args = parser.parse_args()
 
     from revgnn.utils.launch import use_tcmalloc
@@ -58,6 +60,8 @@ def main() -> None:
 
     device = torch.device(args.device)
     overrides = {} if args.num_layers is None else {"num_layers": args.num_layers}
+    if args.quantize is not None:
+        overrides["quantize"] = args.quantize
     model = create_model(args.model, **overrides).to(device)
     with torch.device("meta"):  # the registered depth, without allocating the full model
         full_depth = getattr(create_model(args.model), "num_layers", None)
@@ -88,6 +92,7 @@ def main() -> None:
     depth = getattr(model, "num_layers", None)
     result = dict(model=args.model, depth=depth, params=count_parameters(model),
                   device=str(device), nodes=args.nodes, edges=args.edges, bf16=args.bf16,
+                  quantize=args.quantize,
                   step_s=statistics.median(times), warmup_s=warmup,
                   threads=torch.get_num_threads())
     if device.type == "cuda":

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The prepared GPU check (<= 8 minutes on one GPU): CUDA correctness tests, then one
 # RevGNN-Deep (1001 x 80) training step on a proteins-sized generated sub-graph
-# (13.2k nodes, 0.79M edges), fp32 and bf16 autocast: peak max_memory_allocated and
+# (13.2k nodes, 0.79M edges), fp32, bf16 autocast, and bf16 with the exact coupling
+# (quantize=16): peak max_memory_allocated and
 # step time, next to the paper's 2.86 GB / ~58 s per step on a V100.
 # Writes JSON lines to ${OUT:-gpu_out}/gpu_check.jsonl.
 set -euo pipefail
@@ -24,8 +25,8 @@ fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 "$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name(), 'torch', torch.__version__)"
 "$PY" -m pytest tests/test_cuda.py tests/test_group_rev.py tests/test_aggr.py -q 2>&1 | tee "$OUT_DIR/tests.log"
-for flags in "" "--bf16"; do
-  timeout 240 "$PY" scripts/bench_step.py --model revgnn_deep --device cuda --steps 2 $flags \
+for flags in "" "--bf16" "--bf16 --quantize 16"; do
+  timeout 120 "$PY" scripts/bench_step.py --model revgnn_deep --device cuda --steps 2 $flags \
     | tee -a "$OUT_DIR/gpu_check.jsonl"
 done
 echo "paper (V100, RevGNN-Deep): 2.86 GB peak, ~58 s per step"
