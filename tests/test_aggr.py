@@ -237,3 +237,21 @@ def test_factored_edges_under_bf16_autocast(impl):
     for a, b in zip(*grads):
         assert a.dtype == b.dtype == torch.float32
         assert (a - b).norm() <= 0.05 * b.norm() + 1e-6
+
+
+
+def test_winner_offsets_beyond_float32_integers():
+    """The winning edge's offset in its node's segment is kept in integer lanes: a node whose
+    winner sits past 2^24 edges (where a float32 lane would round the offset) still gets its
+    gradient on the right edge."""
+    require_kernel()
+    deg = 2 ** 24 + 2  # last offset 2^24 + 1: odd, not a float32 value
+    x = torch.zeros(2, 1)
+    x[1, 0] = 1.0                                        # node 1 sends the largest message
+    src = torch.zeros(deg, dtype=torch.long)
+    src[-1] = 1                                          # ... over the segment's last edge
+    ei = EdgeIndex(torch.stack([src, torch.zeros_like(src)]), sparse_size=(2, 2), sort_order="col")
+    xx = x.clone().requires_grad_()
+    out = gen_max_aggregate(xx, ei)
+    out.sum().backward()
+    assert out[0, 0] == 1.0 + 1e-7 and xx.grad[1, 0] == 1.0 and xx.grad[0, 0] == 0.0

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -79,20 +80,22 @@ struct GenMax {
   template <int NB>
   inline bool blocks(int64_t i, int64_t c0, T eps, T* out, int32_t* arg) const {
     const int64_t e0 = ptr[i], e1 = ptr[i + 1];
-    // the winner's offset and the tie flag are kept as T, so that all lanes have one type
+    // the winner's offset (in the node's segment) and the tie flag live in integer lanes of
+    // T's width: all lanes of the loop have one size
     using mask = decltype(vec{} > vec{});  // integer lanes, all ones where true
-    vec acc[NB], win[NB], b[NB];
-    mask tie[NB];
+    using lane = std::conditional_t<sizeof(T) == 4, int32_t, int64_t>;  // mask's lane type
+    vec acc[NB], b[NB];
+    mask win[NB], tie[NB];
 #pragma GCC unroll 8
     for (int j = 0; j < NB; ++j) {
       acc[j] = splat(-std::numeric_limits<T>::infinity());
-      win[j] = splat(T(-1));
+      win[j] = mask{} - 1;
       tie[j] = mask{};
       b[j] = MODE == kFactored && bias ? load(bias + c0 + j * kLanes) : splat(T(0));
     }
     for (int64_t e = e0; e < e1; ++e) {
       const T* xj = x + src[e] * C + c0;
-      const vec local = splat(T(e - e0));
+      const mask local = mask{} + static_cast<lane>(e - e0);
       vec m[NB];
 #pragma GCC unroll 8
       for (int j = 0; j < NB; ++j) m[j] = load(xj + j * kLanes);
@@ -119,7 +122,7 @@ struct GenMax {
         const auto gt = (m[j] > acc[j]) | (m[j] != m[j]);  // NaN sticks, as in scatter_reduce
         tie[j] = (tie[j] | (m[j] == acc[j])) & ~gt;
         acc[j] = gt ? m[j] : acc[j];
-        win[j] = gt ? local : win[j];
+        win[j] = gt ? local : win[j];  // integer blend
       }
     }
     bool tied = false;
@@ -127,7 +130,7 @@ struct GenMax {
     for (int j = 0; j < NB; ++j) {
       const vec tie_t = tie[j] ? splat(T(1)) : splat(T(0));
       tied |= finish(i, c0 + j * kLanes, kLanes, e1 > e0, reinterpret_cast<const T*>(&acc[j]),
-                     reinterpret_cast<const T*>(&win[j]), reinterpret_cast<const T*>(&tie_t), eps,
+                     reinterpret_cast<const lane*>(&win[j]), reinterpret_cast<const T*>(&tie_t), eps,
                      out, arg);
     }
     return tied;
@@ -136,10 +139,11 @@ struct GenMax {
   // Same for a tail of n < kLanes channels, one lane at a time.
   inline bool tail(int64_t i, int64_t c0, int64_t n, T eps, T* out, int32_t* arg) const {
     const int64_t e0 = ptr[i], e1 = ptr[i + 1];
-    T acc[kLanes], win[kLanes], tie[kLanes], m[kLanes];
+    T acc[kLanes], tie[kLanes], m[kLanes];
+    int64_t win[kLanes];
     for (int64_t l = 0; l < n; ++l) {
       acc[l] = -std::numeric_limits<T>::infinity();
-      win[l] = T(-1);
+      win[l] = -1;
       tie[l] = T(0);
     }
     for (int64_t e = e0; e < e1; ++e) {
@@ -148,15 +152,16 @@ struct GenMax {
         const bool gt = (m[l] > acc[l]) | (m[l] != m[l]);
         tie[l] = gt ? T(0) : (m[l] == acc[l] ? T(1) : tie[l]);
         acc[l] = gt ? m[l] : acc[l];
-        win[l] = gt ? T(e - e0) : win[l];
+        win[l] = gt ? e - e0 : win[l];
       }
     }
     return finish(i, c0, n, e1 > e0, acc, win, tie, eps, out, arg);
   }
 
   // out = relu(max) + eps (0 without in-edges); winner offset or -1 where no gradient flows.
+  template <typename W>
   static inline bool finish(int64_t i, int64_t c0, int64_t n, bool has_edges, const T* acc,
-                            const T* win, const T* tie, T eps, T* out, int32_t* arg, int64_t C) {
+                            const W* win, const T* tie, T eps, T* out, int32_t* arg, int64_t C) {
     bool tied = false;
     T* o = out + i * C + c0;
     int32_t* a = arg + i * C + c0;
@@ -169,7 +174,8 @@ struct GenMax {
     }
     return tied;
   }
-  inline bool finish(int64_t i, int64_t c0, int64_t n, bool has_edges, const T* acc, const T* win,
+  template <typename W>
+  inline bool finish(int64_t i, int64_t c0, int64_t n, bool has_edges, const T* acc, const W* win,
                      const T* tie, T eps, T* out, int32_t* arg) const {
     return finish(i, c0, n, has_edges, acc, win, tie, eps, out, arg, C);
   }

@@ -140,10 +140,12 @@ class GENMaxAggregate(torch.autograd.Function):
         return grad_x, grad_e, None, None, None, None
 
 
-def _kernel_applies(x: Tensor, tensors) -> bool:
+def _kernel_applies(x: Tensor, tensors, num_edges: int) -> bool:
+    """CPU, float32/64 throughout, built, and fewer than 2^31 edges (the kernel keeps the
+    winning edge's offset within its node's segment as an int32)."""
     return (x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and x.dim() == 2
             and all(t is None or (t.dtype == x.dtype and t.device == x.device) for t in tensors)
-            and _kernel() is not None)
+            and num_edges < 2 ** 31 and _kernel() is not None)
 
 
 EdgeTerm = Union[Tensor, LinearEdgeFeatures, None]
@@ -174,7 +176,7 @@ def gen_max_aggregate(x: Tensor, edge_index: Tensor, edge_attr: EdgeTerm = None,
         attr, weight, bias = edge_attr, None, None
     if attr is not None and perm is not None:
         attr = attr.index_select(0, perm)
-    if _kernel_applies(x, (attr, weight, bias)):
+    if _kernel_applies(x, (attr, weight, bias), src.numel()):
         return FusedGENMax.apply(x, attr, weight, bias, ptr, src, eps)
     if weight is not None:
         attr = LinearEdgeFeatures(attr, weight, bias).materialize()
