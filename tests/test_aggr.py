@@ -255,3 +255,13 @@ def test_winner_offsets_beyond_float32_integers():
     out = gen_max_aggregate(xx, ei)
     out.sum().backward()
     assert out[0, 0] == 1.0 + 1e-7 and xx.grad[1, 0] == 1.0 and xx.grad[0, 0] == 0.0
+
+
+def test_int32_and_strided_edge_index(impl):
+    """An int32 edge index, or one that is a transposed [E, 2] view, gives the same result."""
+    n, c = 30, 5
+    ei = graph(n, 120)
+    x = torch.randn(n, c, dtype=torch.float64)
+    ref = gen_max_aggregate(x, ei)
+    assert torch.equal(gen_max_aggregate(x, ei.int()), ref)
+    assert torch.equal(gen_max_aggregate(x, ei.t().contiguous().t()), ref)

@@ -179,7 +179,7 @@ def sort_edges(edge_index, edge_attr, num_nodes: int):
     if isinstance(edge_index, EdgeIndex) and edge_index.is_sorted_by_col:
         return edge_index, edge_attr
     if not isinstance(edge_index, EdgeIndex):
-        edge_index = EdgeIndex(edge_index, sparse_size=(num_nodes, num_nodes))
+        edge_index = EdgeIndex(edge_index.contiguous(), sparse_size=(num_nodes, num_nodes))
     edge_index, perm = edge_index.sort_by("col")
     if edge_attr is not None and perm is not None:
         edge_attr = edge_attr.index_select(0, perm)

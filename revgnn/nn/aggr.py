@@ -55,7 +55,7 @@ def _by_destination(edge_index: Tensor, num_nodes: int
     """(source, destination) per edge in destination order, the CSC pointer
     ``[N + 1]``, and the sorting permutation or None."""
     if not isinstance(edge_index, EdgeIndex):
-        edge_index = EdgeIndex(edge_index, sparse_size=(num_nodes, num_nodes))
+        edge_index = EdgeIndex(edge_index.contiguous(), sparse_size=(num_nodes, num_nodes))
     perm = None
     if not edge_index.is_sorted_by_col:
         edge_index, perm = edge_index.sort_by("col")
@@ -82,6 +82,7 @@ class FusedGENMax(torch.autograd.Function):
     def forward(ctx, x: Tensor, attr: Optional[Tensor], weight: Optional[Tensor],
                 bias: Optional[Tensor], ptr: Tensor, src: Tensor, eps: float) -> Tensor:  # type: ignore[override]
         x = x.contiguous()
+        ptr, src = ptr.long().contiguous(), src.long().contiguous()  # int32 / strided indices too
         attr = attr.contiguous() if attr is not None else None
         wt = weight.t().contiguous() if weight is not None else None
         bias = bias.contiguous() if bias is not None else None
