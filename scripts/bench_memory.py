@@ -141,10 +141,36 @@ def drift(args) -> None:
                     for block in reversed(stack):
                         h = block.inverse(h, edge_index, Shared(edge_attr))
                 err = (h.float() - start).abs().max().item()
-                results.append(dict(depth=depth, precision=precision, quantize=quantize,
-                                    max_abs_err=err, activation_max=scale,
-                                    rel_to_input=err / x.abs().max().item()))
+                row = dict(depth=depth, precision=precision, quantize=quantize, max_abs_err=err,
+                           activation_max=scale, rel_to_input=err / x.abs().max().item())
+                if depth <= args.grad_depth_limit and precision != "float32":
+                    row["input_grad_rel_err"] = bf16_grad_error(stack, x, edge_index, edge_attr)
+                results.append(row)
     print(json.dumps(results))
+
+
+def bf16_grad_error(stack, x, edge_index, edge_attr) -> float:
+    """Relative error of the input gradient under bf16 autocast: the reversible stack (inputs
+    reconstructed in backward) against the same stack storing its activations."""
+    import torch
+
+    from revgnn.nn import Shared
+
+    grads = []
+    for disable in (False, True):
+        for block in stack:
+            block.disable = disable
+        xx = x.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h = xx
+            for block in stack:
+                h = block(h, edge_index, Shared(edge_attr))
+            loss = h.float().square().mean()
+        loss.backward()
+        grads.append(xx.grad)
+    for block in stack:
+        block.disable = False
+    return ((grads[0] - grads[1]).norm() / grads[1].norm()).item()
 
 
 def spawn(args, impl: str, depth: int, alloc: str) -> dict:
@@ -173,6 +199,8 @@ def main() -> None:
     parser.add_argument("--plain-limit-gb", type=float, default=12.0,
                         help="skip the plain stack where its projected saved bytes exceed this")
     parser.add_argument("--drift-depths", default="10,100,1001")
+    parser.add_argument("--grad-depth-limit", type=int, default=100,
+                        help="also compare bf16 input gradients (reversible vs stored) up to this depth")
     parser.add_argument("--out", default="bench_out")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--drift", action="store_true", help=argparse.SUPPRESS)
@@ -210,7 +238,8 @@ def main() -> None:
     env.pop("_REVGNN_REEXEC", None)
     drift_out = subprocess.run([sys.executable, __file__, "--drift", "--nodes", str(args.nodes),
                                 "--edges", str(args.edges), "--channels", str(args.channels),
-                                "--drift-depths", ",".join(map(str, args.drift_depths))],
+                                "--drift-depths", ",".join(map(str, args.drift_depths)),
+                                "--grad-depth-limit", str(args.grad_depth_limit)],
                                capture_output=True, text=True, env=env)
     drift_rows = json.loads(drift_out.stdout.strip().splitlines()[-1]) if drift_out.returncode == 0 else []
     report(rows, drift_rows, args)
@@ -251,7 +280,9 @@ def report(rows, drift_rows, args) -> None:
                   "stands in for the GPU recipe):", ""]
         lines += [f"- {d['depth']} layers, {d.get('precision', 'float32')}"
                   f"{', quantize=%d' % d['quantize'] if d.get('quantize') else ''}: max |x_rec - x| = "
-                  f"{d['max_abs_err']:.2e} (activations up to {d['activation_max']:.1f})" for d in drift_rows]
+                  f"{d['max_abs_err']:.2e} (activations up to {d['activation_max']:.1f})"
+                  + (f"; input gradient vs stored activations: rel err {d['input_grad_rel_err']:.1e}"
+                     if "input_grad_rel_err" in d else "") for d in drift_rows]
         lines += ["", "(with quantize, x is the input rounded to the 2^-16 grid, which is what an exact "
                   "inverse returns)"]
     text = "\n".join(lines)
