@@ -127,13 +127,9 @@ class DEQGNNLayer(nn.Module):
         (:class:`~revgnn.nn.LinearEdgeFeatures`: the aggregation kernel never expands them)."""
         if edge_attr is None or self.edge_encoder is None:
             return None, None
-        enc = self.edge_encoder
-        out = []
-        for lin in self.conv_edge_encoders:
-            weight = lin.weight @ enc.weight
-            bias = lin.weight @ enc.bias + lin.bias
-            out.append(LinearEdgeFeatures(edge_attr, weight, bias))
-        return out[0], out[1]
+        shared = LinearEdgeFeatures.from_linear(edge_attr, self.edge_encoder)
+        e1, e2 = (shared.compose(lin) for lin in self.conv_edge_encoders)
+        return e1, e2
 
     def forward(self, z: Tensor, x: Tensor, edge_index: Adj, edge_attr: OptTensor = None,
                 mask: Optional[Tensor] = None) -> Tensor:

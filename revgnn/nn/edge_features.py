@@ -101,10 +101,6 @@ class LinearEdgeFeatures:
             bias = linear.weight @ self.bias if bias is None else bias + linear.weight @ self.bias
         return LinearEdgeFeatures(self.raw, weight, bias)
 
-    def encode(self, linear: Optional[nn.Linear]) -> Tensor:
-        """``linear(U)`` evaluated, ``[E, c]``, computed from the raw features with the composed map."""
-        return self.compose(linear).materialize()
-
     def __repr__(self) -> str:
         return f"LinearEdgeFeatures(edges={self.raw.size(0)}, {self.raw.size(-1)} -> {self.channels})"
 
