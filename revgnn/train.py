@@ -231,11 +231,12 @@ def _stream(seed: int, epoch: int, purpose: int) -> int:
 
 def peak_memory_mb(device) -> float:
     """Peak memory so far: ``max_memory_allocated`` on CUDA, the process's peak RSS on CPU."""
-    import resource
     import torch
+
+    from revgnn.utils.memory import peak_rss_bytes
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    return peak_rss_bytes() / 2**20
 
 
 def atomic_save(obj: Any, path: str) -> None:

@@ -129,22 +129,21 @@ def breakdown_child(args, depth: int) -> None:
     """Runs :func:`revgnn.train.train` in this process (the loop the CLI runs, same overrides)
     with probes around its phases; prints one JSON line per phase call and a final summary."""
     import functools
-    import resource
 
     import torch
     from hydra import compose, initialize_config_module
 
     import revgnn.tasks
     import revgnn.train
-    import revgnn.utils.memory
     from revgnn.utils.launch import allocator
+    from revgnn.utils.memory import peak_rss_bytes
 
     def rss() -> float:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
     def peak() -> float:
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        return peak_rss_bytes() / 2**20
 
     def probe(owner, name: str, phase: str, when=lambda: True) -> None:
         fn = getattr(owner, name)

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import time
 
 import torch
 
 from revgnn.data.partition import partition_graph
+from revgnn.utils.memory import peak_rss_bytes
 
 
 def main() -> None:
@@ -55,7 +55,7 @@ def main() -> None:
         times.append(t_total)
         print(f"repeat {r}: partition {t_index:.2f} s, with edge-feature gathers {t_total:.2f} s "
               f"({kept:,} edges kept in {args.parts} parts)", flush=True)
-    peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    peak_gb = peak_rss_bytes() / 2**30
     result = {"nodes": args.nodes, "edges": args.edges, "parts": args.parts, "threads": torch.get_num_threads(),
               "seconds_mean": sum(times) / len(times), "seconds_min": min(times), "kept_edges": kept,
               "peak_rss_gb": round(peak_gb, 2)}

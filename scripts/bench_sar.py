@@ -97,8 +97,8 @@ def _naive_gen_conv_class():
 
 # ---------------------------------------------------------------- one worker
 def _rss_peak_mb() -> float:
-    import resource
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    from revgnn.utils.memory import peak_rss_bytes
+    return peak_rss_bytes() / 2**20
 
 
 def _worker(rank, world_size, mode, part_dir, cfg):
