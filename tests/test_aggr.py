@@ -10,7 +10,7 @@ from torch_geometric import EdgeIndex
 from torch_geometric.nn import GENConv
 
 from revgnn.nn import GENBlock, LinearEdgeFeatures, kernels
-from revgnn.nn.aggr import FusedGENMax, gen_max_aggregate
+from revgnn.nn.aggr import FusedGENMax, _csc, gen_max_aggregate
 from revgnn.utils import SavedTensorBytes
 
 
@@ -135,8 +135,7 @@ def test_kernel_gradcheck():
     torch.manual_seed(0)
     n, c, d = 12, 5, 3
     ei, = sort(graph(n, 60), n)
-    _, _, ptr, _ = __import__("revgnn.nn.aggr", fromlist=["_by_destination"])._by_destination(ei, n)
-    src = ei.as_tensor()[0].contiguous()
+    src, _, ptr, _ = _csc(ei, None, n)
     raw = torch.randn(ei.size(1), d, dtype=torch.float64, requires_grad=True)
     x = torch.randn(n, c, dtype=torch.float64, requires_grad=True)
     w = torch.randn(c, d, dtype=torch.float64, requires_grad=True)

@@ -6,6 +6,8 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from revgnn.nn.aggr import sort_edges
+
 
 class NodeEncoder(nn.Module):
     r"""Maps raw node features to the hidden width.
@@ -163,27 +165,6 @@ def block_builder(conv: str, norm: Optional[str], edge_channels: Optional[int],
 
     make.uses_edges = BLOCKS[conv].supports_edge_attr
     return make
-
-
-def sort_edges(edge_index, edge_attr, num_nodes: int):
-    """Destination-sorted :class:`torch_geometric.EdgeIndex` (and edge features in that order).
-
-    Sorting once per forward pass lets every layer aggregate over contiguous
-    segments (CSR) instead of sorting or scattering in each of hundreds of
-    layers. A destination-sorted ``EdgeIndex`` is returned unchanged.
-    """
-    from torch_geometric import EdgeIndex
-
-    if not isinstance(edge_index, Tensor):  # e.g. a SparseTensor or a distributed SARGraph
-        return edge_index, edge_attr
-    if isinstance(edge_index, EdgeIndex) and edge_index.is_sorted_by_col:
-        return edge_index, edge_attr
-    if not isinstance(edge_index, EdgeIndex):
-        edge_index = EdgeIndex(edge_index.contiguous(), sparse_size=(num_nodes, num_nodes))
-    edge_index, perm = edge_index.sort_by("col")
-    if edge_attr is not None and perm is not None:
-        edge_attr = edge_attr.index_select(0, perm)
-    return edge_index, edge_attr
 
 
 class DeepNodeGNN(nn.Module):

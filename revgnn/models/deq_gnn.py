@@ -10,10 +10,10 @@ from torch_geometric.nn import GENConv
 from torch_geometric.typing import Adj, OptTensor
 
 from revgnn.deq import DEQ
-from revgnn.models.components import Head, NodeEncoder, sort_edges
+from revgnn.models.components import Head, NodeEncoder
 from revgnn.models.registry import build, register_model
 from revgnn.nn import LinearEdgeFeatures, SharedDropout
-from revgnn.nn.aggr import gen_conv
+from revgnn.nn.aggr import gen_conv, sort_edges
 
 __all__ = ["DEQGNNLayer", "DEQGNN", "deq_gnn", "deq_gnn_small"]
 

@@ -16,9 +16,10 @@ from torch_geometric.nn import GraphNorm, global_add_pool, global_max_pool, glob
 from torch_geometric.nn.aggr import AttentionalAggregation
 from torch_geometric.typing import Adj, OptTensor
 
-from revgnn.models.components import first_block, reversible_layers, sort_edges
+from revgnn.models.components import first_block, reversible_layers
 from revgnn.models.registry import build, register_model
 from revgnn.nn import GENBlock, Shared, SharedDropout
+from revgnn.nn.aggr import sort_edges
 from revgnn.nn.blocks import make_norm
 
 __all__ = ["GraphRevGNN", "READOUTS", "ENCODERS"]

@@ -50,18 +50,34 @@ from revgnn.nn.edge_features import LinearEdgeFeatures
 SCATTER_BUFFER_BYTES = 256 * 2**20
 
 
-def _by_destination(edge_index: Tensor, num_nodes: int
-                    ) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
-    """(source, destination) per edge in destination order, the CSC pointer
-    ``[N + 1]``, and the sorting permutation or None."""
+def sort_edges(edge_index, edge_attr: Optional[Tensor], num_nodes: int):
+    """Destination-sorted :class:`torch_geometric.EdgeIndex` (and edge features in that order).
+
+    Sorting once per forward pass lets every layer aggregate over contiguous
+    segments (CSR) instead of sorting or scattering in each of hundreds of
+    layers. A destination-sorted ``EdgeIndex`` is returned unchanged, and so is
+    a graph that is not a tensor (a ``SparseTensor``, a distributed ``SARGraph``).
+    """
+    if not isinstance(edge_index, Tensor):
+        return edge_index, edge_attr
+    if isinstance(edge_index, EdgeIndex) and edge_index.is_sorted_by_col:
+        return edge_index, edge_attr
     if not isinstance(edge_index, EdgeIndex):
         edge_index = EdgeIndex(edge_index.contiguous(), sparse_size=(num_nodes, num_nodes))
-    perm = None
-    if not edge_index.is_sorted_by_col:
-        edge_index, perm = edge_index.sort_by("col")
+    edge_index, perm = edge_index.sort_by("col")
+    if edge_attr is not None and perm is not None:
+        edge_attr = edge_attr.index_select(0, perm)
+    return edge_index, edge_attr
+
+
+def _csc(edge_index: Tensor, edge_attr: Optional[Tensor], num_nodes: int
+         ) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
+    """(source, destination) per edge in destination order, the CSC pointer ``[N + 1]``, and
+    the edge features in that order."""
+    edge_index, edge_attr = sort_edges(edge_index, edge_attr, num_nodes)
     (colptr, _), _ = edge_index.get_csc()
     plain = edge_index.as_tensor()
-    return plain[0], plain[1], colptr, perm
+    return plain[0], plain[1], colptr, edge_attr
 
 
 def _kernel():
@@ -168,15 +184,13 @@ def gen_max_aggregate(x: Tensor, edge_index: Tensor, edge_attr: EdgeTerm = None,
             kernel never expands.
         eps (float, optional): The message floor :math:`\epsilon`.
     """
-    src, dst, ptr, perm = _by_destination(edge_index, x.size(0))
     if isinstance(edge_attr, LinearEdgeFeatures):
         if edge_attr.channels != x.size(1):
             raise ValueError(f"edge features map to {edge_attr.channels} channels but x has {x.size(1)}")
         attr, weight, bias = edge_attr.raw, edge_attr.weight, edge_attr.bias
     else:
         attr, weight, bias = edge_attr, None, None
-    if attr is not None and perm is not None:
-        attr = attr.index_select(0, perm)
+    src, dst, ptr, attr = _csc(edge_index, attr, x.size(0))
     if _kernel_applies(x, (attr, weight, bias), src.numel()):
         return FusedGENMax.apply(x, attr, weight, bias, ptr, src, eps)
     if weight is not None:
