@@ -126,6 +126,15 @@ def first_block(layers):
     return layers.block if hasattr(layers, "block") else layers[0]
 
 
+def reversible_repr(model: nn.Module, extra: str = "") -> str:
+    """``Name(<first group block>, num_layers=L, num_groups=C<extra>[, weight_tied=True])`` for a
+    model holding :func:`reversible_layers` as ``model.layers``."""
+    first = first_block(model.layers)
+    tied = ", weight_tied=True" if model.weight_tied else ""
+    return (f"{model.__class__.__name__}({first.convs[0]}, num_layers={model.num_layers}, "
+            f"num_groups={first.num_groups}{extra}{tied})")
+
+
 def count_parameters(model: nn.Module) -> int:
     """Number of trainable parameters (shared tensors counted once)."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -16,7 +16,7 @@ from torch_geometric.nn import GraphNorm, global_add_pool, global_max_pool, glob
 from torch_geometric.nn.aggr import AttentionalAggregation
 from torch_geometric.typing import Adj, OptTensor
 
-from revgnn.models.components import first_block, reversible_layers
+from revgnn.models.components import reversible_layers, reversible_repr
 from revgnn.models.registry import build, register_model
 from revgnn.nn import GENBlock, Shared, SharedDropout
 from revgnn.nn.aggr import sort_edges
@@ -167,10 +167,7 @@ class GraphRevGNN(nn.Module):
         return self.lin(self.head_dropout(g))
 
     def __repr__(self) -> str:
-        first = first_block(self.layers)
-        tied = ", weight_tied=True" if self.weight_tied else ""
-        return (f"{self.__class__.__name__}({first.convs[0]}, num_layers={self.num_layers}, "
-                f"num_groups={first.num_groups}, readout={self.readout}{tied})")
+        return reversible_repr(self, f", readout={self.readout}")
 
 
 @register_model

@@ -6,7 +6,7 @@ from typing import Any, Optional
 from torch import Tensor
 from torch_geometric.typing import Adj, OptTensor
 
-from revgnn.models.components import DeepNodeGNN, first_block, reversible_layers
+from revgnn.models.components import DeepNodeGNN, reversible_layers, reversible_repr
 from revgnn.models.registry import build, register_model
 
 #: ogbn-proteins shapes: 8 summed edge features + 8-way species one-hot in,
@@ -99,10 +99,7 @@ class RevGNN(DeepNodeGNN):
         return self.head(self.layers(h, edge_index, edges, mask))
 
     def __repr__(self) -> str:
-        first = first_block(self.layers)
-        tied = ", weight_tied=True" if self.weight_tied else ""
-        return (f"{self.__class__.__name__}({first.convs[0]}, num_layers={self.num_layers}, "
-                f"num_groups={first.num_groups}{tied})")
+        return reversible_repr(self)
 
 
 @register_model
