@@ -1,8 +1,5 @@
 """Graph-level training through the one loop (revgnn-train): CLI smoke run, exact resume, configs."""
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +10,6 @@ import revgnn.config
 from revgnn.train import load_checkpoint, train
 
 CONFIG_DIR = str(Path(revgnn.config.__file__).parent / "configs")
-REPO = Path(__file__).resolve().parents[1]
 TINY = ["experiment=mol_like_revgnn", "data.num_graphs=120", "data.batch_size=16", "model.num_layers=3",
         "model.hidden_channels=16", "logger.progress_bar=false", "logger.plot=false"]
 
@@ -25,12 +21,8 @@ def _cfg(tmp_path, *overrides):
     return cfg
 
 
-def test_cli_one_epoch_smoke_on_generated_molecules(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, "-m", "revgnn.train", *TINY, "trainer.epochs=1", "name=mol_smoke"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (run_dir,) = (tmp_path / "outputs" / "mol_smoke").iterdir()
+def test_cli_one_epoch_smoke_on_generated_molecules(train_cli):
+    run_dir = train_cli("mol_smoke", *TINY, "trainer.epochs=1")
     for name in ("metrics.csv", "summary.json", "last.pt", "best.pt"):
         assert (run_dir / name).exists(), name
     summary = json.loads((run_dir / "summary.json").read_text())

@@ -1,9 +1,6 @@
 """The training loop: CLI smoke run, exact resume, divergence handling, clear errors."""
 import csv
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +14,6 @@ from revgnn.models import register_model
 from revgnn.train import load_checkpoint, train
 
 CONFIG_DIR = str(Path(revgnn.config.__file__).parent / "configs")
-REPO = Path(__file__).resolve().parents[1]
 TINY = ["data.num_nodes=400", "data.window=5", "data.avg_degree=6", "data.max_hops=2",
         "model.num_layers=2", "model.hidden_channels=8", "trainer.train_parts=2", "trainer.eval_every=1",
         "trainer.eval_parts=2", "logger.progress_bar=false"]
@@ -50,13 +46,9 @@ def _nan_model(**kwargs):
     return NanAfter(**kwargs)
 
 
-def test_cli_one_epoch_smoke(tmp_path):
+def test_cli_one_epoch_smoke(train_cli):
     """`python -m revgnn.train` end to end; outputs land in Hydra's run directory under the cwd."""
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, "-m", "revgnn.train", *TINY, "trainer.epochs=1", "name=smoke"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (run_dir,) = (tmp_path / "outputs" / "smoke").iterdir()
+    run_dir = train_cli("smoke", *TINY, "trainer.epochs=1")
     for name in ("metrics.csv", "summary.json", "last.pt", "best.pt", "learning_curve.png", "train.log"):
         assert (run_dir / name).exists(), name
     summary = json.loads((run_dir / "summary.json").read_text())
