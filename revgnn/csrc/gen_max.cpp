@@ -45,23 +45,22 @@ struct GenMax {
 
   // Pre-activation messages of edge e for channels [c0, c0 + n), n <= kLanes (scalar reference).
   inline void message(T* __restrict m, int64_t e, int64_t c0, int64_t n) const {
-    const int64_t cnt = n;
     const T* __restrict xj = x + src[e] * C + c0;
     if constexpr (MODE == kFactored) {
       T t[kLanes];
-      for (int64_t l = 0; l < cnt; ++l) t[l] = bias ? bias[c0 + l] : T(0);
+      for (int64_t l = 0; l < n; ++l) t[l] = bias ? bias[c0 + l] : T(0);
       const T* __restrict er = attr + e * d;
       for (int64_t k = 0; k < d; ++k) {
         const T ek = er[k];
         const T* __restrict w = wt + k * C + c0;
-        for (int64_t l = 0; l < cnt; ++l) t[l] += w[l] * ek;
+        for (int64_t l = 0; l < n; ++l) t[l] += w[l] * ek;
       }
-      for (int64_t l = 0; l < cnt; ++l) m[l] = xj[l] + t[l];
+      for (int64_t l = 0; l < n; ++l) m[l] = xj[l] + t[l];
     } else if constexpr (MODE == kDense) {
       const T* __restrict a = attr + e * C + c0;
-      for (int64_t l = 0; l < cnt; ++l) m[l] = xj[l] + a[l];
+      for (int64_t l = 0; l < n; ++l) m[l] = xj[l] + a[l];
     } else {
-      for (int64_t l = 0; l < cnt; ++l) m[l] = xj[l];
+      for (int64_t l = 0; l < n; ++l) m[l] = xj[l];
     }
   }
 
@@ -160,8 +159,8 @@ struct GenMax {
 
   // out = relu(max) + eps (0 without in-edges); winner offset or -1 where no gradient flows.
   template <typename W>
-  static inline bool finish(int64_t i, int64_t c0, int64_t n, bool has_edges, const T* acc,
-                            const W* win, const T* tie, T eps, T* out, int32_t* arg, int64_t C) {
+  inline bool finish(int64_t i, int64_t c0, int64_t n, bool has_edges, const T* acc,
+                     const W* win, const T* tie, T eps, T* out, int32_t* arg) const {
     bool tied = false;
     T* o = out + i * C + c0;
     int32_t* a = arg + i * C + c0;
@@ -174,12 +173,6 @@ struct GenMax {
     }
     return tied;
   }
-  template <typename W>
-  inline bool finish(int64_t i, int64_t c0, int64_t n, bool has_edges, const T* acc, const W* win,
-                     const T* tie, T eps, T* out, int32_t* arg) const {
-    return finish(i, c0, n, has_edges, acc, win, tie, eps, out, arg, C);
-  }
-
   void forward(int64_t N, T eps, T* out, int32_t* arg, uint8_t* tied) const {
     at::parallel_for(0, N, 64, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
