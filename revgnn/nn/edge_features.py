@@ -26,6 +26,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils import _pytree as pytree
 
+from revgnn.nn.invertible import capture_autocast
+
 
 class TallLinear(torch.autograd.Function):
     r""":func:`torch.nn.functional.linear` for a very tall input (one row per edge).
@@ -38,14 +40,14 @@ class TallLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:  # type: ignore[override]
-        device = x.device.type
-        if torch.is_autocast_enabled(device):  # what autocast does to a linear, made explicit so
-            dtype = torch.get_autocast_dtype(device)  # that backward sees the same dtypes
+        autocast = capture_autocast(x.device)
+        if autocast is not None:  # what autocast does to a linear, made explicit so that
+            dtype = autocast[1]   # backward sees the same dtypes
             x, weight = x.to(dtype), weight.to(dtype)
             bias = bias.to(dtype) if bias is not None else None
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        with torch.autocast(device, enabled=False):
+        with torch.autocast(x.device.type, enabled=False):
             return F.linear(x, weight, bias)
 
     @staticmethod
