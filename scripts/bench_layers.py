@@ -93,31 +93,26 @@ def make(block: str, channels: int, hidden: int):
 
 
 def measure(block_name: str, nodes: int, edges: int, channels: int, hidden: int, reps: int):
-    import torch
-    from torch_geometric import EdgeIndex
-
-    from revgnn.nn import LinearEdgeFeatures, kernels
-    from revgnn.nn.aggr import gen_max_aggregate
+    from revgnn.nn import kernels
 
     kernel = kernels.gen_max
     if block_name.endswith("_torch"):  # the PyTorch fallback, as without a compiler
         kernels.gen_max = lambda: None
     try:
-        return _measure(block_name, nodes, edges, channels, hidden, reps, torch, EdgeIndex,
-                        LinearEdgeFeatures, gen_max_aggregate)
+        return _measure(block_name, nodes, edges, channels, hidden, reps)
     finally:
         kernels.gen_max = kernel
 
 
-def _measure(block_name, nodes, edges, channels, hidden, reps, torch, EdgeIndex, LinearEdgeFeatures,
-             gen_max_aggregate):
+def _measure(block_name: str, nodes: int, edges: int, channels: int, hidden: int, reps: int):
+    import torch
+
+    from bench_memory import build_graph  # the same generated, destination-sorted graph
+    from revgnn.nn import LinearEdgeFeatures
+    from revgnn.nn.aggr import gen_max_aggregate
 
     torch.manual_seed(0)
-    g = torch.Generator().manual_seed(0)
-    ei = torch.randint(0, nodes, (2, edges), generator=g)
-    raw = torch.rand(edges, 8, generator=g)
-    perm = (ei[1] * nodes + ei[0]).argsort()
-    ei, raw = EdgeIndex(ei[:, perm], sparse_size=(nodes, nodes), sort_order="col"), raw[perm]
+    ei, raw = build_graph(nodes, edges)
     shared = torch.nn.Linear(8, hidden)
     block = make(block_name, channels, hidden)
     x = torch.randn(nodes, channels)
