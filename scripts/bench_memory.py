@@ -15,8 +15,10 @@ stack and runs training steps (forward + backward), so that its peak RSS
 Ratios (ours / PyG, ours / plain, depth D / smallest depth) come from the same
 run. Every process is started through revgnn's launcher, which preloads
 tcmalloc when installed (the default of our entry points); ``--allocators
-system,tcmalloc`` adds glibc-malloc runs for comparison. Also measured: float32
-reconstruction drift of the input after inverting the whole stack.
+system,tcmalloc`` adds glibc-malloc runs for comparison. Also measured: the
+reconstruction drift of the input after inverting the whole stack, in float32 and
+under bf16 autocast, with and without ``GroupAddRev(quantize=16)``, and (up to
+``--grad-depth-limit`` layers) the bf16 input-gradient error against stored activations.
 
     python scripts/bench_memory.py                        # full run (~20-30 min on 2 cores)
     python scripts/bench_memory.py --depths 8,64 --nodes 2000 --edges 20000   # quick look
