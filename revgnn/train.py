@@ -50,6 +50,7 @@ def train(cfg: DictConfig) -> Dict[str, Any]:
 
     from revgnn.models import count_parameters
     from revgnn.tasks import make_task
+    from revgnn.utils.flat import FlatParameters
 
     # ---- setup ------------------------------------------------------------------------------
     out_dir = resolve_output_dir(cfg)
@@ -80,7 +81,13 @@ def train(cfg: DictConfig) -> Dict[str, Any]:
     model = build_model(cfg.model, ds).to(device)
     num_params = count_parameters(model)
     log.info("model: %s (%s parameters)", cfg.model.name, f"{num_params:,}")
-    optimizer = instantiate(cfg.optim)(model.parameters())
+    # One buffer for all parameters (and one for their gradients): the optimiser then updates one
+    # tensor instead of looping over ~10 per layer (trainer.flat_params).
+    flat = FlatParameters(model) if tc.flat_params else None
+    optimizer = instantiate(cfg.optim)([flat.param] if flat is not None else model.parameters())
+    if flat is not None:
+        FlatParameters.check_optimizer(optimizer)
+    trained = [flat.param] if flat is not None else [p for p in model.parameters() if p.requires_grad]
 
     start_epoch, history = 0, []
     best = {"epoch": 0, "train": float("nan"), "valid": -math.inf, "test": float("nan")}
@@ -92,6 +99,10 @@ def train(cfg: DictConfig) -> Dict[str, Any]:
         except RuntimeError as e:
             raise RuntimeError(f"checkpoint {cfg.ckpt_path} does not fit model {cfg.model.name!r} as "
                                f"configured (was it trained with other model settings?): {e}") from e
+        if bool(ckpt.get("flat_params", False)) != (flat is not None):
+            raise RuntimeError(f"checkpoint {cfg.ckpt_path} holds optimiser state for "
+                               f"{'flat' if ckpt.get('flat_params') else 'per-tensor'} parameters; resume "
+                               f"with trainer.flat_params={str(bool(ckpt.get('flat_params'))).lower()}")
         optimizer.load_state_dict(ckpt["optimizer"])
         start_epoch, history, best = ckpt["epoch"], ckpt["history"], ckpt["best"]
         torch.set_rng_state(ckpt["rng"]["torch"])
@@ -116,7 +127,7 @@ def train(cfg: DictConfig) -> Dict[str, Any]:
         # keep_vars: the parameters themselves rather than a detached alias of each (20k tensor
         # objects at 1001 layers); atomic_save writes them detached, so the file is the same.
         return {"model": model.state_dict(keep_vars=True), "optimizer": optimizer.state_dict(), "epoch": epoch,
-                "history": history, "best": best, "num_parameters": num_params,
+                "history": history, "best": best, "num_parameters": num_params, "flat_params": flat is not None,
                 "config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
                 "rng": {"torch": torch.get_rng_state(),
                         "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}}
@@ -146,13 +157,17 @@ def train(cfg: DictConfig) -> Dict[str, Any]:
                     f"loss is {loss.item()} at epoch {epoch}, step {step}: training diverged. "
                     f"Last good checkpoint: {good}. Try a lower optim.lr or trainer.grad_clip.")
             loss.backward()
+            if flat is not None:
+                flat.sync()
             if tc.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
+                torch.nn.utils.clip_grad_norm_(trained, tc.grad_clip)
             optimizer.step()
-            # Gradients are dead once applied: freeing them here rather than before the next
-            # backward keeps them out of the next forward pass, evaluation and checkpointing
-            # (one tensor per parameter: ~20 MB at 1001 layers x 32 channels, 13 MB of it data).
-            optimizer.zero_grad(set_to_none=True)
+            if flat is not None:
+                flat.zero_grad()  # in place: the parameters' .grad are views into it
+            else:
+                # Gradients are dead once applied: freeing them here rather than before the next
+                # backward keeps them out of the next forward pass, evaluation and checkpointing.
+                optimizer.zero_grad(set_to_none=True)
             total_loss += loss.item() * batch.count
             total_nodes += batch.count
         epoch_time = time.perf_counter() - t0

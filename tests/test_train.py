@@ -136,3 +136,22 @@ def test_checkpoint_writer_saves_what_torch_save_of_state_dict_saves(tmp_path):
     views = load_checkpoint(str(tmp_path / "views.pt"))
     assert views["a"].untyped_storage().data_ptr() == views["b"].untyped_storage().data_ptr()
 
+
+
+def test_flat_parameters_train_as_per_tensor_parameters_do(tmp_path):
+    """trainer.flat_params (the default) trains to the same weights and scores as per-tensor
+    parameters (equal up to the rounding order of the clipping norm), and a checkpoint resumes
+    only with the layout its optimiser state was written for."""
+    flat = train(_cfg(tmp_path / "flat", "trainer.epochs=2"))
+    plain = train(_cfg(tmp_path / "plain", "trainer.epochs=2", "trainer.flat_params=false"))
+    a, b = load_checkpoint(str(tmp_path / "flat" / "last.pt")), load_checkpoint(str(tmp_path / "plain" / "last.pt"))
+    assert a["flat_params"] and not b["flat_params"]
+    for key in b["model"]:
+        torch.testing.assert_close(a["model"][key], b["model"][key], rtol=1e-5, atol=1e-6)
+    for k in ("highest_valid", "final_test"):
+        assert flat[k] == pytest.approx(plain[k], abs=1e-4)
+    assert len(a["optimizer"]["state"]) == 1 and len(b["optimizer"]["state"]) > 10
+    with pytest.raises(RuntimeError, match="trainer.flat_params=false"):
+        train(_cfg(tmp_path / "c", "trainer.epochs=3", f"ckpt_path={tmp_path / 'plain' / 'last.pt'}"))
+    with pytest.raises(ValueError, match="not a known element-wise"):
+        train(_cfg(tmp_path / "d", "trainer.epochs=1", "optim._target_=torch.optim.Adafactor"))
