@@ -4,7 +4,8 @@ The paper trains on random 10-part partitions of ogbn-proteins, so one step sees
 sub-graph of about 13.2k nodes and 0.79M directed edges (8-d edge features,
 16-d node input, 112 binary tasks). This script generates a graph of that size,
 runs warm-up + measured steps (forward, BCE loss, backward, grad-norm clip,
-Adam) and prints the median step time and peak memory: RSS on CPU,
+Adam over one flat parameter buffer as revgnn-train does, or per tensor with
+``--per-tensor``) and prints the median step time and peak memory: RSS on CPU,
 ``torch.cuda.max_memory_allocated`` on GPU. ``--num-layers`` runs a shallower
 copy of the model (e.g. on CPU, where 1001 layers take minutes per step); the
 per-layer time is printed so the full depth can be extrapolated, and is marked
@@ -48,6 +49,8 @@ def main() -> None:
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast (GPU recipe)")
     parser.add_argument("--quantize", type=int, default=None,
                         help="GroupAddRev(quantize=q): exact coupling (e.g. 16)")
+    parser.add_argument("--per-tensor", action="store_true",
+                        help="Adam over each parameter tensor (default: one flat buffer, as revgnn-train)")
     args = parser.parse_args()
 
     from revgnn.utils.launch import use_tcmalloc
@@ -57,6 +60,7 @@ def main() -> None:
 
     from revgnn.models import count_parameters, create_model
     from revgnn.utils import peak_rss_bytes
+    from revgnn.utils.flat import FlatParameters
 
     device = torch.device(args.device)
     overrides = {} if args.num_layers is None else {"num_layers": args.num_layers}
@@ -66,19 +70,26 @@ def main() -> None:
     with torch.device("meta"):  # the registered depth, without allocating the full model
         full_depth = getattr(create_model(args.model), "num_layers", None)
     x, edge_index, edge_attr, y = proteins_subgraph(args.nodes, args.edges, device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    flat = None if args.per_tensor else FlatParameters(model)
+    trained = list(model.parameters()) if flat is None else [flat.param]
+    optimizer = torch.optim.Adam(trained, lr=1e-3)
     loss_fn = torch.nn.BCEWithLogitsLoss()
 
     def step() -> float:
         if device.type == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
+        if flat is None:
+            optimizer.zero_grad(set_to_none=True)
+        else:
+            flat.zero_grad()
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
             out = model(x, edge_index, edge_attr)
         loss = loss_fn(out.float(), y)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if flat is not None:
+            flat.sync()
+        torch.nn.utils.clip_grad_norm_(trained, 1.0)
         optimizer.step()
         if device.type == "cuda":
             torch.cuda.synchronize()
@@ -92,7 +103,7 @@ def main() -> None:
     depth = getattr(model, "num_layers", None)
     result = dict(model=args.model, depth=depth, params=count_parameters(model),
                   device=str(device), nodes=args.nodes, edges=args.edges, bf16=args.bf16,
-                  quantize=args.quantize,
+                  quantize=args.quantize, flat_params=flat is not None,
                   step_s=statistics.median(times), warmup_s=warmup,
                   threads=torch.get_num_threads())
     if device.type == "cuda":

@@ -38,11 +38,11 @@ if [ "${REVGNN_NO_SCATTER:-0}" != 1 ] && ! "$VENV/bin/python" -c "import torch_s
     || say "WARNING: torch-scatter did not build; continuing without it (slower max aggregation)"
 fi
 
-# revgnn's own C++ kernels (revgnn/csrc: the fused GENConv max aggregation), compiled for this
+# revgnn's own C++ kernels (revgnn/csrc: the fused GENConv max aggregation and LayerNorm+ReLU), compiled for this
 # CPU into torch's extension cache (~30 s once); without a compiler revgnn falls back to PyTorch.
 say "building revgnn's C++ kernels"
 "$VENV/bin/python" -m revgnn.nn.kernels >/dev/null \
-  || say "WARNING: the C++ kernels did not build; GENConv max will use the slower PyTorch path"
+  || say "WARNING: the C++ kernels did not build; GENConv max and LayerNorm+ReLU will use the slower PyTorch path"
 
 # tcmalloc: keeps peak RSS flat in depth and steps faster (glibc malloc fragments
 # under reversible training); our entry points preload it when present.

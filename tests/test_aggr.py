@@ -14,12 +14,12 @@ from revgnn.nn.aggr import FusedGENMax, _csc, gen_max_aggregate
 from revgnn.utils import SavedTensorBytes
 
 
-def require_kernel() -> None:
+def require_kernel(name: str = "gen_max") -> None:
     """Skips without a C++ compiler or with REVGNN_KERNELS=0; fails if a compiler is there but
-    the kernel did not build."""
+    the kernel ``name`` did not build."""
     if not kernels.enabled():
         pytest.skip("REVGNN_KERNELS=0")
-    if kernels.gen_max() is None:
+    if getattr(kernels, name)() is None:
         if shutil.which(os.environ.get("CXX", "c++")) is None:
             pytest.skip("no C++ compiler on this machine: the kernel cannot be built")
         pytest.fail("the C++ kernel did not build although a compiler is installed (see the warning)")
@@ -27,11 +27,13 @@ def require_kernel() -> None:
 
 @pytest.fixture(params=["kernel", "torch"])
 def impl(request, monkeypatch):
-    """Runs a test once through the C++ kernel and once through the PyTorch path."""
+    """Runs a test once through the C++ kernels and once through the PyTorch path."""
     if request.param == "kernel":
-        require_kernel()
+        for name in kernels.KERNELS:
+            require_kernel(name)
     else:
-        monkeypatch.setattr(kernels, "gen_max", lambda: None)
+        for name in kernels.KERNELS:
+            monkeypatch.setattr(kernels, name, lambda: None)
     return request.param
 
 

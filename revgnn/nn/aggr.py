@@ -45,6 +45,7 @@ from torch import Tensor
 from torch_geometric import EdgeIndex
 
 from revgnn.nn.edge_features import LinearEdgeFeatures
+from revgnn.nn.norm_act import sequential_forward
 
 #: Upper bound on the per-thread gradient buffers of the kernel's backward.
 SCATTER_BUFFER_BYTES = 256 * 2**20
@@ -210,7 +211,7 @@ def gen_conv(conv, x: Tensor, edge_index, edge_attr: Optional[Tensor] = None) ->
     plain = not any(hasattr(conv, name) for name in
                     ("lin_src", "lin_dst", "lin_edge", "lin_aggr_out", "msg_norm"))
     if conv.aggr == "max" and plain and isinstance(edge_index, Tensor) and isinstance(x, Tensor):
-        return conv.mlp(gen_max_aggregate(x, edge_index, edge_attr, conv.eps) + x)
+        return sequential_forward(conv.mlp, gen_max_aggregate(x, edge_index, edge_attr, conv.eps) + x)
     if isinstance(edge_attr, LinearEdgeFeatures):
         edge_attr = edge_attr.materialize()
     return conv(x, edge_index, edge_attr)

@@ -8,11 +8,11 @@ torch's extension cache (``$TORCH_EXTENSIONS_DIR``, default
 and of this CPU's feature flags, so a cache shared between different machines
 never hands one a binary for another's instruction set.
 
-Where a kernel cannot be built, :func:`gen_max` returns :obj:`None` after one
-warning and callers fall back to their PyTorch implementation (same function,
+Where a kernel cannot be built, its accessor (:func:`gen_max`,
+:func:`layer_norm_relu`) returns :obj:`None` after one warning and callers fall back to their PyTorch implementation (same function,
 slower). ``REVGNN_KERNELS=0`` turns the kernels off.
 
-    python -m revgnn.nn.kernels      # build now (verbose) and say where
+    python -m revgnn.nn.kernels      # build them all now (verbose) and say where
 """
 from __future__ import annotations
 
@@ -71,6 +71,14 @@ def gen_max() -> Optional[ModuleType]:
     return _load("gen_max")
 
 
+def layer_norm_relu() -> Optional[ModuleType]:
+    """The fused LayerNorm + ReLU (+ mask) kernel module (``forward``/``backward``), or :obj:`None`."""
+    return _load("layer_norm_relu")
+
+
+KERNELS = ("gen_max", "layer_norm_relu")
+
 if __name__ == "__main__":
-    module = _build("gen_max", verbose=True)
-    print(f"built {module.__name__} from {SOURCE_DIR / 'gen_max.cpp'}: {module.__file__}")
+    for kernel in KERNELS:
+        module = _build(kernel, verbose=True)
+        print(f"built {module.__name__} from {SOURCE_DIR / f'{kernel}.cpp'}: {module.__file__}")

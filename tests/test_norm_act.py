@@ -1,0 +1,141 @@
+"""Fused LayerNorm -> ReLU (-> mask): equal to PyTorch's three ops, forward and backward."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch_geometric.nn import GENConv
+
+from revgnn.nn import kernels
+from revgnn.nn.norm_act import LayerNormReLU, layer_norm_relu, sequential_forward
+from revgnn.utils import SavedTensorBytes
+from test_aggr import require_kernel
+
+
+@pytest.fixture(autouse=True)
+def kernel():
+    require_kernel("layer_norm_relu")
+
+
+def _norm(c, dtype, seed=0):
+    torch.manual_seed(seed)
+    norm = nn.LayerNorm(c).to(dtype)
+    with torch.no_grad():
+        norm.weight.normal_()
+        norm.bias.normal_()
+    return norm
+
+
+def _reference(x, norm, mask):
+    h = F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps).relu()
+    return h * mask if mask is not None else h
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 2e-5)])
+@pytest.mark.parametrize("masked", [True, False])
+@pytest.mark.parametrize("strided", [True, False])
+@pytest.mark.parametrize("c", [40, 13, 80])
+def test_matches_layer_norm_relu_mask(dtype, tol, masked, strided, c):
+    """Values and gradients (input, weight, bias) equal PyTorch's; strided rows (a channel group of
+    a wider tensor, as GroupAddRev passes) and widths that are not a multiple of the vector width."""
+    n = 700
+    norm = _norm(c, dtype)
+    wide = torch.randn(n, 2 * c + 1, dtype=dtype) * 3 + 1
+    x = (wide[:, c:2 * c] if strided else wide[:, :c].contiguous()).requires_grad_()
+    mask = None
+    if masked:
+        m = (torch.rand(n, 2 * c, dtype=dtype) > 0.3).to(dtype) / 0.7
+        mask = m[:, :c] if strided else m[:, :c].contiguous()
+    g = torch.randn(n, c, dtype=dtype)
+    ours = layer_norm_relu(x, norm, mask)
+    ref = _reference(x, norm, mask)
+    assert ours.grad_fn is not None and "LayerNormReLU" in type(ours.grad_fn).__name__
+    torch.testing.assert_close(ours, ref, rtol=tol, atol=tol)
+    a = torch.autograd.grad(ours, [x, norm.weight, norm.bias], g)
+    b = torch.autograd.grad(ref, [x, norm.weight, norm.bias], g)
+    for u, v in zip(a, b):
+        torch.testing.assert_close(u, v, rtol=tol, atol=tol * 10)
+
+
+def test_gradcheck():
+    norm = _norm(11, torch.float64)
+    x = torch.randn(30, 11, dtype=torch.float64, requires_grad=True)
+    mask = (torch.rand(30, 11, dtype=torch.float64) > 0.5).double() * 2
+    assert torch.autograd.gradcheck(
+        lambda x, w, b: LayerNormReLU.apply(x, w, b, 1e-5, mask), (x, norm.weight, norm.bias))
+
+
+def test_thread_count_does_not_change_results():
+    norm = _norm(40, torch.float32)
+    x = torch.randn(5000, 40, requires_grad=True)
+    g = torch.randn(5000, 40)
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for t in (1, 2, 4):
+            torch.set_num_threads(t)
+            out = layer_norm_relu(x, norm)
+            results.append((out, *torch.autograd.grad(out, [x, norm.weight, norm.bias], g)))
+    finally:
+        torch.set_num_threads(threads)
+    for other in results[1:]:
+        for u, v in zip(results[0], other):
+            assert torch.equal(u, v)
+
+
+def test_nan_propagates_like_torch():
+    norm = _norm(8, torch.float64)
+    x = torch.randn(4, 8, dtype=torch.float64)
+    x[1, 3] = float("nan")
+    ours, ref = layer_norm_relu(x, norm), _reference(x, norm, None)
+    assert torch.equal(ours.isnan(), ref.isnan()) and ours[1].isnan().all()
+    torch.testing.assert_close(ours[~ours.isnan()], ref[~ref.isnan()], rtol=1e-12, atol=1e-12)
+
+
+def test_falls_back_where_the_kernel_does_not_apply(monkeypatch):
+    """bf16 input, autocast and no kernel all take the PyTorch ops, with the same function."""
+    norm = _norm(16, torch.float32)
+    x = torch.randn(50, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = layer_norm_relu(x, norm)
+        assert out.grad_fn is None or "LayerNormReLU" not in type(out.grad_fn).__name__
+        torch.testing.assert_close(out, _reference(x, norm, None))
+    xb = x.bfloat16().requires_grad_()
+    normb = _norm(16, torch.bfloat16)
+    assert "LayerNormReLU" not in type(layer_norm_relu(xb, normb).grad_fn).__name__
+    monkeypatch.setattr(kernels, "layer_norm_relu", lambda: None)
+    torch.testing.assert_close(layer_norm_relu(x, norm), _reference(x, norm, None), rtol=0, atol=0)
+
+
+def test_sequential_forward_is_genconv_mlp():
+    """GENConv's MLP (Linear, LayerNorm, ReLU, Dropout(0), Linear) through the fused path equals
+    calling it; a dropout with p > 0 is kept."""
+    torch.manual_seed(0)
+    conv = GENConv(12, 12, num_layers=2, norm="layer").double()
+    x = torch.randn(60, 12, dtype=torch.float64, requires_grad=True)
+    ours, ref = sequential_forward(conv.mlp, x), conv.mlp(x)
+    torch.testing.assert_close(ours, ref, rtol=1e-12, atol=1e-12)
+    ga = torch.autograd.grad(ours.sin().sum(), [x, *conv.mlp.parameters()])
+    gb = torch.autograd.grad(ref.sin().sum(), [x, *conv.mlp.parameters()])
+    for u, v in zip(ga, gb):
+        torch.testing.assert_close(u, v, rtol=1e-11, atol=1e-12)
+    seq = nn.Sequential(nn.LayerNorm(12), nn.ReLU(), nn.Dropout(0.5)).double()
+    torch.manual_seed(1)
+    a = sequential_forward(seq, x)
+    torch.manual_seed(1)
+    torch.testing.assert_close(a, seq(x), rtol=1e-12, atol=1e-12)
+    assert (a == 0).float().mean() > 0.5  # ReLU zeros plus dropped entries
+
+
+def test_saves_less_for_backward_than_three_ops():
+    """Deterministic memory claim: the fused op keeps the row statistics besides its inputs; the
+    three ops also keep the normalised values and the ReLU output ([N, C] each)."""
+    norm = _norm(40, torch.float32)
+    x = torch.randn(2000, 40, requires_grad=True)
+    mask = torch.ones(2000, 40) * 2
+    with SavedTensorBytes() as fused:
+        layer_norm_relu(x, norm, mask)
+    with SavedTensorBytes() as plain:
+        _reference(x, norm, mask)
+    row = 2000 * 4
+    assert fused.bytes == x.numel() * 4 + mask.numel() * 4 + 2 * row
+    assert plain.bytes - fused.bytes >= x.numel() * 4
