@@ -234,7 +234,8 @@ def _check_train_step(graph):
     ref = _rev_model_softmax()
     before = [p.detach().clone() for p in ref.parameters()]
     sar = _rev_model_softmax()
-    sar.load_state_dict(ref.state_dict())
+    ref_state = {k: v.clone() for k, v in ref.state_dict().items()}
+    sar.load_state_dict(ref_state)
     prepare_model(sar)
     opt = torch.optim.SGD(ref.parameters(), lr=0.5)
     loss_ref = torch.nn.functional.binary_cross_entropy_with_logits(
@@ -250,6 +251,20 @@ def _check_train_step(graph):
     for (n, p_ref), p, b in zip(ref.named_parameters(), sar.parameters(),
                                 before):
         errs.append(('train_step', f'update {n}', rel_err(p - b, p_ref - b)))
+    # the same step over flat parameters: one all-reduced flat gradient
+    from revgnn.utils.flat import FlatParameters
+    sar_flat = _rev_model_softmax()
+    sar_flat.load_state_dict(ref_state)
+    prepare_model(sar_flat)
+    flat = FlatParameters(sar_flat)
+    loss = train_step(sar_flat, torch.optim.SGD([flat.param], lr=0.5), job,
+                      flat=flat)
+    errs.append(('train_step flat', 'loss', abs(loss - loss_ref.item()) /
+                 abs(loss_ref.item())))
+    for (n, p_ref), p, b in zip(ref.named_parameters(), sar_flat.parameters(),
+                                before):
+        errs.append(('train_step flat', f'update {n}',
+                     rel_err(p - b, p_ref - b)))
     return errs
 
 

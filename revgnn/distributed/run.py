@@ -39,6 +39,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
+from revgnn.utils.flat import FlatParameters
+
 from .comm import (all_gather_object_checked, all_reduce_gradients,
                    all_reduce_sum, broadcast_parameters, init_distributed)
 from .partition import load_partition
@@ -133,16 +135,28 @@ def _global_count(job: SARJob, split: str) -> float:
 
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-               job: SARJob, clip_norm: Optional[float] = None) -> float:
-    """One full-graph step on every worker; returns the global mean loss."""
+               job: SARJob, clip_norm: Optional[float] = None,
+               flat: Optional[FlatParameters] = None) -> float:
+    """One full-graph step on every worker; returns the global mean loss.
+
+    With ``flat`` (the model's :class:`~revgnn.utils.flat.FlatParameters`,
+    whose ``param`` the optimiser holds) the gradient all-reduce, clipping and
+    update each run on the one flat gradient."""
     model.train()
-    optimizer.zero_grad(set_to_none=True)
+    if flat is not None:
+        flat.zero_grad()
+    else:
+        optimizer.zero_grad(set_to_none=True)
     out = model(job.x, job.graph, job.edge_attr)
     mask = job.masks['train']
     loss = _loss_sum(out[mask], job.y[mask], job.task) / _global_count(
         job, 'train')
     loss.backward()
-    params = [p for p in model.parameters() if p.requires_grad]
+    if flat is not None:
+        flat.sync()
+        params = [flat.param]
+    else:
+        params = [p for p in model.parameters() if p.requires_grad]
     if dist.is_initialized() and dist.get_world_size() > 1:
         all_reduce_gradients(params)
     if clip_norm:
@@ -209,7 +223,8 @@ def _shapes(job: SARJob) -> Dict[str, object]:
 
 def fit(job: SARJob, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
         epochs: int, clip_norm: float, eval_every: int,
-        out_dir: Optional[str] = None) -> Dict[str, object]:
+        out_dir: Optional[str] = None,
+        flat: Optional[FlatParameters] = None) -> Dict[str, object]:
     """The SAR training loop: one full-graph step per epoch on every worker,
     distributed evaluation, selection by the best validation score. Rank 0
     prints progress and, with ``out_dir``, writes ``metrics.csv`` and
@@ -218,7 +233,7 @@ def fit(job: SARJob, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     history, best = [], {'epoch': 0, 'valid': -float('inf')}
     for epoch in range(1, epochs + 1):
         t = time.perf_counter()
-        loss = train_step(model, optimizer, job, clip_norm)
+        loss = train_step(model, optimizer, job, clip_norm, flat)
         row = {'epoch': epoch, 'loss': loss, 'epoch_time_s': time.perf_counter() - t}
         if eval_every and (epoch % eval_every == 0 or epoch == epochs):
             row.update(evaluate(model, job))
@@ -250,7 +265,7 @@ def train_sar(cfg) -> Dict[str, object]:
     """``revgnn-train backend=sar``: the composed Hydra config run on the
     partitioned graph (``backend.partition_dir``), one process per worker
     started by ``torchrun``. ``model``, ``optim``, ``trainer.epochs``,
-    ``trainer.grad_clip``, ``trainer.eval_every`` and ``seed`` apply; the
+    ``trainer.grad_clip``, ``trainer.eval_every``, ``trainer.flat_params`` and ``seed`` apply; the
     ``data`` group does not (the partition files hold the graph)."""
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
@@ -271,10 +286,13 @@ def train_sar(cfg) -> Dict[str, object]:
     torch.manual_seed(cfg.seed)
     model = prepare_model(create_model(name, **_shapes(job), **kwargs))
     torch.manual_seed(cfg.seed + job.rank)  # independent dropout per worker
-    optimizer = instantiate(cfg.optim)(model.parameters())
+    flat = FlatParameters(model) if cfg.trainer.flat_params else None
+    optimizer = instantiate(cfg.optim)([flat.param] if flat is not None else model.parameters())
+    if flat is not None:
+        FlatParameters.check_optimizer(optimizer)
     try:
         return fit(job, model, optimizer, cfg.trainer.epochs, cfg.trainer.grad_clip,
-                   cfg.trainer.eval_every, resolve_output_dir(cfg))
+                   cfg.trainer.eval_every, resolve_output_dir(cfg), flat)
     finally:
         dist.barrier()
         dist.destroy_process_group()
