@@ -137,10 +137,10 @@ class TrainerConfig:
         eval_parts: Parts per inference view (1 = the full graph at once).
         grad_clip: Max global gradient norm; 0 disables clipping.
         flat_params: Keep all parameters in one buffer and their gradients in another
-            (:class:`revgnn.utils.flat.FlatParameters`), so the optimiser updates one tensor: the same
-            update for element-wise optimisers (Adam, SGD, ...; others are refused), with a parameter
-            that got no gradient treated as a zero gradient. At 1001 layers it makes Adam's step 26x
-            faster and its state 35 MB smaller on CPU.
+            (:class:`revgnn.utils.flat.FlatParameters`), so the optimiser updates a few 4 MiB chunks
+            rather than ~10 tensors per layer: the same update for element-wise optimisers (Adam,
+            SGD, ...; others are refused), with a parameter that got no gradient treated as a zero
+            gradient. At 1001 layers x 32 channels Adam's step takes 19 instead of 337 ms on CPU.
 
     ``train_parts``, ``eval_views`` and ``eval_parts`` concern node-level data (one big graph); graph-level
     data sets (``data=mol_like``, ``data=ogbg_molhiv``) are batched by their own ``data.batch_size``.

@@ -81,13 +81,13 @@ def train(cfg: DictConfig) -> Dict[str, Any]:
     model = build_model(cfg.model, ds).to(device)
     num_params = count_parameters(model)
     log.info("model: %s (%s parameters)", cfg.model.name, f"{num_params:,}")
-    # One buffer for all parameters (and one for their gradients): the optimiser then updates one
-    # tensor instead of looping over ~10 per layer (trainer.flat_params).
+    # One buffer for all parameters (and one for their gradients): the optimiser then updates a
+    # few chunks of it instead of looping over ~10 tensors per layer (trainer.flat_params).
     flat = FlatParameters(model) if tc.flat_params else None
-    optimizer = instantiate(cfg.optim)([flat.param] if flat is not None else model.parameters())
+    optimizer = instantiate(cfg.optim)(flat.params if flat is not None else model.parameters())
     if flat is not None:
         FlatParameters.check_optimizer(optimizer)
-    trained = [flat.param] if flat is not None else [p for p in model.parameters() if p.requires_grad]
+    trained = flat.params if flat is not None else [p for p in model.parameters() if p.requires_grad]
 
     start_epoch, history = 0, []
     best = {"epoch": 0, "train": float("nan"), "valid": -math.inf, "test": float("nan")}

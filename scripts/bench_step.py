@@ -71,7 +71,7 @@ def main() -> None:
         full_depth = getattr(create_model(args.model), "num_layers", None)
     x, edge_index, edge_attr, y = proteins_subgraph(args.nodes, args.edges, device)
     flat = None if args.per_tensor else FlatParameters(model)
-    trained = list(model.parameters()) if flat is None else [flat.param]
+    trained = list(model.parameters()) if flat is None else flat.params
     optimizer = torch.optim.Adam(trained, lr=1e-3)
     loss_fn = torch.nn.BCEWithLogitsLoss()
 

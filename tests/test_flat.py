@@ -48,8 +48,8 @@ def test_flat_model_computes_the_same_values_and_gradients():
         assert torch.equal(p.grad, expected), name
     # every parameter and gradient is a view into the two buffers
     for p in model.parameters():
-        assert p.untyped_storage().data_ptr() == flat.param.untyped_storage().data_ptr()
-        assert p.grad.untyped_storage().data_ptr() == flat.param.grad.untyped_storage().data_ptr()
+        assert p.untyped_storage().data_ptr() == flat.params[0].untyped_storage().data_ptr()
+        assert p.grad.untyped_storage().data_ptr() == flat.grad.untyped_storage().data_ptr()
 
 
 @pytest.mark.parametrize("make_opt", [
@@ -62,7 +62,7 @@ def test_flat_updates_are_bitwise_those_of_per_tensor_optimiser(make_opt):
     no gradient is treated as zero gradient, as zero_grad(set_to_none=False) does."""
     ref, model = _model(), _model()
     flat = FlatParameters(model)
-    opt_ref, opt = make_opt(list(ref.parameters())), make_opt([flat.param])
+    opt_ref, opt = make_opt(list(ref.parameters())), make_opt(flat.params)
     for p in ref.parameters():
         p.grad = torch.zeros_like(p)
     for step in range(4):
@@ -87,7 +87,7 @@ def test_clipping_the_flat_gradient_matches_per_tensor_clipping():
     _loss(ref, data).backward()
     _loss(model, data).backward()
     n_ref = torch.nn.utils.clip_grad_norm_(ref.parameters(), 1e-3)
-    n = torch.nn.utils.clip_grad_norm_([flat.param], 1e-3)
+    n = torch.nn.utils.clip_grad_norm_(flat.params, 1e-3)
     torch.testing.assert_close(n, n_ref, rtol=1e-13, atol=0)
     for p, q in zip(model.parameters(), ref.parameters()):
         if q.grad is not None:
@@ -100,16 +100,16 @@ def test_sync_repairs_gradients_that_were_dropped_or_replaced():
     data = _data()
     model.zero_grad()  # sets every .grad to None: the next backward would allocate fresh ones
     _loss(model, data).backward()
-    assert flat.param.grad.abs().sum() == 0  # not seen yet
+    assert flat.grad.abs().sum() == 0  # not seen yet
     flat.sync()
     ref = _model()
     _loss(ref, data).backward()
     for p, q in zip(model.parameters(), ref.parameters()):
         assert torch.equal(p.grad, q.grad if q.grad is not None else torch.zeros_like(q))
-    assert flat.param.grad.abs().sum() > 0
-    torch.optim.Adam([flat.param]).zero_grad(set_to_none=True)
+    assert flat.grad.abs().sum() > 0
+    torch.optim.Adam(flat.params).zero_grad(set_to_none=True)
     flat.sync()
-    assert flat.param.grad is not None and flat.param.grad.abs().sum() > 0
+    assert all(p.grad is not None for p in flat.params) and sum(p.grad.abs().sum() for p in flat.params) > 0
 
 
 def test_sync_refuses_a_model_moved_after_flattening():
@@ -129,8 +129,8 @@ def test_bad_inputs_have_clear_errors():
         FlatParameters(nn.ReLU())
     flat = FlatParameters(_model())
     with pytest.raises(ValueError, match="not a known element-wise"):
-        FlatParameters.check_optimizer(torch.optim.Adafactor([flat.param]))
-    FlatParameters.check_optimizer(torch.optim.Adam([flat.param]))
+        FlatParameters.check_optimizer(torch.optim.Adafactor(flat.params))
+    FlatParameters.check_optimizer(torch.optim.Adam(flat.params))
 
 
 def test_state_dict_of_a_flat_model_loads_into_a_plain_one():
@@ -152,22 +152,47 @@ def test_state_dict_of_a_flat_model_loads_into_a_plain_one():
     flat.sync()
     for p, q in zip(fresh.parameters(), plain.parameters()):
         assert torch.equal(p, q)
-        assert p.untyped_storage().data_ptr() == flat.param.untyped_storage().data_ptr()
+        assert p.untyped_storage().data_ptr() == flat.params[0].untyped_storage().data_ptr()
 
 
 def test_optimiser_state_is_one_tensor_per_kind():
-    """The memory claim, counted: Adam keeps step, exp_avg and exp_avg_sq for the one flat tensor,
-    against three per parameter tensor without flattening."""
+    """The memory claim, counted: Adam keeps step, exp_avg and exp_avg_sq for the one flat tensor
+    (a small model is one chunk), against three per parameter tensor without flattening."""
     model = _model()
     flat = FlatParameters(model)
-    opt = torch.optim.Adam([flat.param])
+    opt = torch.optim.Adam(flat.params)
     _loss(model, _data()).backward()
     flat.sync()
     opt.step()
     state = opt.state_dict()["state"]
-    assert len(state) == 1 and state[0]["exp_avg"].shape == (flat.numel,)
+    assert len(flat.params) == 1 and len(state) == 1 and state[0]["exp_avg"].shape == (flat.numel,)
     ref = _model()
     opt_ref = torch.optim.Adam(ref.parameters())
     _loss(ref, _data()).backward()
     opt_ref.step()
     assert len(opt_ref.state_dict()["state"]) == sum(1 for p in ref.parameters() if p.grad is not None) > 20
+
+
+def test_large_models_are_chunked_for_the_optimiser(monkeypatch):
+    """The optimiser sees chunks of at most CHUNK_BYTES (its temporaries stay that small), which
+    tile the buffer; the update is still bitwise the per-tensor one."""
+    import revgnn.utils.flat as flat_module
+    monkeypatch.setattr(flat_module, "CHUNK_BYTES", 1024)
+    ref, model = _model(), _model()
+    flat = FlatParameters(model)
+    assert len(flat.params) > 5 and all(p.numel() * 8 <= 1024 for p in flat.params)
+    assert sum(p.numel() for p in flat.params) == flat.numel
+    opt_ref, opt = torch.optim.Adam(ref.parameters(), lr=1e-2), torch.optim.Adam(flat.params, lr=1e-2)
+    for p in ref.parameters():
+        p.grad = torch.zeros_like(p)
+    for step in range(3):
+        data = _data(seed=step)
+        _loss(ref, data).backward()
+        opt_ref.step()
+        opt_ref.zero_grad(set_to_none=False)
+        _loss(model, data).backward()
+        flat.sync()
+        opt.step()
+        flat.zero_grad()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert torch.equal(p, q), name

@@ -257,7 +257,7 @@ def _check_train_step(graph):
     sar_flat.load_state_dict(ref_state)
     prepare_model(sar_flat)
     flat = FlatParameters(sar_flat)
-    loss = train_step(sar_flat, torch.optim.SGD([flat.param], lr=0.5), job,
+    loss = train_step(sar_flat, torch.optim.SGD(flat.params, lr=0.5), job,
                       flat=flat)
     errs.append(('train_step flat', 'loss', abs(loss - loss_ref.item()) /
                  abs(loss_ref.item())))

@@ -154,7 +154,7 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     loss.backward()
     if flat is not None:
         flat.sync()
-        params = [flat.param]
+        params = flat.params
     else:
         params = [p for p in model.parameters() if p.requires_grad]
     if dist.is_initialized() and dist.get_world_size() > 1:
@@ -287,7 +287,7 @@ def train_sar(cfg) -> Dict[str, object]:
     model = prepare_model(create_model(name, **_shapes(job), **kwargs))
     torch.manual_seed(cfg.seed + job.rank)  # independent dropout per worker
     flat = FlatParameters(model) if cfg.trainer.flat_params else None
-    optimizer = instantiate(cfg.optim)([flat.param] if flat is not None else model.parameters())
+    optimizer = instantiate(cfg.optim)(flat.params if flat is not None else model.parameters())
     if flat is not None:
         FlatParameters.check_optimizer(optimizer)
     try:

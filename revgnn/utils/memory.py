@@ -60,3 +60,21 @@ def peak_rss_bytes() -> int:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024
 
+
+def release_free_memory() -> None:
+    """Returns the heap memory the process has freed to the operating system.
+
+    Called after a burst of frees that later allocations will not reuse (e.g. the storage of
+    every parameter after :class:`~revgnn.utils.flat.FlatParameters` moved them into one
+    buffer): tcmalloc's ``MallocExtension_ReleaseFreeMemory`` when it is the allocator (it keeps
+    freed pages otherwise), else glibc's ``malloc_trim(0)``; nothing where neither exists.
+    """
+    import ctypes
+    try:
+        lib = ctypes.CDLL(None)
+    except OSError:
+        return
+    if hasattr(lib, "MallocExtension_ReleaseFreeMemory"):
+        lib.MallocExtension_ReleaseFreeMemory()
+    elif hasattr(lib, "malloc_trim"):
+        lib.malloc_trim(0)
