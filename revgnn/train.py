@@ -99,10 +99,15 @@ def train(cfg: DictConfig) -> Dict[str, Any]:
         except RuntimeError as e:
             raise RuntimeError(f"checkpoint {cfg.ckpt_path} does not fit model {cfg.model.name!r} as "
                                f"configured (was it trained with other model settings?): {e}") from e
-        if bool(ckpt.get("flat_params", False)) != (flat is not None):
+        saved_layout = ckpt.get("flat_params")  # FlatParameters.layout, or None for per-tensor state
+        if bool(saved_layout) != (flat is not None):
             raise RuntimeError(f"checkpoint {cfg.ckpt_path} holds optimiser state for "
-                               f"{'flat' if ckpt.get('flat_params') else 'per-tensor'} parameters; resume "
-                               f"with trainer.flat_params={str(bool(ckpt.get('flat_params'))).lower()}")
+                               f"{'flat' if saved_layout else 'per-tensor'} parameters; resume "
+                               f"with trainer.flat_params={str(bool(saved_layout)).lower()}")
+        if flat is not None and saved_layout != flat.layout:
+            raise RuntimeError(f"checkpoint {cfg.ckpt_path} holds flat optimiser state for another "
+                               f"parameter layout (parameters, their order or the chunking differ); "
+                               f"its moments cannot be matched to this model's parameters")
         optimizer.load_state_dict(ckpt["optimizer"])
         start_epoch, history, best = ckpt["epoch"], ckpt["history"], ckpt["best"]
         torch.set_rng_state(ckpt["rng"]["torch"])
@@ -127,7 +132,8 @@ def train(cfg: DictConfig) -> Dict[str, Any]:
         # keep_vars: the parameters themselves rather than a detached alias of each (20k tensor
         # objects at 1001 layers); atomic_save writes them detached, so the file is the same.
         return {"model": model.state_dict(keep_vars=True), "optimizer": optimizer.state_dict(), "epoch": epoch,
-                "history": history, "best": best, "num_parameters": num_params, "flat_params": flat is not None,
+                "history": history, "best": best, "num_parameters": num_params,
+                "flat_params": flat.layout if flat is not None else None,
                 "config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
                 "rng": {"torch": torch.get_rng_state(),
                         "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}}

@@ -107,9 +107,12 @@ def test_sync_repairs_gradients_that_were_dropped_or_replaced():
     for p, q in zip(model.parameters(), ref.parameters()):
         assert torch.equal(p.grad, q.grad if q.grad is not None else torch.zeros_like(q))
     assert flat.grad.abs().sum() > 0
+    # optimizer.zero_grad() drops the chunks' gradients but not the parameters' views, so the next
+    # backward adds to the previous step's gradient: sync refuses rather than apply the sum
     torch.optim.Adam(flat.params).zero_grad(set_to_none=True)
-    flat.sync()
-    assert all(p.grad is not None for p in flat.params) and sum(p.grad.abs().sum() for p in flat.params) > 0
+    _loss(model, data).backward()
+    with pytest.raises(RuntimeError, match="flat gradient was dropped"):
+        flat.sync()
 
 
 def test_sync_refuses_a_model_moved_after_flattening():
@@ -118,6 +121,39 @@ def test_sync_refuses_a_model_moved_after_flattening():
     model.float()
     with pytest.raises(RuntimeError, match="no longer lives in the flat buffer"):
         flat.sync()
+
+
+@pytest.mark.parametrize("change", ["assign", "freeze", "unfreeze"])
+def test_sync_refuses_parameters_replaced_or_refrozen(change):
+    """New Parameter objects (load_state_dict(assign=True)) or a changed requires_grad would leave
+    the optimiser updating a buffer the model no longer reads (or not updating a parameter)."""
+    model = _model()
+    if change == "unfreeze":
+        model.head.lin.bias.requires_grad_(False)
+    flat = FlatParameters(model)
+    if change == "assign":
+        model.load_state_dict(_model().state_dict(), assign=True)
+    elif change == "freeze":
+        model.head.lin.weight.requires_grad_(False)
+    else:
+        model.head.lin.bias.requires_grad_(True)
+    with pytest.raises(RuntimeError, match="trainable parameters changed"):
+        flat.sync()
+
+
+def test_saved_tensor_count_ignores_flattened_parameters():
+    """SavedTensorBytes leaves parameters out; views of the flat buffer saved by ops (weight.t())
+    are parameters too, so flattening does not change the count."""
+    from revgnn.utils import SavedTensorBytes
+    counts = []
+    for flatten in (False, True):
+        model = _model()
+        if flatten:
+            FlatParameters(model)
+        with SavedTensorBytes() as saved:
+            _loss(model, _data())
+        counts.append(saved.bytes)
+    assert counts[0] == counts[1] > 0
 
 
 def test_bad_inputs_have_clear_errors():

@@ -83,12 +83,48 @@ def test_thread_count_does_not_change_results():
 
 
 def test_nan_propagates_like_torch():
+    """A NaN input row, and a NaN bias entry (NaN pre-activation in every row), give NaN where
+    torch does, forward and backward (ReLU's backward passes NaN pre-activations' gradient)."""
     norm = _norm(8, torch.float64)
     x = torch.randn(4, 8, dtype=torch.float64)
     x[1, 3] = float("nan")
     ours, ref = layer_norm_relu(x, norm), _reference(x, norm, None)
     assert torch.equal(ours.isnan(), ref.isnan()) and ours[1].isnan().all()
     torch.testing.assert_close(ours[~ours.isnan()], ref[~ref.isnan()], rtol=1e-12, atol=1e-12)
+    with torch.no_grad():
+        norm.bias[2] = float("nan")
+    x = torch.randn(6, 8, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(6, 8, dtype=torch.float64)
+    a = torch.autograd.grad(layer_norm_relu(x, norm), [x, norm.weight, norm.bias], g)
+    b = torch.autograd.grad(_reference(x, norm, None), [x, norm.weight, norm.bias], g)
+    for u, v in zip(a, b):
+        torch.testing.assert_close(u, v, rtol=1e-12, atol=1e-12, equal_nan=True)
+    assert not a[2][2].isnan() and a[2][2] != 0
+
+
+def test_mask_with_grad_double_backward_subclass_and_hooks_are_not_silently_wrong():
+    """What the kernel does not do falls back to PyTorch's ops (a mask that needs a gradient, a
+    LayerNorm subclass, forward hooks); a double backward through the kernel raises."""
+    norm = _norm(8, torch.float64)
+    x = torch.randn(20, 8, dtype=torch.float64, requires_grad=True)
+    mask = torch.rand(20, 8, dtype=torch.float64, requires_grad=True)
+    (gm,) = torch.autograd.grad(layer_norm_relu(x, norm, mask).sum(), [mask])
+    (gm_ref,) = torch.autograd.grad(_reference(x, norm, mask).sum(), [mask])
+    torch.testing.assert_close(gm, gm_ref, rtol=1e-12, atol=1e-12)
+    (gx,) = torch.autograd.grad(layer_norm_relu(x, norm).pow(2).sum(), [x], create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable|twice"):
+        gx.sum().backward()
+
+    class Shifted(nn.LayerNorm):
+        def forward(self, h):
+            return super().forward(h) + 1.0
+    seq = nn.Sequential(Shifted(8), nn.ReLU()).double()
+    torch.testing.assert_close(sequential_forward(seq, x), seq(x), rtol=0, atol=0)
+    seq = nn.Sequential(nn.LayerNorm(8), nn.ReLU()).double()
+    calls = []
+    seq[0].register_forward_hook(lambda *args: calls.append(1))
+    torch.testing.assert_close(sequential_forward(seq, x), seq(x), rtol=1e-12, atol=1e-12)
+    assert len(calls) == 2
 
 
 def test_falls_back_where_the_kernel_does_not_apply(monkeypatch):

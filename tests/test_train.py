@@ -153,5 +153,13 @@ def test_flat_parameters_train_as_per_tensor_parameters_do(tmp_path):
     assert len(a["optimizer"]["state"]) == 1 and len(b["optimizer"]["state"]) > 10
     with pytest.raises(RuntimeError, match="trainer.flat_params=false"):
         train(_cfg(tmp_path / "c", "trainer.epochs=3", f"ckpt_path={tmp_path / 'plain' / 'last.pt'}"))
+    import revgnn.utils.flat as flat_module  # another chunking: the saved moments cannot be matched
+    chunk = flat_module.CHUNK_BYTES
+    try:
+        flat_module.CHUNK_BYTES = 256
+        with pytest.raises(RuntimeError, match="another parameter layout"):
+            train(_cfg(tmp_path / "e", "trainer.epochs=3", f"ckpt_path={tmp_path / 'flat' / 'last.pt'}"))
+    finally:
+        flat_module.CHUNK_BYTES = chunk
     with pytest.raises(ValueError, match="not a known element-wise"):
         train(_cfg(tmp_path / "d", "trainer.epochs=1", "optim._target_=torch.optim.Adafactor"))

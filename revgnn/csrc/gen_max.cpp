@@ -29,8 +29,8 @@
 namespace {
 
 constexpr int64_t kLanes = 8;  // channels per register block: one AVX register of float
-constexpr int64_t kChunk = 6;
-constexpr int64_t kAhead = 8;  // forward prefetches the source row this many edges ahead  // register blocks processed together (6 x 8 = 48 channels)
+constexpr int64_t kChunk = 6;  // register blocks processed together (6 x 8 = 48 channels)
+constexpr int64_t kAhead = 8;  // forward prefetches the source row this many edges ahead
 
 enum Mode { kNone = 0, kDense = 1, kFactored = 2 };
 

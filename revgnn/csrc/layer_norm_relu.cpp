@@ -8,7 +8,7 @@
 // over the [N, C] tensor, with per-row overhead that dominates at GNN widths (C = 40..256).
 // Saved for backward: mu and rstd ([N]); y and the ReLU mask are recomputed from x.
 //
-// Backward per row, with g_ic = dL/dh_ic * m_ic * [y_ic > 0] and xhat = (x - mu) * rstd:
+// Backward per row, with g_ic = dL/dh_ic * m_ic * [not y_ic <= 0] and xhat = (x - mu) * rstd:
 //   dx_ic = rstd_i * (g_ic w_c - mean_c(g w) - xhat_ic * mean_c(g w xhat))
 //   dw_c = sum_i g_ic xhat_ic,   db_c = sum_i g_ic
 // dw and db are summed per fixed block of ROWS rows and the blocks then in order, so results do
@@ -113,7 +113,7 @@ void backward_rows(const T* go, const T* x, int64_t ldx, const T* w, const T* b,
           const vec y = xhat * wc + V<T>::load(b + c);
           vec gc = V<T>::load(goi + c);
           if constexpr (HasMask) gc *= V<T>::load(mi + c);
-          gc = y > 0 ? gc : vec{};
+          gc = y <= 0 ? vec{} : gc;  // NaN passes, as torch's ReLU backward
           V<T>::store(g.data() + c, gc);
           V<T>::store(xh.data() + c, xhat);
           const vec dxh = gc * wc;
@@ -126,7 +126,7 @@ void backward_rows(const T* go, const T* x, int64_t ldx, const T* w, const T* b,
           const T y = xhat * w[c] + b[c];
           T gc = goi[c];
           if constexpr (HasMask) gc *= mi[c];
-          gc = y > 0 ? gc : static_cast<T>(0);
+          gc = y <= 0 ? static_cast<T>(0) : gc;
           g[c] = gc;
           xh[c] = xhat;
           s1 += gc * w[c];
@@ -146,6 +146,8 @@ void backward_rows(const T* go, const T* x, int64_t ldx, const T* w, const T* b,
 
 void check(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
            const c10::optional<torch::Tensor>& mask) {
+  TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu() && b.device().is_cpu() && (!mask || mask->device().is_cpu()),
+              "layer_norm_relu: CPU tensors only");
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "layer_norm_relu: x must be [N, C] with contiguous rows");
   TORCH_CHECK(w.is_contiguous() && b.is_contiguous() && w.numel() == x.size(1) && b.numel() == x.size(1),
               "layer_norm_relu: weight and bias must be contiguous [C]");

@@ -140,8 +140,8 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     """One full-graph step on every worker; returns the global mean loss.
 
     With ``flat`` (the model's :class:`~revgnn.utils.flat.FlatParameters`,
-    whose ``param`` the optimiser holds) the gradient all-reduce, clipping and
-    update each run on the one flat gradient."""
+    whose ``params`` the optimiser holds) the gradient is all-reduced as one
+    buffer, and clipping and the update run on its few chunks."""
     model.train()
     if flat is not None:
         flat.zero_grad()
@@ -152,13 +152,16 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     loss = _loss_sum(out[mask], job.y[mask], job.task) / _global_count(
         job, 'train')
     loss.backward()
+    multi = dist.is_initialized() and dist.get_world_size() > 1
     if flat is not None:
         flat.sync()
         params = flat.params
+        if multi:  # the flat gradient is already one buffer
+            all_reduce_sum(flat.grad, 'all_reduce_gradients')
     else:
         params = [p for p in model.parameters() if p.requires_grad]
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        all_reduce_gradients(params)
+        if multi:
+            all_reduce_gradients(params)
     if clip_norm:
         torch.nn.utils.clip_grad_norm_(params, clip_norm)
     optimizer.step()

@@ -41,6 +41,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from torch_geometric import EdgeIndex
 
@@ -108,6 +109,7 @@ class FusedGENMax(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable  # a double backward through it raises rather than silently giving 0
     def backward(ctx, grad_out: Tensor):  # type: ignore[override]
         x, attr, wt, bias, ptr, src, arg, tied = ctx.saved_tensors
         need_x, need_attr, need_w, need_b = ctx.needs_input_grad[:4]

@@ -22,6 +22,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 
 def _kernel():
@@ -40,6 +41,7 @@ class LayerNormReLU(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable  # a double backward through it raises rather than silently giving 0
     def backward(ctx, grad_out: Tensor):  # type: ignore[override]
         x, weight, bias, mean, rstd, mask = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
@@ -66,8 +68,10 @@ def layer_norm_relu(x: Tensor, norm: nn.LayerNorm, mask: Optional[Tensor] = None
     w, b = norm.weight, norm.bias
     fused = (x.dim() == 2 and w is not None and b is not None and tuple(norm.normalized_shape) == (x.size(1),)
              and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
-             and w.dtype == x.dtype and b.dtype == x.dtype and not torch.is_autocast_enabled("cpu")
-             and (mask is None or (mask.shape == x.shape and mask.dtype == x.dtype))
+             and all(t.dtype == x.dtype and t.device == x.device and t.is_contiguous() for t in (w, b))
+             and not torch.is_autocast_enabled("cpu")
+             and (mask is None or (mask.shape == x.shape and mask.dtype == x.dtype
+                                   and mask.device == x.device and not mask.requires_grad))
              and _kernel() is not None)
     if fused:
         return LayerNormReLU.apply(_rows(x), w, b, norm.eps,
@@ -79,16 +83,28 @@ def layer_norm_relu(x: Tensor, norm: nn.LayerNorm, mask: Optional[Tensor] = None
 def sequential_forward(seq: nn.Sequential, x: Tensor) -> Tensor:
     """``seq(x)`` with each :class:`~torch.nn.LayerNorm` that a :class:`~torch.nn.ReLU` follows run
     as :func:`layer_norm_relu`, and dropouts of ``p = 0`` (identities) skipped; used for
-    GENConv's MLP (``Linear -> LayerNorm -> ReLU -> Dropout -> Linear``)."""
+    GENConv's MLP (``Linear -> LayerNorm -> ReLU -> Dropout -> Linear``). Only exact
+    ``LayerNorm``/``ReLU``/``Dropout`` modules without forward hooks are replaced."""
+    if not plain_module(seq):
+        return seq(x)
     mods = list(seq)
     i = 0
     while i < len(mods):
         mod = mods[i]
-        if isinstance(mod, nn.LayerNorm) and i + 1 < len(mods) and type(mods[i + 1]) is nn.ReLU:
+        if (type(mod) is nn.LayerNorm and i + 1 < len(mods) and type(mods[i + 1]) is nn.ReLU
+                and plain_module(mod) and plain_module(mods[i + 1])):
             x = layer_norm_relu(x, mod)
             i += 2
             continue
-        if not (isinstance(mod, nn.Dropout) and mod.p == 0.0):
+        if not (type(mod) is nn.Dropout and mod.p == 0.0 and plain_module(mod)):
             x = mod(x)
         i += 1
     return x
+
+
+def plain_module(module: nn.Module) -> bool:
+    """No forward hooks on ``module`` or globally: calling its functional form instead of the
+    module skips nothing the user registered."""
+    from torch.nn.modules import module as nn_module
+    return not (module._forward_hooks or module._forward_pre_hooks
+                or nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks)

@@ -22,12 +22,13 @@ refuses optimisers outside :data:`ELEMENTWISE`.
 """
 from __future__ import annotations
 
+import hashlib
 from typing import List, Tuple
 
 import torch
 from torch import Tensor, nn
 
-from revgnn.utils.memory import release_free_memory
+from revgnn.utils.memory import mark_parameter_storage, release_free_memory
 
 #: torch.optim classes whose update of each element depends only on that element's history.
 ELEMENTWISE = ("SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad",
@@ -48,8 +49,8 @@ class FlatParameters:
     and are still leaf :class:`~torch.nn.Parameter` objects), but each parameter's storage is a
     slice of one buffer and each ``.grad`` a slice of a second (:attr:`grad`). Give the optimiser
     :attr:`params` (the buffer in chunks of at most :data:`CHUNK_BYTES`); call :meth:`zero_grad`
-    (not ``optimizer.zero_grad``, which would drop the gradient views) after each step and
-    :meth:`sync` before it. On CPU the memory the parameters' old storage occupied is returned to
+    (not ``optimizer.zero_grad``, which drops the gradient buffer; :meth:`sync` then raises) after
+    each step and :meth:`sync` before it. On CPU the memory the parameters' old storage occupied is returned to
     the operating system (:func:`~revgnn.utils.memory.release_free_memory`).
 
     Build the module on its device and dtype first: a later ``module.to(...)`` replaces the
@@ -98,6 +99,9 @@ class FlatParameters:
                 p.grad = gview
                 self._entries.append((name, p, gview, p.data_ptr()))
         self._data, self._grad = data, grad
+        self._module = module
+        self._ids = [id(p) for _, p in named]
+        mark_parameter_storage(named[0][1])  # saved-tensor counters treat the buffer as parameters
         chunk = max(align, CHUNK_BYTES // first.element_size() // align * align)
         #: What to give the optimiser: the buffer as consecutive chunk parameters (views), each
         #: with its slice of the flat gradient as ``.grad``.
@@ -107,6 +111,10 @@ class FlatParameters:
             piece.grad = grad[start:start + chunk]
             self.params.append(piece)
         self._chunk_grads = [piece.grad for piece in self.params]
+        #: Identifies the layout (names, shapes, dtype, chunking): optimiser state saved for one
+        #: layout means nothing for another.
+        self.layout = hashlib.sha1(repr((str(first.dtype), chunk, align,
+                                         [(n, tuple(p.shape)) for n, p in named])).encode()).hexdigest()[:16]
         if first.device.type == "cpu":  # the parameters' old storage: back to the OS
             release_free_memory()
 
@@ -133,11 +141,24 @@ class FlatParameters:
     def sync(self) -> None:
         """Checks that every parameter still lives in the buffer, and brings gradients back into it.
 
-        A gradient that was set to ``None`` (``model.zero_grad()``) counts as zero; one that was
-        replaced by another tensor is copied in. Raises if a parameter's storage was replaced
-        (``module.to(...)``, ``load_state_dict(assign=True)``, ``p.data = ...``): the optimiser
-        would then update values the model no longer reads.
+        A parameter's gradient that was set to ``None`` (``model.zero_grad()``) counts as zero;
+        one that was replaced by another tensor is copied in. Raises where the update would be
+        silently wrong:
+
+        * a parameter was replaced, moved or cast after flattening (``module.to(...)``,
+          ``load_state_dict(assign=True)``, ``p.data = ...``) or one was frozen or unfrozen: the
+          optimiser would update values the model no longer reads;
+        * ``optimizer.zero_grad()`` dropped the flat gradient: the parameters' gradient views then
+          still hold the previous step's values, which the last backward added to.
         """
+        if [id(p) for p in self._module.parameters() if p.requires_grad] != self._ids:
+            raise RuntimeError("the module's trainable parameters changed after FlatParameters (a "
+                               "parameter replaced, added, frozen or unfrozen); flatten the final model")
+        for piece, g in zip(self.params, self._chunk_grads):
+            if piece.grad is not g:
+                raise RuntimeError("the flat gradient was dropped (optimizer.zero_grad()?): gradients "
+                                   "accumulated onto the previous step's; zero them with "
+                                   "FlatParameters.zero_grad() instead")
         for name, p, gview, ptr in self._entries:
             if p.data_ptr() != ptr:
                 raise RuntimeError(f"parameter {name!r} no longer lives in the flat buffer (was the model "
@@ -150,9 +171,6 @@ class FlatParameters:
                 else:
                     gview.copy_(g)
                 p.grad = gview
-        for piece, g in zip(self.params, self._chunk_grads):
-            if piece.grad is not g:  # e.g. optimizer.zero_grad(set_to_none=True)
-                piece.grad = g
 
     def zero_grad(self) -> None:
         """Zeros the flat gradient in place (never sets it to ``None``: the views must stay)."""

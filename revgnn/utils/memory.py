@@ -1,8 +1,10 @@
-"""Memory measures: bytes saved for backward (deterministic) and peak RSS."""
+"""Memory measures (bytes saved for backward, deterministic; peak RSS) and helpers around them:
+marking parameter storage, returning freed heap memory to the OS."""
 from __future__ import annotations
 
 import resource
 import sys
+import weakref
 from typing import Dict
 
 import torch
@@ -14,7 +16,7 @@ class SavedTensorBytes:
 
     Uses :func:`torch.autograd.graph.saved_tensors_hooks`. Each storage is
     counted once (a tensor saved by many ops, such as an edge embedding shared
-    by all layers, occupies memory once), and parameters are left out (they
+    by all layers, occupies memory once), and parameters and views of them are left out (they
     exist whether or not a graph is built). The count is deterministic, so it
     is a good memory measure for tests; peak RSS is what users feel.
 
@@ -29,10 +31,12 @@ class SavedTensorBytes:
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
 
     def _pack(self, t: Tensor) -> Tensor:
-        if isinstance(t, torch.nn.Parameter):
-            return t
+        if isinstance(t, torch.nn.Parameter) or isinstance(t._base, torch.nn.Parameter):
+            return t  # a parameter, or a view of one (weight.t() saved by linear)
         try:
             storage = t.untyped_storage()
+            if storage.data_ptr() in _PARAMETER_STORAGES:  # a view of flattened parameters
+                return t
             self._storages[storage.data_ptr()] = storage.nbytes()
         except RuntimeError:  # wrapper subclasses (e.g. PyG's EdgeIndex) own no storage
             data = t.as_subclass(torch.Tensor) if type(t) is not torch.Tensor else t
@@ -61,6 +65,18 @@ def peak_rss_bytes() -> int:
     return peak if sys.platform == "darwin" else peak * 1024
 
 
+#: Storages that hold parameters (``FlatParameters`` buffers) by data pointer, each with a
+#: parameter that lives in it (weakly held: the entry goes with the parameter).
+_PARAMETER_STORAGES: "weakref.WeakValueDictionary[int, Tensor]" = weakref.WeakValueDictionary()
+
+
+def mark_parameter_storage(param: Tensor) -> None:
+    """Declares the storage of ``param`` (a parameter viewing a shared buffer) a parameter storage:
+    :class:`SavedTensorBytes` leaves out tensors saved from it (e.g. ``weight.t()`` of a flattened
+    parameter), as it leaves out parameters. The mark lasts as long as ``param``."""
+    _PARAMETER_STORAGES[param.untyped_storage().data_ptr()] = param
+
+
 def release_free_memory() -> None:
     """Returns the heap memory the process has freed to the operating system.
 
@@ -72,9 +88,13 @@ def release_free_memory() -> None:
     import ctypes
     try:
         lib = ctypes.CDLL(None)
-    except OSError:
+    except (OSError, TypeError):  # no process handle (e.g. Windows)
         return
     if hasattr(lib, "MallocExtension_ReleaseFreeMemory"):
-        lib.MallocExtension_ReleaseFreeMemory()
+        fn = lib.MallocExtension_ReleaseFreeMemory
+        fn.argtypes, fn.restype = [], None
+        fn()
     elif hasattr(lib, "malloc_trim"):
-        lib.malloc_trim(0)
+        fn = lib.malloc_trim
+        fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
+        fn(0)
