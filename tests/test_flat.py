@@ -163,6 +163,10 @@ def test_bad_inputs_have_clear_errors():
         FlatParameters(model)
     with pytest.raises(ValueError, match="no trainable parameters"):
         FlatParameters(nn.ReLU())
+    flattened = _model()
+    FlatParameters(flattened)
+    with pytest.raises(ValueError, match="share storage"):
+        FlatParameters(flattened)
     flat = FlatParameters(_model())
     with pytest.raises(ValueError, match="not a known element-wise"):
         FlatParameters.check_optimizer(torch.optim.Adafactor(flat.params))

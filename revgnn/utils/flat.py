@@ -75,6 +75,13 @@ class FlatParameters:
             raise ValueError(f"FlatParameters needs one dtype and device for all trainable parameters; "
                              f"{type(module).__name__} has {kinds}. Cast or move the model as a whole "
                              f"first, or train without flattening (trainer.flat_params=false).")
+        owner: dict = {}
+        for name, p in named:
+            other = owner.setdefault(p.untyped_storage().data_ptr(), name)
+            if other != name and p.numel() > 0:
+                raise ValueError(f"parameters {other!r} and {name!r} share storage (tied through views, "
+                                 f"or the module is already flattened); copying them into one buffer "
+                                 f"would untie them")
         first = named[0][1]
         # Each slice starts on a 64-byte boundary, as PyTorch's allocators align every tensor:
         # BLAS kernels pick their code path by alignment, so unaligned views would round
