@@ -5,11 +5,12 @@ from revgnn.nn.dropout import SharedDropout
 from revgnn.nn.edge_features import LinearEdgeFeatures
 from revgnn.nn.group_rev import GroupAddRev
 from revgnn.nn.invertible import InvertibleFunction, PerGroup, Shared
+from revgnn.nn.norm_act import layer_norm_relu
 from revgnn.nn.tied import BlockSequence, WeightTied
 from revgnn.deq import DEQ
 
 __all__ = [
     "GroupAddRev", "Shared", "PerGroup", "LinearEdgeFeatures", "InvertibleFunction", "SharedDropout", "WeightTied", "BlockSequence",
     "PreActBlock", "GENBlock", "GATBlock", "GCNBlock", "SAGEBlock", "GINBlock", "Residual",
-    "BLOCKS", "make_block", "DEQ",
+    "BLOCKS", "make_block", "DEQ", "layer_norm_relu",
 ]

@@ -1,15 +1,17 @@
-"""Measurement and launch helpers.
+"""Measurement, memory and launch helpers.
 
 ``revgnn.utils.launch`` imports nothing heavy (entry points call it before torch is
-loaded); the memory helpers are imported on first use.
+loaded); the memory helpers and ``FlatParameters`` are imported on first use.
 """
 import importlib
 from typing import Any
 
-__all__ = ["SavedTensorBytes", "peak_rss_bytes"]
+_HOME = {"SavedTensorBytes": "memory", "peak_rss_bytes": "memory", "release_free_memory": "memory",
+         "FlatParameters": "flat"}
+__all__ = list(_HOME)
 
 
 def __getattr__(name: str) -> Any:
-    if name in __all__:
-        return getattr(importlib.import_module("revgnn.utils.memory"), name)
+    if name in _HOME:
+        return getattr(importlib.import_module(f"revgnn.utils.{_HOME[name]}"), name)
     raise AttributeError(f"module 'revgnn.utils' has no attribute {name!r}")
