@@ -132,12 +132,23 @@ void backward_rows(const T* go, const T* x, int64_t ldx, const T* w, const T* b,
           s1 += gc * w[c];
           s2 += gc * w[c] * xhat;
         }
-        if (gw) for (int64_t c = 0; c < C; ++c) gw[c] += g[c] * xh[c];
-        if (gb) for (int64_t c = 0; c < C; ++c) gb[c] += g[c];
+        const T* gp = g.data();
+        const T* xp = xh.data();
+        if (gw) {
+          for (int64_t c = 0; c < CV; c += L)
+            V<T>::store(gw + c, V<T>::load(gw + c) + V<T>::load(gp + c) * V<T>::load(xp + c));
+          for (int64_t c = CV; c < C; ++c) gw[c] += gp[c] * xp[c];
+        }
+        if (gb) {
+          for (int64_t c = 0; c < CV; c += L) V<T>::store(gb + c, V<T>::load(gb + c) + V<T>::load(gp + c));
+          for (int64_t c = CV; c < C; ++c) gb[c] += gp[c];
+        }
         if (gx) {
           const T a1 = s1 / static_cast<T>(C), a2 = s2 / static_cast<T>(C);
           T* gxi = gx + i * C;
-          for (int64_t c = 0; c < C; ++c) gxi[c] = r * (g[c] * w[c] - a1 - xh[c] * a2);
+          for (int64_t c = 0; c < CV; c += L)
+            V<T>::store(gxi + c, (V<T>::load(gp + c) * V<T>::load(w + c) - a1 - V<T>::load(xp + c) * a2) * r);
+          for (int64_t c = CV; c < C; ++c) gxi[c] = r * (gp[c] * w[c] - a1 - xp[c] * a2);
         }
       }
     }
