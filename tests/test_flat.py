@@ -52,20 +52,15 @@ def test_flat_model_computes_the_same_values_and_gradients():
         assert p.grad.untyped_storage().data_ptr() == flat.grad.untyped_storage().data_ptr()
 
 
-@pytest.mark.parametrize("make_opt", [
-    lambda ps: torch.optim.Adam(ps, lr=1e-2),
-    lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1),
-    lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9, weight_decay=1e-3),
-], ids=["adam", "adamw", "sgd-momentum"])
-def test_flat_updates_are_bitwise_those_of_per_tensor_optimiser(make_opt):
-    """Element-wise rules give bitwise the same parameters after several steps; a parameter with
-    no gradient is treated as zero gradient, as zero_grad(set_to_none=False) does."""
+def _assert_flat_steps_equal_per_tensor(make_opt, steps):
+    """Trains a model per tensor (zero_grad(set_to_none=False)) and a copy over FlatParameters on
+    the same data; asserts bitwise equal parameters; returns the flat model and its optimiser."""
     ref, model = _model(), _model()
     flat = FlatParameters(model)
     opt_ref, opt = make_opt(list(ref.parameters())), make_opt(flat.params)
     for p in ref.parameters():
         p.grad = torch.zeros_like(p)
-    for step in range(4):
+    for step in range(steps):
         data = _data(seed=step)
         _loss(ref, data).backward()
         opt_ref.step()
@@ -76,6 +71,18 @@ def test_flat_updates_are_bitwise_those_of_per_tensor_optimiser(make_opt):
         flat.zero_grad()
     for (name, p), q in zip(model.named_parameters(), ref.parameters()):
         assert torch.equal(p, q), name
+    return model, opt
+
+
+@pytest.mark.parametrize("make_opt", [
+    lambda ps: torch.optim.Adam(ps, lr=1e-2),
+    lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1),
+    lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9, weight_decay=1e-3),
+], ids=["adam", "adamw", "sgd-momentum"])
+def test_flat_updates_are_bitwise_those_of_per_tensor_optimiser(make_opt):
+    """Element-wise rules give bitwise the same parameters after several steps; a parameter with
+    no gradient is treated as zero gradient, as zero_grad(set_to_none=False) does."""
+    model, opt = _assert_flat_steps_equal_per_tensor(make_opt, steps=4)
     if opt.param_groups[0]["weight_decay"] > 0:  # decay moved the parameter that had no gradient
         assert not torch.equal(model.unused, _model().unused)
 
@@ -218,21 +225,7 @@ def test_large_models_are_chunked_for_the_optimiser(monkeypatch):
     tile the buffer; the update is still bitwise the per-tensor one."""
     import revgnn.utils.flat as flat_module
     monkeypatch.setattr(flat_module, "CHUNK_BYTES", 1024)
-    ref, model = _model(), _model()
-    flat = FlatParameters(model)
-    assert len(flat.params) > 5 and all(p.numel() * 8 <= 1024 for p in flat.params)
-    assert sum(p.numel() for p in flat.params) == flat.numel
-    opt_ref, opt = torch.optim.Adam(ref.parameters(), lr=1e-2), torch.optim.Adam(flat.params, lr=1e-2)
-    for p in ref.parameters():
-        p.grad = torch.zeros_like(p)
-    for step in range(3):
-        data = _data(seed=step)
-        _loss(ref, data).backward()
-        opt_ref.step()
-        opt_ref.zero_grad(set_to_none=False)
-        _loss(model, data).backward()
-        flat.sync()
-        opt.step()
-        flat.zero_grad()
-    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
-        assert torch.equal(p, q), name
+    model, opt = _assert_flat_steps_equal_per_tensor(lambda ps: torch.optim.Adam(ps, lr=1e-2), steps=3)
+    params = opt.param_groups[0]["params"]
+    assert len(params) > 5 and all(p.numel() * 8 <= 1024 for p in params)
+    assert sum(p.numel() for p in params) == sum(-(-p.numel() // 8) * 8 for p in model.parameters())
