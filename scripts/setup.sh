@@ -39,7 +39,7 @@ if [ "${REVGNN_NO_SCATTER:-0}" != 1 ] && ! "$VENV/bin/python" -c "import torch_s
 fi
 
 # revgnn's own C++ kernels (revgnn/csrc: the fused GENConv max aggregation and LayerNorm+ReLU), compiled for this
-# CPU into torch's extension cache (~30 s once); without a compiler revgnn falls back to PyTorch.
+# CPU into torch's extension cache (~40 s once); without a compiler revgnn falls back to PyTorch.
 say "building revgnn's C++ kernels"
 "$VENV/bin/python" -m revgnn.nn.kernels >/dev/null \
   || say "WARNING: the C++ kernels did not build; GENConv max and LayerNorm+ReLU will use the slower PyTorch path"
