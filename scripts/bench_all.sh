@@ -22,6 +22,8 @@ OUT=bench_out; mkdir -p "$OUT"
   "$PY" scripts/bench_step.py --model revgnn_deep --num-layers 20
   "$PY" scripts/bench_step.py --model revgnn_deep --steps 1   # all 1001 layers, ~2 min
   "$PY" scripts/bench_step.py --model revgnn_wide --num-layers 10
+  echo; echo "## Optimiser step, per-tensor vs flat parameters, 1001 layers (scripts/bench_optimizer.py)"; echo
+  "$PY" scripts/bench_optimizer.py
   echo; echo "## Partitioning a 79M-edge graph into 10 parts (scripts/bench_partition.py)"; echo
   "$PY" scripts/bench_partition.py
   echo; echo "## DEQ solvers and step (scripts/bench_deq.py)"; echo

@@ -130,10 +130,11 @@ def test_sync_refuses_a_model_moved_after_flattening():
         flat.sync()
 
 
-@pytest.mark.parametrize("change", ["assign", "freeze", "unfreeze"])
+@pytest.mark.parametrize("change", ["assign", "freeze", "unfreeze", "submodule"])
 def test_sync_refuses_parameters_replaced_or_refrozen(change):
-    """New Parameter objects (load_state_dict(assign=True)) or a changed requires_grad would leave
-    the optimiser updating a buffer the model no longer reads (or not updating a parameter)."""
+    """New Parameter objects (load_state_dict(assign=True), a replaced submodule) or a changed
+    requires_grad would leave the optimiser updating a buffer the model no longer reads (or not
+    updating a parameter)."""
     model = _model()
     if change == "unfreeze":
         model.head.lin.bias.requires_grad_(False)
@@ -142,6 +143,8 @@ def test_sync_refuses_parameters_replaced_or_refrozen(change):
         model.load_state_dict(_model().state_dict(), assign=True)
     elif change == "freeze":
         model.head.lin.weight.requires_grad_(False)
+    elif change == "submodule":
+        model.head.lin = nn.Linear(model.head.lin.in_features, model.head.lin.out_features).double()
     else:
         model.head.lin.bias.requires_grad_(True)
     with pytest.raises(RuntimeError, match="trainable parameters changed"):

@@ -1,13 +1,14 @@
-r"""All of a model's parameters in one buffer, so the optimiser updates one tensor.
+r"""All of a model's parameters in one buffer, so the optimiser updates a few large tensors.
 
 A 1001-layer RevGNN has 20,030 parameter tensors. PyTorch's CPU optimisers loop over them in
 Python (``foreach`` kernels are CUDA-only by default), and keep two state tensors per parameter:
-Adam's step then takes 337 ms at 1001 layers x 32 channels (19 ms flattened) and its state costs
-60 MB for 26 MB of moments. :class:`FlatParameters` re-homes every parameter as a
-view into one contiguous buffer :math:`\boldsymbol{\theta} \in \mathbb{R}^P` and every gradient as a
-view into a second one :math:`\nabla\boldsymbol{\theta}` (each slice 64-byte aligned, the
-padding between them 0); autograd accumulates into those views in place, and the optimiser is
-given the buffer as a few chunk parameters (4 MiB each, so that its temporaries stay small).
+Adam's step then takes 278-286 ms at 1001 layers x 32 channels (8-11 ms flattened,
+``scripts/bench_optimizer.py``) and its state costs 60 MB for 26 MB of moments.
+:class:`FlatParameters` re-homes every parameter as a view into one contiguous buffer
+:math:`\boldsymbol{\theta} \in \mathbb{R}^P` and every gradient as a view into a second one
+:math:`\nabla\boldsymbol{\theta}` (each slice 64-byte aligned, the padding between them 0);
+autograd accumulates into those views in place, and the optimiser is given the buffer as a few
+chunk parameters (4 MiB each, so that its temporaries stay small).
 
 For an optimiser whose rule is element-wise (SGD, Adam, AdamW, RMSprop, ...; see
 :data:`ELEMENTWISE`), the update of every element is then *bitwise* that of the same optimiser over
@@ -40,6 +41,19 @@ ALIGN_BYTES = 64
 #: The optimiser sees the buffer as consecutive chunks of at most this size: an optimiser's
 #: temporaries (Adam's ``sqrt(v) + eps``, ...) are then one chunk, not one more model-sized tensor.
 CHUNK_BYTES = 4 * 2**20
+
+
+#: Parameters and submodules registered on any module so far (PyTorch's global registration
+#: hooks count them): ``sync`` walks the module again only when this moved.
+_REGISTRATIONS = [0]
+
+
+def _count_registration(*args) -> None:
+    _REGISTRATIONS[0] += 1
+
+
+torch.nn.modules.module.register_module_parameter_registration_hook(_count_registration)
+torch.nn.modules.module.register_module_module_registration_hook(_count_registration)
 
 
 class FlatParameters:
@@ -108,6 +122,8 @@ class FlatParameters:
         self._data, self._grad = data, grad
         self._module = module
         self._ids = [id(p) for _, p in named]
+        self._frozen = [p for p in module.parameters() if not p.requires_grad]
+        self._registrations = _REGISTRATIONS[0]
         mark_parameter_storage(named[0][1])  # saved-tensor counters treat the buffer as parameters
         chunk = max(align, CHUNK_BYTES // first.element_size() // align * align)
         #: What to give the optimiser: the buffer as consecutive chunk parameters (views), each
@@ -158,7 +174,12 @@ class FlatParameters:
         * ``optimizer.zero_grad()`` dropped the flat gradient: the parameters' gradient views then
           still hold the previous step's values, which the last backward added to.
         """
-        if [id(p) for p in self._module.parameters() if p.requires_grad] != self._ids:
+        changed = any(not p.requires_grad for _, p, _, _ in self._entries) or any(
+            p.requires_grad for p in self._frozen)
+        if _REGISTRATIONS[0] != self._registrations:  # a parameter or module was (re)assigned somewhere
+            changed = changed or [id(p) for p in self._module.parameters() if p.requires_grad] != self._ids
+            self._registrations = _REGISTRATIONS[0]
+        if changed:
             raise RuntimeError("the module's trainable parameters changed after FlatParameters (a "
                                "parameter replaced, added, frozen or unfrozen); flatten the final model")
         for piece, g in zip(self.params, self._chunk_grads):
