@@ -29,7 +29,7 @@ from typing import List, Tuple
 import torch
 from torch import Tensor, nn
 
-from revgnn.utils.memory import mark_parameter_storage, release_free_memory
+from revgnn.utils.memory import release_free_memory
 
 #: torch.optim classes whose update of each element depends only on that element's history.
 ELEMENTWISE = ("SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad",
@@ -121,10 +121,8 @@ class FlatParameters:
                 self._entries.append((name, p, gview, p.data_ptr()))
         self._data, self._grad = data, grad
         self._module = module
-        self._ids = [id(p) for _, p in named]
         self._frozen = [p for p in module.parameters() if not p.requires_grad]
         self._registrations = _REGISTRATIONS[0]
-        mark_parameter_storage(named[0][1])  # saved-tensor counters treat the buffer as parameters
         chunk = max(align, CHUNK_BYTES // first.element_size() // align * align)
         #: What to give the optimiser: the buffer as consecutive chunk parameters (views), each
         #: with its slice of the flat gradient as ``.grad``.
@@ -177,7 +175,8 @@ class FlatParameters:
         changed = any(not p.requires_grad for _, p, _, _ in self._entries) or any(
             p.requires_grad for p in self._frozen)
         if _REGISTRATIONS[0] != self._registrations:  # a parameter or module was (re)assigned somewhere
-            changed = changed or [id(p) for p in self._module.parameters() if p.requires_grad] != self._ids
+            changed = changed or ([id(p) for p in self._module.parameters() if p.requires_grad]
+                                  != [id(p) for _, p, _, _ in self._entries])
             self._registrations = _REGISTRATIONS[0]
         if changed:
             raise RuntimeError("the module's trainable parameters changed after FlatParameters (a "

@@ -1,10 +1,9 @@
-"""Memory measures (bytes saved for backward, deterministic; peak RSS) and helpers around them:
-marking parameter storage, returning freed heap memory to the OS."""
+"""Memory measures (bytes saved for backward, deterministic; peak RSS) and returning freed heap
+memory to the OS."""
 from __future__ import annotations
 
 import resource
 import sys
-import weakref
 from typing import Dict
 
 import torch
@@ -35,8 +34,6 @@ class SavedTensorBytes:
             return t  # a parameter, or a view of one (weight.t() saved by linear)
         try:
             storage = t.untyped_storage()
-            if storage.data_ptr() in _PARAMETER_STORAGES:  # a view of flattened parameters
-                return t
             self._storages[storage.data_ptr()] = storage.nbytes()
         except RuntimeError:  # wrapper subclasses (e.g. PyG's EdgeIndex) own no storage
             data = t.as_subclass(torch.Tensor) if type(t) is not torch.Tensor else t
@@ -63,18 +60,6 @@ def peak_rss_bytes() -> int:
     """Peak resident set size of this process so far (``ru_maxrss``)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024
-
-
-#: Storages that hold parameters (``FlatParameters`` buffers) by data pointer, each with a
-#: parameter that lives in it (weakly held: the entry goes with the parameter).
-_PARAMETER_STORAGES: "weakref.WeakValueDictionary[int, Tensor]" = weakref.WeakValueDictionary()
-
-
-def mark_parameter_storage(param: Tensor) -> None:
-    """Declares the storage of ``param`` (a parameter viewing a shared buffer) a parameter storage:
-    :class:`SavedTensorBytes` leaves out tensors saved from it (e.g. ``weight.t()`` of a flattened
-    parameter), as it leaves out parameters. The mark lasts as long as ``param``."""
-    _PARAMETER_STORAGES[param.untyped_storage().data_ptr()] = param
 
 
 def release_free_memory() -> None:
