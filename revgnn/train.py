@@ -50,7 +50,7 @@ def train(cfg: DictConfig) -> Dict[str, Any]:
 
     from revgnn.models import count_parameters
     from revgnn.tasks import make_task
-    from revgnn.utils.flat import FlatParameters
+    from revgnn.utils.flat import build_optimizer, optimizer_step
 
     # ---- setup ------------------------------------------------------------------------------
     out_dir = resolve_output_dir(cfg)
@@ -83,11 +83,7 @@ def train(cfg: DictConfig) -> Dict[str, Any]:
     log.info("model: %s (%s parameters)", cfg.model.name, f"{num_params:,}")
     # One buffer for all parameters (and one for their gradients): the optimiser then updates a
     # few chunks of it instead of looping over ~10 tensors per layer (trainer.flat_params).
-    flat = FlatParameters(model) if tc.flat_params else None
-    optimizer = instantiate(cfg.optim)(flat.params if flat is not None else model.parameters())
-    if flat is not None:
-        FlatParameters.check_optimizer(optimizer)
-    trained = flat.params if flat is not None else [p for p in model.parameters() if p.requires_grad]
+    optimizer, flat = build_optimizer(model, instantiate(cfg.optim), tc.flat_params)
 
     start_epoch, history = 0, []
     best = {"epoch": 0, "train": float("nan"), "valid": -math.inf, "test": float("nan")}
@@ -163,17 +159,9 @@ def train(cfg: DictConfig) -> Dict[str, Any]:
                     f"loss is {loss.item()} at epoch {epoch}, step {step}: training diverged. "
                     f"Last good checkpoint: {good}. Try a lower optim.lr or trainer.grad_clip.")
             loss.backward()
-            if flat is not None:
-                flat.sync()
-            if tc.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(trained, tc.grad_clip)
-            optimizer.step()
-            if flat is not None:
-                flat.zero_grad()  # in place: the parameters' .grad are views into it
-            else:
-                # Gradients are dead once applied: freeing them here rather than before the next
-                # backward keeps them out of the next forward pass, evaluation and checkpointing.
-                optimizer.zero_grad(set_to_none=True)
+            # clears the gradients after the update: freed (or zeroed in the flat buffer) here
+            # rather than before the next backward, they stay out of evaluation and checkpointing
+            optimizer_step(optimizer, flat, tc.grad_clip)
             total_loss += loss.item() * batch.count
             total_nodes += batch.count
         epoch_time = time.perf_counter() - t0

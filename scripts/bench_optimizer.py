@@ -34,7 +34,7 @@ def main() -> None:
     import torch
 
     from revgnn.models import create_model
-    from revgnn.utils.flat import FlatParameters
+    from revgnn.utils.flat import build_optimizer
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -45,9 +45,9 @@ def main() -> None:
     def run(flat_params: bool):
         torch.manual_seed(0)
         model = create_model(args.model, **overrides)
-        flat = FlatParameters(model) if flat_params else None
-        params = flat.params if flat is not None else list(model.parameters())
-        optimizer = getattr(torch.optim, args.optim)(params, lr=1e-3)
+        optimizer, flat = build_optimizer(model, lambda ps: getattr(torch.optim, args.optim)(ps, lr=1e-3),
+                                          flat_params)
+        params = optimizer.param_groups[0]["params"]
         gen = torch.Generator().manual_seed(1)
         for p in model.parameters():  # the same gradients on both sides
             grad = torch.randn(p.shape, generator=gen)

@@ -60,7 +60,7 @@ def main() -> None:
 
     from revgnn.models import count_parameters, create_model
     from revgnn.utils import peak_rss_bytes
-    from revgnn.utils.flat import FlatParameters
+    from revgnn.utils.flat import build_optimizer, optimizer_step
 
     device = torch.device(args.device)
     overrides = {} if args.num_layers is None else {"num_layers": args.num_layers}
@@ -70,27 +70,19 @@ def main() -> None:
     with torch.device("meta"):  # the registered depth, without allocating the full model
         full_depth = getattr(create_model(args.model), "num_layers", None)
     x, edge_index, edge_attr, y = proteins_subgraph(args.nodes, args.edges, device)
-    flat = None if args.per_tensor else FlatParameters(model)
-    trained = list(model.parameters()) if flat is None else flat.params
-    optimizer = torch.optim.Adam(trained, lr=1e-3)
+    optimizer, flat = build_optimizer(model, lambda ps: torch.optim.Adam(ps, lr=1e-3),
+                                      flat=not args.per_tensor)
     loss_fn = torch.nn.BCEWithLogitsLoss()
 
     def step() -> float:
         if device.type == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
-        if flat is None:
-            optimizer.zero_grad(set_to_none=True)
-        else:
-            flat.zero_grad()
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
             out = model(x, edge_index, edge_attr)
         loss = loss_fn(out.float(), y)
         loss.backward()
-        if flat is not None:
-            flat.sync()
-        torch.nn.utils.clip_grad_norm_(trained, 1.0)
-        optimizer.step()
+        optimizer_step(optimizer, flat, max_norm=1.0)  # as revgnn-train: sync, clip, update, clear
         if device.type == "cuda":
             torch.cuda.synchronize()
         return time.perf_counter() - start

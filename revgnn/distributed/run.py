@@ -39,7 +39,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
-from revgnn.utils.flat import FlatParameters
+from revgnn.utils.flat import FlatParameters, build_optimizer
 
 from .comm import (all_gather_object_checked, all_reduce_gradients,
                    all_reduce_sum, broadcast_parameters, init_distributed)
@@ -289,10 +289,7 @@ def train_sar(cfg) -> Dict[str, object]:
     torch.manual_seed(cfg.seed)
     model = prepare_model(create_model(name, **_shapes(job), **kwargs))
     torch.manual_seed(cfg.seed + job.rank)  # independent dropout per worker
-    flat = FlatParameters(model) if cfg.trainer.flat_params else None
-    optimizer = instantiate(cfg.optim)(flat.params if flat is not None else model.parameters())
-    if flat is not None:
-        FlatParameters.check_optimizer(optimizer)
+    optimizer, flat = build_optimizer(model, instantiate(cfg.optim), cfg.trainer.flat_params)
     try:
         return fit(job, model, optimizer, cfg.trainer.epochs, cfg.trainer.grad_clip,
                    cfg.trainer.eval_every, resolve_output_dir(cfg), flat)

@@ -24,7 +24,7 @@ refuses optimisers outside :data:`ELEMENTWISE`.
 from __future__ import annotations
 
 import hashlib
-from typing import List, Tuple
+from typing import Callable, Iterable, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -205,3 +205,33 @@ class FlatParameters:
 
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}(tensors={len(self._entries)}, numel={self.numel})"
+
+
+def build_optimizer(module: nn.Module, factory: Callable[[Iterable[Tensor]], torch.optim.Optimizer],
+                    flat: bool) -> Tuple[torch.optim.Optimizer, Optional[FlatParameters]]:
+    """``factory(params)`` (e.g. a Hydra-instantiated partial ``torch.optim.Adam``) over
+    ``module.parameters()``, or with ``flat`` over a :class:`FlatParameters` of ``module``
+    (checked to be element-wise); returns the optimiser and the ``FlatParameters`` or ``None``."""
+    if not flat:
+        return factory(module.parameters()), None
+    flat_params = FlatParameters(module)
+    optimizer = factory(flat_params.params)
+    FlatParameters.check_optimizer(optimizer)
+    return optimizer, flat_params
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer, flat: Optional[FlatParameters],
+                   max_norm: float = 0.0) -> None:
+    """The end of a training step, after ``backward``: bring the gradients into the flat buffer
+    (``flat``), clip their global norm to ``max_norm`` (when > 0), update, and clear the gradients
+    (zeroed in place with ``flat``; freed otherwise, so that they do not outlive the step)."""
+    if flat is not None:
+        flat.sync()
+    if max_norm > 0:
+        torch.nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]],
+                                       max_norm)
+    optimizer.step()
+    if flat is not None:
+        flat.zero_grad()
+    else:
+        optimizer.zero_grad(set_to_none=True)
