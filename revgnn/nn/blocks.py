@@ -24,7 +24,7 @@ from torch_geometric.typing import Adj, OptTensor
 
 from revgnn.nn.aggr import gen_conv
 from revgnn.nn.edge_features import LinearEdgeFeatures
-from revgnn.nn.norm_act import layer_norm_relu, plain_module
+from revgnn.nn.norm_act import layer_norm_relu
 
 NORMS = ("layer", "batch", "graph", None)
 
@@ -77,7 +77,7 @@ class PreActBlock(nn.Module):
         """``batch`` (graph index per node) is used by GraphNorm only; in a
         :class:`~revgnn.nn.GroupAddRev` every group receives it whole."""
         h = x
-        if self.preact and type(self.norm) is nn.LayerNorm and plain_module(self.norm):  # one fused pass
+        if self.preact and isinstance(self.norm, nn.LayerNorm):  # one fused pass where it applies
             return self.conv_forward(layer_norm_relu(h, self.norm, dropout_mask), edge_index, edge_attr)
         if self.preact:
             if isinstance(self.norm, GraphNorm):

@@ -9,8 +9,9 @@ and of this CPU's feature flags, so a cache shared between different machines
 never hands one a binary for another's instruction set.
 
 Where a kernel cannot be built, its accessor (:func:`gen_max`,
-:func:`layer_norm_relu`) returns :obj:`None` after one warning and callers fall back to their PyTorch implementation (same function,
-slower). ``REVGNN_KERNELS=0`` turns the kernels off.
+:func:`layer_norm_relu`) returns :obj:`None` after one warning and callers fall
+back to their PyTorch implementation (same function, slower).
+``REVGNN_KERNELS=0`` turns the kernels off.
 
     python -m revgnn.nn.kernels      # build them all now (verbose) and say where
 """

@@ -20,7 +20,6 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
@@ -56,8 +55,10 @@ def _rows(t: Tensor) -> Tensor:
 
 
 def layer_norm_relu(x: Tensor, norm: nn.LayerNorm, mask: Optional[Tensor] = None) -> Tensor:
-    r"""``norm(x).relu() * mask`` (``mask`` optional) for a ``[N, C]`` input and a
-    :class:`~torch.nn.LayerNorm` over ``C`` with weight and bias; fused where the kernel applies.
+    r"""``norm(x).relu() * mask`` (``mask`` optional); fused for a ``[N, C]`` input and an
+    :class:`~torch.nn.LayerNorm` (exactly, without forward hooks) over ``C`` with weight and bias
+    where the kernel applies, and computed as written otherwise (a subclass's own ``forward``
+    and hooks run).
 
     Args:
         x (torch.Tensor): ``[N, C]``.
@@ -66,7 +67,7 @@ def layer_norm_relu(x: Tensor, norm: nn.LayerNorm, mask: Optional[Tensor] = None
         mask (torch.Tensor, optional): Multiplies the result (a dropout mask), shaped like ``x``.
     """
     w, b = norm.weight, norm.bias
-    fused = (x.dim() == 2 and w is not None and b is not None and tuple(norm.normalized_shape) == (x.size(1),)
+    fused = (type(norm) is nn.LayerNorm and plain_module(norm) and x.dim() == 2 and w is not None and b is not None and tuple(norm.normalized_shape) == (x.size(1),)
              and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
              and all(t.dtype == x.dtype and t.device == x.device and t.is_contiguous() for t in (w, b))
              and not torch.is_autocast_enabled("cpu")
@@ -76,7 +77,7 @@ def layer_norm_relu(x: Tensor, norm: nn.LayerNorm, mask: Optional[Tensor] = None
     if fused:
         return LayerNormReLU.apply(_rows(x), w, b, norm.eps,
                                    _rows(mask) if mask is not None else None)
-    h = F.layer_norm(x, norm.normalized_shape, w, b, norm.eps).relu()
+    h = norm(x).relu()
     return h * mask if mask is not None else h
 
 
@@ -84,15 +85,16 @@ def sequential_forward(seq: nn.Sequential, x: Tensor) -> Tensor:
     """``seq(x)`` with each :class:`~torch.nn.LayerNorm` that a :class:`~torch.nn.ReLU` follows run
     as :func:`layer_norm_relu`, and dropouts of ``p = 0`` (identities) skipped; used for
     GENConv's MLP (``Linear -> LayerNorm -> ReLU -> Dropout -> Linear``). Only exact
-    ``LayerNorm``/``ReLU``/``Dropout`` modules without forward hooks are replaced."""
+    ``ReLU``/``Dropout`` modules without forward hooks are replaced (and
+    :func:`layer_norm_relu` fuses only such a ``LayerNorm``)."""
     if not plain_module(seq):
         return seq(x)
     mods = list(seq)
     i = 0
     while i < len(mods):
         mod = mods[i]
-        if (type(mod) is nn.LayerNorm and i + 1 < len(mods) and type(mods[i + 1]) is nn.ReLU
-                and plain_module(mod) and plain_module(mods[i + 1])):
+        if (isinstance(mod, nn.LayerNorm) and i + 1 < len(mods) and type(mods[i + 1]) is nn.ReLU
+                and plain_module(mods[i + 1])):
             x = layer_norm_relu(x, mod)
             i += 2
             continue
