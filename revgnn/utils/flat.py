@@ -172,21 +172,20 @@ class FlatParameters:
         * ``optimizer.zero_grad()`` dropped the flat gradient: the parameters' gradient views then
           still hold the previous step's values, which the last backward added to.
         """
-        changed = any(not p.requires_grad for _, p, _, _ in self._entries) or any(
-            p.requires_grad for p in self._frozen)
+        changed = any(p.requires_grad for p in self._frozen)
         if _REGISTRATIONS[0] != self._registrations:  # a parameter or module was (re)assigned somewhere
             changed = changed or ([id(p) for p in self._module.parameters() if p.requires_grad]
                                   != [id(p) for _, p, _, _ in self._entries])
             self._registrations = _REGISTRATIONS[0]
-        if changed:
-            raise RuntimeError("the module's trainable parameters changed after FlatParameters (a "
-                               "parameter replaced, added, frozen or unfrozen); flatten the final model")
         for piece, g in zip(self.params, self._chunk_grads):
             if piece.grad is not g:
                 raise RuntimeError("the flat gradient was dropped (optimizer.zero_grad()?): gradients "
                                    "accumulated onto the previous step's; zero them with "
                                    "FlatParameters.zero_grad() instead")
         for name, p, gview, ptr in self._entries:
+            if changed or not p.requires_grad:
+                raise RuntimeError("the module's trainable parameters changed after FlatParameters (a "
+                                   "parameter replaced, added, frozen or unfrozen); flatten the final model")
             if p.data_ptr() != ptr:
                 raise RuntimeError(f"parameter {name!r} no longer lives in the flat buffer (was the model "
                                    f"moved, cast or assigned new tensors after FlatParameters?); "
