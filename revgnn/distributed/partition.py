@@ -14,45 +14,73 @@ shards by the part that owns the *source* :math:`j`:
 
 Edges are stored shard by shard (``shard_ptr``), each shard sorted by target
 then source, together with the original edge ids and the sliced edge
-attributes. Parts are written one file per worker (``part_{p}.pt``) plus a
-``meta.json`` so a worker reads only its own share.
+attributes. Parts are written one file per worker (``part_{p}.pt``: tensors,
+ints, strings and dicts only, read with ``torch.load(weights_only=True)``)
+plus a ``meta.json`` holding the data set's description, the sha256 of every
+part file and the partitioning's fingerprint (a hash of the node assignment
+and the edges). A worker reads only its own file, and checks its hash before
+unpickling it: a corrupted, truncated, renamed or foreign file is a
+:class:`PartitionMismatchError` naming it. :func:`load_partition_checked`
+then makes all workers compare fingerprints, so a host holding another
+partitioning's directory stops every worker before training.
 
-Example::
+Command line (Hydra; ``data`` is the same config group as ``revgnn-train``'s)::
 
-    parts = build_partitions(edge_index, num_nodes, num_parts=4,
-                             edge_attr=edge_attr, node_data={'x': x, 'y': y})
-    save_partitions(parts, 'out/parts4')
-    part = load_partition('out/parts4', rank=1, world_size=4)
+    revgnn-partition data=proteins_like num_parts=4 out=parts/pl4
+    revgnn-partition data=ogbn_proteins data.root=/data num_parts=8 \
+        out=parts/p8
+    torchrun --nproc_per_node=4 -m revgnn.train backend=sar \
+        backend.partition_dir=parts/pl4
+
+Python::
+
+    stats = partition_dataset(proteins_like(), 'parts/pl4', num_parts=4)
+    part = load_partition('parts/pl4', rank=1, world_size=4)  # one worker
+    part = load_partition_checked('parts/pl4')  # all torchrun workers at once
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
-import sys
+import socket
 import time
-from typing import Dict, List, Optional
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
-import torch
-from torch import Tensor
+from omegaconf import MISSING
+
+if TYPE_CHECKING:  # torch is imported where it is used: ``--help`` stays fast
+    from torch import Tensor
 
 __all__ = [
     'PartitionMismatchError', 'partition_nodes', 'build_partitions',
-    'save_partitions', 'load_partition', 'partition_fingerprint', 'main'
+    'partition_fingerprint', 'save_partitions', 'load_meta',
+    'load_partition', 'load_partition_checked', 'partition_dataset',
+    'PartitionConfig', 'main'
 ]
 
-FORMAT_VERSION = 1
+# 2: part files are checked against their sha256 in meta.json, the
+# fingerprint covers the node assignment and the edges, weights_only loading.
+FORMAT_VERSION = 2
 
 
 class PartitionMismatchError(RuntimeError):
-    """Partition files do not fit the running job (world size, rank, or a
-    mix of files from different partitionings)."""
+    """Partition files do not fit the running job: wrong world size, a
+    corrupted or foreign file, or workers reading different partitionings."""
+
+
+def _repartition(root: str, num_parts: Any = '<P>', verb='re-partition'
+                 ) -> str:
+    return (f'{verb}: revgnn-partition data=<data set> '
+            f'num_parts={num_parts} out={root}')
 
 
 def _metis_parts(edge_index: Tensor, num_nodes: int, num_parts: int,
                  seed: int) -> Tensor:
     import pymetis
+    import torch
 
     row, col = edge_index
     keep = row != col
@@ -89,26 +117,36 @@ def partition_nodes(edge_index: Tensor, num_nodes: int, num_parts: int,
     Returns:
         torch.Tensor: ``[N]`` part id of each node.
     """
+    import torch
     if num_parts < 1:
         raise ValueError(f'num_parts must be >= 1, got {num_parts}')
+    if method not in ('metis', 'random'):
+        raise ValueError(
+            f"Unknown partition method '{method}' (use 'metis' or 'random')")
     if num_parts == 1:
         return torch.zeros(num_nodes, dtype=torch.long)
     if method == 'metis':
         return _metis_parts(edge_index, num_nodes, num_parts, seed)
-    if method == 'random':
-        gen = torch.Generator().manual_seed(seed)
-        return torch.randint(0, num_parts, (num_nodes, ), generator=gen)
-    raise ValueError(
-        f"Unknown partition method '{method}' (use 'metis' or 'random')")
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, num_parts, (num_nodes, ), generator=gen)
 
 
-def partition_fingerprint(num_nodes: int, num_edges: int,
-                          offsets: Tensor) -> str:
-    """A short hash identifying one partitioning; all workers must agree."""
-    h = hashlib.sha1()
-    h.update(f'{FORMAT_VERSION}:{num_nodes}:{num_edges}:'.encode())
-    h.update(','.join(map(str, offsets.tolist())).encode())
-    return h.hexdigest()[:16]
+def partition_fingerprint(parts: List[dict]) -> str:
+    r"""The sha256 (hex) identifying one partitioning, computed from all its
+    parts: format version, :math:`N`, :math:`E`, ``offsets``, every part's
+    node order (``node_ids``, i.e. the node assignment itself), edge count and
+    edges (``src``, ``dst``). Two partitionings with equal part sizes but
+    different assignments get different fingerprints."""
+    import torch
+    first = parts[0]
+    h = hashlib.sha256(
+        f"revgnn-partition:{FORMAT_VERSION}:{first['num_nodes']}:"
+        f"{first['num_edges']}:{first['offsets'].tolist()}".encode())
+    for part in parts:
+        h.update(f":{part['rank']}:{part['src'].numel()}:".encode())
+        for key in ('node_ids', 'src', 'dst'):
+            h.update(part[key].to(torch.int64).contiguous().numpy())
+    return h.hexdigest()
 
 
 def build_partitions(edge_index: Tensor, num_nodes: int, num_parts: int,
@@ -136,12 +174,14 @@ def build_partitions(edge_index: Tensor, num_nodes: int, num_parts: int,
 
     Returns:
         list of dict: entry ``p`` holds ``rank``, ``num_parts``, ``num_nodes``,
-        ``offsets`` (``[P+1]``), ``node_ids`` (original ids of the local nodes
-        in new order), ``src`` (new global id of each local edge's source),
-        ``dst`` (local id of its target), ``shard_ptr`` (``[P+1]``),
-        ``edge_ids`` (original edge ids), ``edge_attr``, ``node_data`` and
-        ``fingerprint``.
+        ``num_edges``, ``method``, ``offsets`` (``[P+1]``), ``node_ids``
+        (original ids of the local nodes in new order), ``src`` (new global
+        id of each local edge's source), ``dst`` (local id of its target),
+        ``shard_ptr`` (``[P+1]``), ``edge_ids`` (original edge ids),
+        ``edge_attr``, ``node_data`` and ``fingerprint``
+        (:func:`partition_fingerprint`).
     """
+    import torch
     edge_index = edge_index.long()
     E = edge_index.size(1)
     if edge_index.numel() and int(edge_index.max()) >= num_nodes:
@@ -165,7 +205,6 @@ def build_partitions(edge_index: Tensor, num_nodes: int, num_parts: int,
     counts = torch.bincount(parts, minlength=num_parts)
     offsets = torch.zeros(num_parts + 1, dtype=torch.long)
     offsets[1:] = torch.cumsum(counts, 0)
-    fingerprint = partition_fingerprint(num_nodes, E, offsets)
 
     src_new, dst_new = new_id[edge_index[0]], new_id[edge_index[1]]
     src_part, dst_part = parts[edge_index[0]], parts[edge_index[1]]
@@ -181,8 +220,9 @@ def build_partitions(edge_index: Tensor, num_nodes: int, num_parts: int,
         shard_ptr = torch.zeros(num_parts + 1, dtype=torch.long)
         shard_ptr[1:] = torch.cumsum(
             torch.bincount(src_part[eids], minlength=num_parts), 0)
-        local_nodes = order[lo:hi]
-        part = {
+        # a copy: a view would make torch.save write all of `order`
+        local_nodes = order[lo:hi].clone()
+        out.append({
             'format_version': FORMAT_VERSION,
             'rank': p,
             'num_parts': num_parts,
@@ -198,136 +238,306 @@ def build_partitions(edge_index: Tensor, num_nodes: int, num_parts: int,
             'edge_attr': None if edge_attr is None else edge_attr[eids],
             'node_data': {k: v[local_nodes]
                           for k, v in (node_data or {}).items()},
-            'fingerprint': fingerprint,
-        }
-        out.append(part)
+        })
+    fingerprint = partition_fingerprint(out)
+    for part in out:
+        part['fingerprint'] = fingerprint
     return out
+
+
+def _file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    buf = memoryview(bytearray(1 << 20))
+    with open(path, 'rb', buffering=0) as f:
+        while n := f.readinto(buf):
+            h.update(buf[:n])
+    return h.hexdigest()
 
 
 def save_partitions(parts: List[dict], root: str,
                     extra_meta: Optional[dict] = None) -> None:
-    """Writes ``part_{p}.pt`` for every worker and ``meta.json`` (with
-    ``extra_meta`` merged in, e.g. the dataset's task and evaluator)."""
+    """Writes ``part_{p}.pt`` for every worker, then ``meta.json`` with the
+    sizes, the fingerprint, each part file's sha256 and ``extra_meta`` (e.g.
+    the data set's description under ``"dataset"``).
+
+    An old ``meta.json`` in ``root`` is removed first, so an interrupted run
+    leaves a directory that fails to load instead of one whose meta vouches
+    for a mix of old and new part files.
+    """
+    import torch
     os.makedirs(root, exist_ok=True)
+    meta_path = os.path.join(root, 'meta.json')
+    if os.path.exists(meta_path):
+        os.remove(meta_path)
+    digests = {}
     for part in parts:
-        torch.save(part, os.path.join(root, f"part_{part['rank']}.pt"))
+        name = f"part_{part['rank']}.pt"
+        torch.save(part, os.path.join(root, name))
+        digests[name] = _file_sha256(os.path.join(root, name))
     first = parts[0]
     meta = {
+        **(extra_meta or {}),
         'format_version': FORMAT_VERSION,
         'num_parts': first['num_parts'],
         'num_nodes': first['num_nodes'],
         'num_edges': first['num_edges'],
+        'method': first['method'],
         'fingerprint': first['fingerprint'],
         'part_sizes': (first['offsets'][1:] - first['offsets'][:-1]).tolist(),
         'edges_per_part': [int(p['src'].numel()) for p in parts],
         'node_data': sorted(first['node_data']),
         'edge_attr': first['edge_attr'] is not None,
-        **(extra_meta or {}),
+        'part_sha256': digests,
     }
-    with open(os.path.join(root, 'meta.json'), 'w') as f:
+    tmp = f'{meta_path}.tmp{os.getpid()}'
+    with open(tmp, 'w') as f:
         json.dump(meta, f, indent=2)
+    os.replace(tmp, meta_path)
+
+
+def load_meta(root: str) -> dict:
+    """Reads ``root/meta.json`` and checks it is of this format; raises
+    :class:`PartitionMismatchError` saying to (re-)partition if not."""
+    path = os.path.join(root, 'meta.json')
+    if not os.path.isfile(path):
+        raise PartitionMismatchError(
+            f'{path} not found: copy the partition directory to this host '
+            f"or {_repartition(root, verb='partition the graph first')}")
+    try:
+        with open(path) as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as e:
+        raise PartitionMismatchError(
+            f'{path} cannot be read ({e}); {_repartition(root)}') from e
+    if meta.get('format_version') != FORMAT_VERSION:
+        raise PartitionMismatchError(
+            f"{path} is partition format {meta.get('format_version')}, but "
+            f'this revgnn reads format {FORMAT_VERSION} (with part file '
+            f"hashes); {_repartition(root, meta.get('num_parts', '<P>'))}")
+    return meta
 
 
 def load_partition(root: str, rank: int, world_size: int) -> dict:
-    """Loads worker ``rank``'s part and checks it fits a job of
-    ``world_size`` workers; raises :class:`PartitionMismatchError` if not.
+    """Loads worker ``rank``'s part of the partitioning in ``root`` for a
+    job of ``world_size`` workers.
 
-    Cross-worker consistency (every worker read the same partitioning) is
-    checked again collectively when the :class:`~revgnn.distributed.sar.SARGraph`
-    is built.
+    The file's sha256 is compared with ``meta.json`` before it is
+    unpickled (with ``weights_only=True``), so a corrupted, truncated,
+    renamed or foreign part file raises :class:`PartitionMismatchError`
+    naming it, as do a missing file and a wrong world size. That every
+    worker read the *same* partitioning is checked collectively by
+    :func:`load_partition_checked`.
+
+    Returns:
+        dict: the part, as built by :func:`build_partitions`.
     """
-    meta_path = os.path.join(root, 'meta.json')
-    if not os.path.exists(meta_path):
+    import torch
+    meta = load_meta(root)
+    P = meta['num_parts']
+    if P != world_size:
         raise PartitionMismatchError(
-            f'{meta_path} not found: partition the graph first '
-            f'(scripts/partition.py --num-parts {world_size} ...)')
-    with open(meta_path) as f:
-        meta = json.load(f)
-    if meta['num_parts'] != world_size:
+            f'{root} holds {P} parts but the job runs {world_size} workers; '
+            f'launch {P} workers or {_repartition(root, world_size)}')
+    name = f'part_{rank}.pt'
+    path = os.path.join(root, name)
+    if not os.path.isfile(path):
         raise PartitionMismatchError(
-            f"{root} holds {meta['num_parts']} parts but the job runs "
-            f'{world_size} workers; re-partition with --num-parts '
-            f'{world_size} or launch {meta["num_parts"]} workers')
-    path = os.path.join(root, f'part_{rank}.pt')
-    if not os.path.exists(path):
-        raise PartitionMismatchError(f'{path} is missing')
-    part = torch.load(path, weights_only=False)
-    if part.get('format_version') != FORMAT_VERSION:
+            f'{path} is missing: copy all of {root} to every host, or '
+            f'{_repartition(root, P)}')
+    expected, actual = meta['part_sha256'].get(name), _file_sha256(path)
+    if actual != expected:
         raise PartitionMismatchError(
-            f'{path} has format {part.get("format_version")}, expected '
-            f'{FORMAT_VERSION}; re-partition')
-    if part['rank'] != rank or part['num_parts'] != world_size:
+            f'{path} does not match {root}/meta.json (sha256 {actual[:16]}, '
+            f'expected {str(expected)[:16]}): the file is corrupted, '
+            f'truncated, renamed or from another partitioning; copy the '
+            f'directory again or {_repartition(root, P)}')
+    try:
+        part = torch.load(path, map_location='cpu', weights_only=True)
+    except Exception as e:
         raise PartitionMismatchError(
-            f"{path} is part {part['rank']} of {part['num_parts']}, but "
-            f'this worker is rank {rank} of {world_size}')
-    if part['fingerprint'] != meta['fingerprint']:
+            f'{path} cannot be loaded ({type(e).__name__}: {e}); '
+            f'{_repartition(root, P)}') from e
+    if (part['rank'], part['num_parts'], part['fingerprint']) != (
+            rank, P, meta['fingerprint']):  # only a hand-edited meta.json
         raise PartitionMismatchError(
-            f'{path} (fingerprint {part["fingerprint"]}) does not belong '
-            f"to the partitioning in {meta_path} ({meta['fingerprint']})")
+            f"{path} is part {part['rank']} of {part['num_parts']} "
+            f"(fingerprint {part['fingerprint'][:16]}), not part {rank} of "
+            f"{P} of {root}/meta.json ({meta['fingerprint'][:16]}); "
+            f'{_repartition(root, P)}')
     return part
 
 
-_CLI_DOC = """Partition a data set for SAR: one file per worker plus meta.json.
+def load_partition_checked(root: str) -> dict:
+    """Loads this worker's part like :func:`load_partition`, and makes every
+    worker agree before any of them goes on (collective).
 
-    revgnn-partition --data proteins_like --num-parts 4 --out parts/pl4
-    revgnn-partition --data ogbn-proteins --root data --num-parts 8 \\
-        --method metis --out parts/proteins8
+    Inside a process group every rank loads ``part_{rank}.pt`` of ``root``
+    (``root`` may be a different local copy on each host), then all ranks
+    exchange (host, fingerprint, error). If any rank failed, or the ranks
+    read partitionings with different fingerprints (a host holding another
+    partitioning's directory), *every* rank raises
+    :class:`PartitionMismatchError` listing each failing rank's file and
+    reason, so no worker is left waiting on a peer that gave up. Without a
+    process group it is ``load_partition(root, 0, 1)``.
 
-Then: torchrun --nproc_per_node=4 -m revgnn.distributed.run --partition-dir parts/pl4
-"""
+    Returns:
+        dict: this worker's part, as :func:`load_partition` returns it.
+    """
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()):
+        return load_partition(root, 0, 1)
+    from .comm import all_gather_object_checked
+    rank, world = dist.get_rank(), dist.get_world_size()
+    part, cause, error = None, None, None
+    try:
+        part = load_partition(root, rank, world)
+    except Exception as e:  # report it: every rank must reach the exchange
+        cause = e
+        error = str(e) if isinstance(e, PartitionMismatchError) \
+            else f'{os.path.join(root, f"part_{rank}.pt")}: ' \
+                 f'{type(e).__name__}: {e}'
+    fingerprint = None if part is None else part['fingerprint']
+    reports = all_gather_object_checked(
+        (socket.gethostname(), os.path.abspath(root), fingerprint, error),
+        'partition check (load_partition_checked)')
+    failed = [f'  rank {r} on {host}: {err}'
+              for r, (host, _, _, err) in enumerate(reports) if err]
+    if failed:
+        raise PartitionMismatchError(
+            f'partition check failed on {len(failed)} of {world} workers:\n'
+            + '\n'.join(failed)) from cause
+    if len({fp for _, _, fp, _ in reports}) > 1:
+        raise PartitionMismatchError(
+            'the workers read different partitionings (a host holds another '
+            "partitioning's directory); give every host a copy of the same "
+            'one:\n' + '\n'.join(
+                f'  rank {r} on {host}: {path}/part_{r}.pt has fingerprint '
+                f'{fp[:16]}' for r, (host, path, fp, _) in enumerate(reports)))
+    return part
 
 
-def _load_dataset(name: str, root: str, num_nodes: int, seed: int):
-    if name == 'proteins_like':
-        from revgnn.data.synthetic import proteins_like
-        kw = {'seed': seed}
-        if num_nodes:
-            kw['num_nodes'] = num_nodes
-        return proteins_like(**kw)
-    from revgnn.data.ogbn import load_ogbn
-    return load_ogbn(name, root)
+def partition_dataset(ds: Any, out: str, num_parts: int,
+                      method: str = 'metis', seed: int = 0) -> dict:
+    r"""Partitions a node-level data set for SAR and writes it to ``out``.
 
+    Node features ``x``, labels ``y`` and the split masks (``train_mask``,
+    ``valid_mask``, ``test_mask``) go into each part's ``node_data``, the
+    edge features into ``edge_attr``; ``meta.json`` records the data set's
+    ``name``, ``task``, ``num_classes``, ``evaluator`` and
+    ``species_channels`` under ``"dataset"``.
 
-def main(argv=None) -> int:
-    """``revgnn-partition``: partition a data set, one file per worker."""
-    p = argparse.ArgumentParser(description=_CLI_DOC,
-                                formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument('--data', default='proteins_like',
-                   help='proteins_like, ogbn-proteins, ogbn-arxiv, ogbn-products')
-    p.add_argument('--root', default='data', help='OGB data root')
-    p.add_argument('--num-nodes', type=int, default=0,
-                   help='proteins_like size (0: its default)')
-    p.add_argument('--num-parts', type=int, required=True)
-    p.add_argument('--method', default='metis', choices=['metis', 'random'])
-    p.add_argument('--seed', type=int, default=0)
-    p.add_argument('--out', required=True)
-    args = p.parse_args(argv)
+    Args:
+        ds (revgnn.data.NodeDataset): the graph, e.g.
+            ``hydra.utils.instantiate(cfg.data)``.
+        out (str): directory for ``part_{p}.pt`` and ``meta.json``.
+        num_parts (int): number of workers :math:`P`.
+        method (str, optional): ``"metis"`` or ``"random"``, see
+            :func:`partition_nodes`. (default: ``"metis"``)
+        seed (int, optional): seed of the partitioner. (default: ``0``)
 
+    Returns:
+        dict: ``out``, ``nodes``, ``edges``, ``parts``, ``method``,
+        ``cut_edges`` (edges whose endpoints lie in different parts),
+        ``part_sizes`` and ``seconds``.
+    """
+    import torch
+
+    from revgnn.data.graph import NodeDataset
+    if not isinstance(ds, NodeDataset):
+        from revgnn.data.graphs import GraphDataset
+        if isinstance(ds, GraphDataset):
+            raise ValueError(
+                f'SAR trains full-graph on node-level data; {ds.name} is '
+                f'graph-level (many small graphs): train it without SAR '
+                f'(revgnn-train backend=local)')
+        raise TypeError(f'partition_dataset needs a revgnn.data.NodeDataset, '
+                        f'got {type(ds).__name__}')
     t = time.perf_counter()
-    ds = _load_dataset(args.data, args.root, args.num_nodes, args.seed)
     n = ds.num_nodes
     node_data = {'x': ds.x, 'y': ds.y}
     for split, idx in ds.split_idx.items():
         mask = torch.zeros(n, dtype=torch.bool)
         mask[idx] = True
         node_data[f'{split}_mask'] = mask
-    parts = build_partitions(ds.edge_index, n, args.num_parts, args.method,
-                             args.seed, edge_attr=ds.edge_attr,
-                             node_data=node_data)
+    parts = build_partitions(ds.edge_index, n, num_parts, method, seed,
+                             edge_attr=ds.edge_attr, node_data=node_data)
     info = dict(name=ds.name, task=ds.task, num_classes=ds.num_classes,
-                evaluator=ds.evaluator,
-                species_channels=ds.species_channels)
-    save_partitions(parts, args.out, {'dataset': info, 'method': args.method})
-    cut = sum(int(pt['src'].numel() - (pt['shard_ptr'][pt['rank'] + 1] -
-                                      pt['shard_ptr'][pt['rank']]))
-              for pt in parts)
-    print(json.dumps({'out': args.out, 'nodes': n, 'edges': ds.num_edges,
-                      'parts': args.num_parts, 'method': args.method,
-                      'cut_edges': cut,
-                      'part_sizes': [len(pt['node_ids']) for pt in parts],
-                      'seconds': round(time.perf_counter() - t, 2)}))
-    return 0
+                evaluator=ds.evaluator, species_channels=ds.species_channels)
+    save_partitions(parts, out, {'dataset': info})
+    own = [int(pt['shard_ptr'][pt['rank'] + 1] - pt['shard_ptr'][pt['rank']])
+           for pt in parts]
+    return {'out': out, 'nodes': n, 'edges': ds.num_edges,
+            'parts': num_parts, 'method': method,
+            'cut_edges': ds.num_edges - sum(own),
+            'part_sizes': [len(pt['node_ids']) for pt in parts],
+            'seconds': round(time.perf_counter() - t, 2)}
+
+
+# ---- the revgnn-partition command -------------------------------------------
+
+
+class PartitionMethod(str, Enum):
+    """``metis``: minimum edge cut (``pymetis``). ``random``: uniform."""
+    metis = 'metis'
+    random = 'random'
+
+
+@dataclass
+class PartitionConfig:
+    """Schema of ``revgnn-partition`` (``revgnn/configs/partition.yaml``).
+
+    Attributes:
+        data: a node-level option of the ``data`` group, as for
+            ``revgnn-train`` (``proteins_like``, ``ogbn_proteins``, ...).
+        num_parts: number of SAR workers :math:`P` (one part file each).
+        method: ``metis`` or ``random``.
+        seed: seed of the partitioner.
+        out: directory for ``part_{p}.pt`` and ``meta.json``.
+    """
+    data: Any = MISSING
+    num_parts: int = MISSING
+    method: PartitionMethod = PartitionMethod.metis
+    seed: int = 0
+    out: str = MISSING
+
+
+def register_partition_config() -> None:
+    """Stores :class:`PartitionConfig` (and the ``data`` schemas) in Hydra's
+    ConfigStore as ``partition_schema`` (idempotent)."""
+    from hydra.core.config_store import ConfigStore
+
+    import revgnn.config  # noqa: F401  (registers the data group's schemas)
+    ConfigStore.instance().store(name='partition_schema', node=PartitionConfig)
+
+
+def partition_from_config(cfg: Any) -> dict:
+    """Runs a composed ``partition.yaml``: instantiates ``cfg.data`` and
+    calls :func:`partition_dataset`; returns its statistics."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+    for key, example in (('num_parts', 'num_parts=4'),
+                         ('out', 'out=parts/pl4')):
+        if OmegaConf.is_missing(cfg, key):
+            raise ValueError(f'{key} is required, e.g. {example}')
+    if cfg.num_parts < 1:
+        raise ValueError(f'num_parts must be >= 1, got {cfg.num_parts}')
+    return partition_dataset(instantiate(cfg.data), cfg.out, cfg.num_parts,
+                             cfg.method.value, cfg.seed)
+
+
+def main() -> None:
+    """``revgnn-partition``: partitions a data set of the ``data`` group and
+    prints the statistics of :func:`partition_dataset` as one JSON line."""
+    import hydra
+    register_partition_config()
+
+    @hydra.main(version_base='1.3', config_path='pkg://revgnn.configs',
+                config_name='partition')
+    def run(cfg) -> None:
+        print(json.dumps(partition_from_config(cfg)))
+
+    run()
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    main()
