@@ -131,7 +131,11 @@ class TrainerConfig:
 
     Attributes:
         epochs: Passes over the graph; each draws a new random partition.
-        train_parts: Parts ``K`` of that partition; one part (its induced sub-graph) per optimiser step.
+        train_parts: Parts ``K`` of that partition (its induced sub-graphs).
+        parts_per_step: Parts per optimiser step, their gradients accumulated (the loss is the mean over
+            all their labelled nodes); ``null``: one per worker (1 locally). Under ``backend=ddp`` a
+            step's parts are dealt out, ``parts_per_step / workers`` each, so 2 workers equal one
+            process with ``parts_per_step=2``.
         eval_every: Evaluate (and checkpoint "best") every this many epochs, and after the last one.
         eval_views: Independent random partitions at inference ``V``; logits are averaged over views.
         eval_parts: Parts per inference view (1 = the full graph at once).
@@ -148,6 +152,7 @@ class TrainerConfig:
     """
     epochs: int = 100
     train_parts: int = 10
+    parts_per_step: Optional[int] = None
     eval_every: int = 1
     eval_views: int = 1
     eval_parts: int = 5
@@ -164,17 +169,20 @@ class LoggerConfig:
 
 
 class BackendName(str, Enum):
-    """``local``: one process. ``sar``: distributed full-graph training (SAR), one process per
-    worker started by ``torchrun``, on a graph partitioned by ``revgnn-partition``."""
+    """``local``: one process. ``ddp``: data-parallel over the parts of each epoch's partition, one
+    process per worker started by ``torchrun``. ``sar``: distributed full-graph training (SAR), one
+    process per worker started by ``torchrun``, on a graph partitioned by ``revgnn-partition``."""
     local = "local"
+    ddp = "ddp"
     sar = "sar"
 
 
 @dataclass
 class BackendConfig:
-    """Execution backend: device, numeric precision, CPU threads (``null``: torch's default) and,
-    for ``name: sar``, the partition directory, the peer timeout and the torch.distributed backend
-    (``null``: gloo on CPU, NCCL on CUDA)."""
+    """Execution backend (:mod:`revgnn.engine.backends`): device, numeric precision, CPU threads
+    (``null``: torch's default); for ``ddp`` and ``sar`` the peer timeout (every wait is bounded by
+    it) and the torch.distributed backend (``null``: gloo on CPU, NCCL on CUDA); for ``sar`` the
+    partition directory."""
     name: BackendName = BackendName.local
     device: Device = Device.auto
     precision: Precision = Precision.auto

@@ -9,7 +9,7 @@ for arxiv / products).
 from __future__ import annotations
 
 import contextlib
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -29,7 +29,8 @@ def as_edge_index(edge_index: Tensor, num_nodes: int):
 @torch.no_grad()
 def predict(model: nn.Module, ds: NodeDataset, num_views: int = 1, num_parts: int = 1,
             generator: Optional[torch.Generator] = None, device: torch.device | str = "cpu",
-            autocast: Optional[contextlib.AbstractContextManager] = None) -> Tensor:
+            autocast: Optional[contextlib.AbstractContextManager] = None,
+            shard: Tuple[int, int] = (0, 1)) -> Tensor:
     """Per-node logits averaged over ``num_views`` random partitions into ``num_parts`` parts.
 
     Args:
@@ -40,6 +41,9 @@ def predict(model: nn.Module, ds: NodeDataset, num_views: int = 1, num_parts: in
         generator (torch.Generator, optional): Randomness of the partitions.
         device: Where the model lives.
         autocast: Context manager entered around each forward (e.g. bf16 autocast), or :obj:`None`.
+        shard (tuple): ``(rank, world_size)``: run only the forwards ``v * num_parts + k`` congruent to
+            ``rank`` (every worker still draws every view); the workers' outputs sum to the full one
+            (default: :obj:`(0, 1)`, all).
 
     Returns:
         ``[N, C]`` float32 logits on the CPU.
@@ -48,9 +52,14 @@ def predict(model: nn.Module, ds: NodeDataset, num_views: int = 1, num_parts: in
         raise ValueError(f"num_views and num_parts must be >= 1, got {num_views} and {num_parts}")
     was_training = model.training
     model.eval()
+    rank, world_size = shard
     out = torch.zeros(ds.num_nodes, ds.num_classes)
-    for _ in range(num_views):
-        for sub in partition_graph(ds.edge_index, ds.num_nodes, num_parts, generator):
+    for v in range(num_views):
+        partition = partition_graph(ds.edge_index, ds.num_nodes, num_parts, generator)
+        for k in range(num_parts):
+            if (v * num_parts + k) % world_size != rank:
+                continue
+            sub = partition[k]
             x = ds.x[sub.node_idx].to(device)
             edge_index = as_edge_index(sub.edge_index.to(device), sub.num_nodes)
             edge_attr = None if ds.edge_attr is None else ds.edge_attr[sub.edge_ids].to(device)
@@ -62,28 +71,31 @@ def predict(model: nn.Module, ds: NodeDataset, num_views: int = 1, num_parts: in
 
 
 class Scorer:
-    """Scores logits on every split with OGB's evaluator for the data set.
+    """Scores logits with OGB's node evaluator (the leaderboard's metric).
 
     Args:
-        ds (NodeDataset): Provides labels, splits, the task type and the evaluator's name.
+        evaluator (str): Name for :class:`ogb.nodeproppred.Evaluator`, e.g. ``"ogbn-proteins"``.
+        task (str): ``"multilabel"`` (logits scored as they are) or ``"multiclass"`` (their argmax).
+        ds (NodeDataset, optional): Labels and splits for :meth:`__call__`.
     """
 
-    def __init__(self, ds: NodeDataset):
+    def __init__(self, evaluator: str, task: str, ds: Optional[NodeDataset] = None):
         from ogb.nodeproppred import Evaluator
-        self.ds = ds
-        self.evaluator = Evaluator(ds.evaluator)
+        self.ds, self.task = ds, task
+        self.evaluator = Evaluator(evaluator)
         self.metric = self.evaluator.eval_metric
 
+    @classmethod
+    def for_dataset(cls, ds: NodeDataset) -> "Scorer":
+        return cls(ds.evaluator, ds.task, ds)
+
+    def score(self, y_true: Tensor, logits: Tensor) -> float:
+        """The metric of ``logits`` (``[n, C]``) against ``y_true`` (OGB's ``[n, T]`` / ``[n, 1]``)."""
+        pred = logits.argmax(dim=-1, keepdim=True) if self.task == "multiclass" else logits
+        return float(self.evaluator.eval({"y_true": y_true, "y_pred": pred})[self.metric])
+
     def __call__(self, logits: Tensor) -> Dict[str, float]:
-        """Returns ``{split: score}`` for ``train``, ``valid`` and ``test``."""
+        """Returns ``{split: score}`` for ``train``, ``valid`` and ``test`` of the data set."""
         if logits.shape[0] != self.ds.num_nodes:
             raise ValueError(f"logits have {logits.shape[0]} rows for {self.ds.num_nodes} nodes")
-        if self.ds.task == "multiclass":
-            pred = logits.argmax(dim=-1, keepdim=True)
-        else:
-            pred = logits
-        scores = {}
-        for split, idx in self.ds.split_idx.items():
-            result = self.evaluator.eval({"y_true": self.ds.y[idx], "y_pred": pred[idx]})
-            scores[split] = float(result[self.metric])
-        return scores
+        return {split: self.score(self.ds.y[idx], logits[idx]) for split, idx in self.ds.split_idx.items()}

@@ -133,8 +133,9 @@ def breakdown_child(args, depth: int) -> None:
     import torch
     from hydra import compose, initialize_config_module
 
-    import revgnn.tasks
-    import revgnn.train
+    import revgnn.engine.checkpoint
+    import revgnn.engine.loop
+    import revgnn.engine.tasks
     from revgnn.utils.launch import allocator
     from revgnn.utils.memory import peak_rss_bytes
 
@@ -159,7 +160,7 @@ def breakdown_child(args, depth: int) -> None:
             return out
         setattr(owner, name, wrapper)
 
-    build = revgnn.train.build_model
+    build = revgnn.engine.loop.build_model
 
     def build_model(*a, **k):
         r0, p0 = rss(), peak()
@@ -173,19 +174,19 @@ def breakdown_child(args, depth: int) -> None:
         probe(model, "forward", "forward", when=lambda: model.training)
         return model
 
-    revgnn.train.build_model = build_model
+    revgnn.engine.loop.build_model = build_model
     probe(torch.Tensor, "backward", "backward")
     probe(torch.nn.utils, "clip_grad_norm_", "clip")
     probe(torch.optim.Adam, "step", "optimizer step")
-    probe(revgnn.tasks.NodeTask, "evaluate", "evaluate")
-    probe(revgnn.train, "atomic_save", "checkpoint")
-    probe(revgnn.train, "atomic_copy", "checkpoint")
+    probe(revgnn.engine.tasks.NodeTask, "evaluate", "evaluate")
+    probe(revgnn.engine.loop, "atomic_save", "checkpoint")
+    probe(revgnn.engine.loop, "atomic_copy", "checkpoint")
     root = Path(tempfile.mkdtemp(prefix="revgnn_cli_memory_breakdown_"))
     overrides = [o for o in workload(args, depth, root) if not o.startswith("hydra.")]
     try:
         with initialize_config_module("revgnn.configs", version_base="1.3"):
             cfg = compose("train", overrides=overrides + [f"output_dir={root}", "logger.plot=false"])
-        summary = revgnn.train.train(cfg)
+        summary = revgnn.engine.loop.train(cfg)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(json.dumps(dict(phase="end", peak_mb=summary["peak_memory_mb"], allocator=allocator(),

@@ -28,8 +28,9 @@ def main() -> None:
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from revgnn.tasks import make_task
-    from revgnn.train import _stream, build_model, load_checkpoint
+    from revgnn.engine.checkpoint import load_checkpoint
+    from revgnn.engine.loop import build_model, seed_stream
+    from revgnn.engine.tasks import make_task, shapes
 
     ckpt = load_checkpoint(args.checkpoint)
     cfg = OmegaConf.create(ckpt["config"])
@@ -38,12 +39,12 @@ def main() -> None:
             parser.error(f"--data-root given but data set {cfg.data.get('name', cfg.data._target_)} has no root")
         cfg.data.root = args.data_root
     ds = instantiate(cfg.data)
-    model = build_model(cfg.model, ds)
+    model = build_model(cfg.model, shapes(ds))
     model.load_state_dict(ckpt["model"])
     model.to(args.device)
     cfg.trainer.eval_views = views = args.views or cfg.trainer.eval_views
     cfg.trainer.eval_parts = parts = args.parts or cfg.trainer.eval_parts
-    seed = args.seed if args.seed is not None else _stream(cfg.seed, ckpt["epoch"], 1)
+    seed = args.seed if args.seed is not None else seed_stream(cfg.seed, ckpt["epoch"], 1)
     task = make_task(ds, cfg.trainer)  # node level: multi-view inference; graph level: batched graphs
     scores = task.evaluate(model, torch.Generator().manual_seed(seed), args.device)
     print(json.dumps({"checkpoint": args.checkpoint, "epoch": ckpt["epoch"], "views": views, "parts": parts,

@@ -15,8 +15,8 @@ import revgnn.config  # noqa: F401
 from revgnn.data.fake_ogb import write_fake_ogbn
 from revgnn.data.graphs import write_fake_ogbg
 from revgnn.evaluate import as_edge_index
-from revgnn.tasks import make_task
-from revgnn.train import build_model
+from revgnn.engine.loop import build_model
+from revgnn.engine.tasks import make_task, shapes
 
 CONFIG_DIR = str(Path(revgnn.config.__file__).parent / "configs")
 REPO = Path(__file__).resolve().parents[1]
@@ -68,11 +68,11 @@ def test_experiment_instantiates_model_and_data(experiment, fake_ogb_root, monke
                      f"its module")
     from hydra.utils import instantiate
     ds = instantiate(cfg.data)
-    model = build_model(cfg.model, ds)
+    model = build_model(cfg.model, shapes(ds))
     model.eval()
     with torch.no_grad():
         if hasattr(ds, "graphs"):  # graph-level data: one batch of graphs, one output row per graph
-            batch = next(iter(make_task(ds, cfg.trainer).train_batches(torch.Generator(), "cpu")))
+            batch = next(iter(next(iter(make_task(ds, cfg.trainer).train_steps(torch.Generator(), "cpu"))).batches))
             out = model(*batch.inputs)
             assert out.shape == (batch.y.size(0), ds.num_classes)
         else:
@@ -96,7 +96,7 @@ def test_every_model_config_builds_on_proteins_like(model):
         pytest.skip("graph-level model: built on graph data in test_experiment_* and tests/test_graph_*.py")
     from hydra.utils import instantiate
     ds = instantiate(cfg.data)
-    out = build_model(cfg.model, ds)(ds.x, as_edge_index(ds.edge_index, ds.num_nodes), ds.edge_attr)
+    out = build_model(cfg.model, shapes(ds))(ds.x, as_edge_index(ds.edge_index, ds.num_nodes), ds.edge_attr)
     assert out.shape == (400, 112)
 
 

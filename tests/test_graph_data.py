@@ -7,7 +7,7 @@ import torch
 
 from revgnn.data.graphs import GraphDataset, load_ogbg, mol_like, write_fake_ogbg
 from revgnn.models import create_model
-from revgnn.tasks import GraphTask
+from revgnn.engine.tasks import GraphTask
 
 ATOM_DIMS = [119, 5, 12, 12, 10, 6, 6, 2, 2]   # ogb.utils.features.get_atom_feature_dims()
 BOND_DIMS = [5, 6, 2]
@@ -74,7 +74,7 @@ def test_loader_batches_and_model_output(mols):
 
 
 def test_nan_labels_are_ignored_by_the_loss():
-    from revgnn.tasks import task_loss
+    from revgnn.engine.tasks import task_loss
     logits = torch.tensor([[0.3, -1.0], [2.0, 0.5]], requires_grad=True)
     y = torch.tensor([[1.0, float("nan")], [0.0, 1.0]])
     loss = task_loss(logits, y, "multilabel")

@@ -7,7 +7,8 @@ import torch
 from hydra import compose, initialize_config_dir
 
 import revgnn.config
-from revgnn.train import load_checkpoint, train
+from revgnn.engine.checkpoint import load_checkpoint
+from revgnn.train import train
 
 CONFIG_DIR = str(Path(revgnn.config.__file__).parent / "configs")
 TINY = ["experiment=mol_like_revgnn", "data.num_graphs=120", "data.batch_size=16", "model.num_layers=3",
@@ -49,7 +50,8 @@ def test_graph_training_resumes_exactly(tmp_path):
 def test_molhiv_experiments_have_the_paper_model(experiment, norm, params):
     from revgnn.data.graphs import GraphDataset
     from revgnn.models import count_parameters
-    from revgnn.train import build_model
+    from revgnn.engine.loop import build_model
+    from revgnn.engine.tasks import shapes as data_shapes
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = compose(config_name="train", overrides=[f"experiment={experiment}"])
     assert cfg.data._target_ == "revgnn.data.graphs.load_ogbg" and cfg.data.name == "ogbg-molhiv"
@@ -57,4 +59,4 @@ def test_molhiv_experiments_have_the_paper_model(experiment, norm, params):
     shapes = GraphDataset(name="ogbg-molhiv", graphs=[], split_idx={k: torch.zeros(0, dtype=torch.long)
                           for k in ("train", "valid", "test")}, task="multilabel", num_classes=1,
                           evaluator="ogbg-molhiv", in_channels=9, edge_channels=3)
-    assert count_parameters(build_model(cfg.model, shapes)) == params
+    assert count_parameters(build_model(cfg.model, data_shapes(shapes))) == params

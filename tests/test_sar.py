@@ -223,9 +223,17 @@ def _block_stacks():
 
 
 def _check_train_step(graph):
-    """``run.train_step`` (global loss normalisation + gradient all-reduce)
-    makes the same SGD update as one process on the full graph."""
-    from revgnn.distributed.run import SARJob, prepare_model, train_step
+    """The loop's ``train_step`` on a :class:`SARTask` (global loss normalisation + gradient
+    all-reduce) makes the same SGD update as one process on the full graph, with per-tensor and
+    with flat parameters (one all-reduced flat gradient)."""
+    import torch.distributed as dist
+
+    from revgnn.distributed.comm import broadcast_parameters
+    from revgnn.distributed.convs import convert_to_sar
+    from revgnn.engine.backends import DDPBackend, LocalBackend
+    from revgnn.engine.loop import train_step
+    from revgnn.engine.sar import SARTask
+    from revgnn.utils.flat import build_optimizer
     ei, x, ea = make_graph()
     y = (torch.randn(N, 3, generator=torch.Generator().manual_seed(3)) > 0
          ).double()
@@ -233,38 +241,37 @@ def _check_train_step(graph):
     torch.manual_seed(99)
     ref = _rev_model_softmax()
     before = [p.detach().clone() for p in ref.parameters()]
-    sar = _rev_model_softmax()
     ref_state = {k: v.clone() for k, v in ref.state_dict().items()}
-    sar.load_state_dict(ref_state)
-    prepare_model(sar)
     opt = torch.optim.SGD(ref.parameters(), lr=0.5)
     loss_ref = torch.nn.functional.binary_cross_entropy_with_logits(
         ref(x, ei, ea)[train], y[train])
     loss_ref.backward()
     opt.step()
+    backend = DDPBackend(None) if dist.is_initialized() else LocalBackend(None)
     nid = graph.node_ids
-    job = SARJob(graph, x[nid], y[nid], ea[graph.edge_ids],
-                 {'train': train[nid]}, task='multilabel')
-    loss = train_step(sar, torch.optim.SGD(sar.parameters(), lr=0.5), job)
-    errs = [('train_step', 'loss', abs(loss - loss_ref.item()) /
-             abs(loss_ref.item()))]
-    for (n, p_ref), p, b in zip(ref.named_parameters(), sar.parameters(),
-                                before):
-        errs.append(('train_step', f'update {n}', rel_err(p - b, p_ref - b)))
-    # the same step over flat parameters: one all-reduced flat gradient
-    from revgnn.utils.flat import FlatParameters
-    sar_flat = _rev_model_softmax()
-    sar_flat.load_state_dict(ref_state)
-    prepare_model(sar_flat)
-    flat = FlatParameters(sar_flat)
-    loss = train_step(sar_flat, torch.optim.SGD(flat.params, lr=0.5), job,
-                      flat=flat)
-    errs.append(('train_step flat', 'loss', abs(loss - loss_ref.item()) /
-                 abs(loss_ref.item())))
-    for (n, p_ref), p, b in zip(ref.named_parameters(), sar_flat.parameters(),
-                                before):
-        errs.append(('train_step flat', f'update {n}',
-                     rel_err(p - b, p_ref - b)))
+    graph.node_data = {'x': x[nid], 'y': y[nid], 'train_mask': train[nid]}
+    meta = {'dataset': {'name': 'test', 'task': 'multilabel',
+                        'evaluator': 'ogbn-proteins', 'num_classes': 3}}
+    task = SARTask(graph, meta, backend.all_reduce, backend.gather, 'cpu')
+    task.edge_attr = ea[graph.edge_ids]
+    errs = []
+    for flat in (False, True):
+        sar = _rev_model_softmax()
+        sar.load_state_dict(ref_state)
+        convert_to_sar(sar)
+        if dist.is_initialized():
+            broadcast_parameters(sar)
+        optimizer, flat_params = build_optimizer(
+            sar, lambda ps: torch.optim.SGD(ps, lr=0.5), flat)
+        (step,) = task.train_steps(None, 'cpu')
+        loss, stop = train_step(sar, task, step, optimizer, flat_params,
+                                backend)
+        name = 'train_step flat' if flat else 'train_step'
+        errs.append((name, 'loss', abs(loss - loss_ref.item()) /
+                     abs(loss_ref.item())))
+        for (n, p_ref), p, b in zip(ref.named_parameters(), sar.parameters(),
+                                    before):
+            errs.append((name, f'update {n}', rel_err(p - b, p_ref - b)))
     return errs
 
 
@@ -371,38 +378,3 @@ def test_sar_graph_rejects_wrong_world_size():
     part = build_partitions(ei, N, 2, method='random')[1]
     with pytest.raises(PartitionMismatchError, match='2-worker|1-worker'):
         SARGraph(part)
-
-
-def _worker_runner(rank, world_size, part_dir):
-    from revgnn.distributed.run import (evaluate, prepare_model, setup_sar,
-                                        train_step)
-    from revgnn.models import create_model
-    job = setup_sar(part_dir, timeout_s=60)
-    info = job.meta['dataset']
-    torch.manual_seed(rank)  # different init per rank: broadcast must fix it
-    model = prepare_model(create_model(
-        'revgnn_small', num_layers=2, hidden_channels=16,
-        in_channels=job.x.size(1), out_channels=info['num_classes'],
-        edge_channels=job.edge_attr.size(1),
-        species_channels=info['species_channels']))
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    losses = [train_step(model, opt, job, clip_norm=1.0) for _ in range(2)]
-    checksum = sum(float(p.detach().double().sum()) for p in
-                   model.parameters())
-    return losses, evaluate(model, job), checksum
-
-
-def test_runner_end_to_end(tmp_path):
-    """partition command -> setup_sar -> train_step -> OGB evaluation: all
-    workers agree on losses, metrics and parameters."""
-    from revgnn.distributed.partition import main as partition_main
-    out = str(tmp_path / 'pl2')
-    assert partition_main(['--data', 'proteins_like', '--num-nodes', '800',
-                           '--num-parts', '2', '--method', 'random',
-                           '--out', out]) == 0
-    res = run_workers(_worker_runner, 2, out, timeout_s=60, wall_s=180,
-                      threads=1)
-    (l0, m0, c0), (l1, m1, c1) = [r.value for r in res]
-    assert l0 == l1 and m0 == m1 and abs(c0 - c1) <= 1e-6 * abs(c0)
-    assert set(m0) == {'train', 'valid', 'test'}
-    assert all(0.0 <= v <= 1.0 for v in m0.values())

@@ -6,11 +6,11 @@ import sys
 
 
 def test_train_cli_with_sar_backend(tmp_path):
-    from revgnn.distributed.partition import main as partition_main
+    from revgnn.data.synthetic import proteins_like
+    from revgnn.distributed.partition import partition_dataset
 
     parts = tmp_path / "parts"
-    assert partition_main(["--data", "proteins_like", "--num-nodes", "400", "--num-parts", "2",
-                           "--method", "random", "--out", str(parts)]) == 0
+    partition_dataset(proteins_like(num_nodes=400), str(parts), 2, "random")
     env = dict(os.environ, OMP_NUM_THREADS="1", REVGNN_ALLOCATOR="system")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            "-m", "revgnn.train", "backend=sar", f"backend.partition_dir={parts}",

@@ -11,7 +11,8 @@ from torch import nn
 
 import revgnn.config
 from revgnn.models import register_model
-from revgnn.train import load_checkpoint, train
+from revgnn.engine.checkpoint import load_checkpoint
+from revgnn.train import train
 
 CONFIG_DIR = str(Path(revgnn.config.__file__).parent / "configs")
 TINY = ["data.num_nodes=400", "data.window=5", "data.avg_degree=6", "data.max_hops=2",
@@ -103,7 +104,7 @@ def test_checkpoint_writer_saves_what_torch_save_of_state_dict_saves(tmp_path):
     """atomic_save (memo-free pickler; parameters written detached) round-trips to exactly what
     ``torch.save`` of ``state_dict()`` gives: same keys, values, plain tensors, optimizer state."""
     from revgnn.models import create_model
-    from revgnn.train import atomic_copy, atomic_save
+    from revgnn.engine.checkpoint import atomic_copy, atomic_save
     torch.manual_seed(0)
     model = create_model("revgnn_small", num_layers=3, hidden_channels=8, in_channels=16,
                          out_channels=4, edge_channels=8)

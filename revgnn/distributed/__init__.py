@@ -1,18 +1,30 @@
 r"""Distributed full-graph training with SAR (sequential aggregation and
 rematerialisation, Mostafa 2021) on :mod:`torch.distributed`.
 
-* :mod:`.partition` — METIS/random partitioning, one file per worker.
+* :mod:`.partition` — METIS/random partitioning, one checked file per worker
+  (``revgnn-partition``).
 * :mod:`.comm` — process group, bounded point-to-point transfers, errors.
 * :mod:`.sar` — :class:`SARGraph` and the sequential-aggregation autograd op.
 * :mod:`.convs` — SAR-aware GENConv, GATConv, SAGEConv, GINConv.
-* :mod:`.run` — the distributed training loop (``torchrun``).
 
-Heavy imports (torch_geometric) are deferred to the submodules.
+Training runs in the one loop (:mod:`revgnn.engine`, ``backend=sar``); this
+package never imports it. Names are resolved lazily, so ``revgnn-partition
+--help`` does not import torch.
 """
-from .comm import SARCommError, init_distributed
-from .partition import (PartitionMismatchError, build_partitions,
-                        load_partition, partition_nodes, save_partitions)
+import importlib
 
-__all__ = ['SARCommError', 'PartitionMismatchError', 'init_distributed',
-           'build_partitions', 'load_partition', 'partition_nodes',
-           'save_partitions']
+_EXPORTS = {
+    'SARCommError': 'comm', 'init_distributed': 'comm',
+    'PartitionMismatchError': 'partition', 'build_partitions': 'partition',
+    'load_partition': 'partition', 'load_partition_checked': 'partition',
+    'load_meta': 'partition', 'partition_dataset': 'partition',
+    'partition_nodes': 'partition', 'save_partitions': 'partition',
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f'.{_EXPORTS[name]}', __name__),
+                       name)
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

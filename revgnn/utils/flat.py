@@ -220,15 +220,19 @@ def build_optimizer(module: nn.Module, factory: Callable[[Iterable[Tensor]], tor
 
 
 def optimizer_step(optimizer: torch.optim.Optimizer, flat: Optional[FlatParameters],
-                   max_norm: float = 0.0) -> None:
+                   max_norm: float = 0.0,
+                   reduce_gradients: Optional[Callable[[object], None]] = None) -> None:
     """The end of a training step, after ``backward``: bring the gradients into the flat buffer
-    (``flat``), clip their global norm to ``max_norm`` (when > 0), update, and clear the gradients
+    (``flat``), sum them over workers (``reduce_gradients``, given the flat gradient or the
+    parameters), clip their global norm to ``max_norm`` (when > 0), update, and clear the gradients
     (zeroed in place with ``flat``; freed otherwise, so that they do not outlive the step)."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
     if flat is not None:
         flat.sync()
+    if reduce_gradients is not None:
+        reduce_gradients(flat.grad if flat is not None else params)
     if max_norm > 0:
-        torch.nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]],
-                                       max_norm)
+        torch.nn.utils.clip_grad_norm_(params, max_norm)
     optimizer.step()
     if flat is not None:
         flat.zero_grad()

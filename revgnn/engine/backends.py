@@ -1,0 +1,195 @@
+"""Execution backends: what the one training loop asks of the processes that run it.
+
+The loop (:func:`revgnn.engine.loop.train`) is the same for every backend; a backend supplies
+
+* :meth:`Backend.start` / :meth:`Backend.close`: the device, and the process group if any;
+* :meth:`Backend.make_task`: the data (the whole graph, or this worker's partition) as a task;
+* :meth:`Backend.prepare_model`: convs switched to SAR, parameters broadcast from rank 0;
+* :meth:`Backend.all_reduce` / :meth:`Backend.gather`: sums (the step's loss and stop flag, gradients,
+  evaluation logits) and small objects (RNG states, peak memory) across workers;
+* :attr:`Backend.is_writer`: rank 0 writes every file;
+* :meth:`Backend.identity`: what a checkpoint must match to resume (backend, world size, partition).
+
+Backends: ``local`` (:class:`LocalBackend`, one process), ``ddp`` (:class:`DDPBackend`, data-parallel over
+the parts of each epoch's partition, one ``torchrun`` process per worker) and ``sar``
+(:class:`revgnn.engine.sar.SARBackend`, full-graph over a partitioned graph).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Sequence, Union
+
+import torch
+from torch import Tensor
+
+__all__ = ["Backend", "LocalBackend", "DistributedBackend", "DDPBackend", "make_backend"]
+
+
+class Backend:
+    """Base class; see the module docstring for the contract."""
+
+    name = "?"
+    rank, world_size = 0, 1
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.device = torch.device("cpu")
+
+    @property
+    def is_writer(self) -> bool:
+        return self.rank == 0
+
+    def start(self) -> torch.device:
+        """Chooses the device (and joins the process group); returns the device."""
+        b = self.cfg.backend
+        if b.num_threads is not None:
+            if b.num_threads < 1:
+                raise ValueError(f"backend.num_threads must be >= 1 (or null for torch's default), got {b.num_threads}")
+            torch.set_num_threads(b.num_threads)
+        name = b.device.value
+        if name == "auto":
+            name = "cuda" if torch.cuda.is_available() else "cpu"
+        if name == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError("backend.device=cuda but CUDA is not available; use backend.device=auto or cpu")
+        self.device = torch.device(name)
+        return self.device
+
+    def close(self, ok: bool) -> None:
+        """Leaves the process group (``ok``: after a clean end)."""
+
+    def make_task(self):
+        """The task of the configured data set (``data`` group)."""
+        from hydra.utils import instantiate
+
+        from revgnn.engine.tasks import make_task
+        ds = instantiate(self.cfg.data)
+        return make_task(ds, self.cfg.trainer, self.rank, self.world_size)
+
+    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model
+
+    def seed_workers(self, seed: int) -> None:
+        """Seeds what differs between workers after the (identical) model initialisation: dropout."""
+
+    def all_reduce(self, t: Tensor) -> Tensor:
+        """Sum over workers (in place where possible); returns the sum."""
+        return t
+
+    def gather(self, obj: Any) -> List[Any]:
+        """``obj`` of every worker, by rank."""
+        return [obj]
+
+    def reduce_gradients(self, grads: Union[Tensor, Sequence[torch.nn.Parameter]]) -> None:
+        """Sums the gradients over workers: the flat gradient buffer, or the parameters' ``.grad``."""
+
+    def identity(self) -> Dict[str, Any]:
+        """What a checkpoint records of the backend and a resume must match."""
+        return {"backend": self.name, "world_size": self.world_size}
+
+    def launch_prefix(self) -> str:
+        """The command that starts this job again (for the resume hint)."""
+        return "revgnn-train"
+
+
+class LocalBackend(Backend):
+    """One process: the whole graph on one device."""
+
+    name = "local"
+
+    def start(self) -> torch.device:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world > 1:  # torchrun started several copies: each would train alone into the same files
+            raise RuntimeError(f"this process is one of {world} torchrun workers but backend=local trains "
+                               f"in one process; use backend=ddp (data-parallel over parts) or backend=sar "
+                               f"(full-graph over a partitioned graph)")
+        return super().start()
+
+
+class DistributedBackend(Backend):
+    """Base of the ``torchrun`` backends: one process per worker, a ``torch.distributed`` group
+    (gloo on CPU, NCCL on CUDA) with every wait bounded by ``backend.timeout_s``."""
+
+    def start(self) -> torch.device:
+        import torch.distributed as dist
+
+        from revgnn.distributed.comm import init_distributed
+        b = self.cfg.backend
+        if b.timeout_s <= 0:
+            raise ValueError(f"backend.timeout_s must be > 0 seconds, got {b.timeout_s}")
+        device = super().start()
+        dist_backend = b.dist_backend or ("nccl" if device.type == "cuda" else "gloo")
+        if dist_backend not in ("gloo", "nccl"):
+            raise ValueError(f"backend.dist_backend must be gloo, nccl or null, got {dist_backend!r}")
+        if dist_backend == "nccl" and device.type != "cuda":
+            raise ValueError("backend.dist_backend=nccl moves CUDA tensors only; use gloo on CPU")
+        if device.type == "cuda":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+            self.device = device = torch.device("cuda", torch.cuda.current_device())
+        init_distributed(backend=dist_backend, timeout_s=b.timeout_s)
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        return device
+
+    def close(self, ok: bool) -> None:
+        import torch.distributed as dist
+        if not dist.is_initialized():
+            return
+        if ok:  # everyone done before rank 0's files count as final; never after a failure (it would hang)
+            from revgnn.distributed.comm import SARCommError
+            try:
+                dist.barrier()
+            except Exception as e:
+                raise SARCommError(f"[rank {self.rank}] final barrier failed: a peer died after training") from e
+        dist.destroy_process_group()
+
+    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        from revgnn.distributed.comm import broadcast_parameters
+        broadcast_parameters(model)
+        return model
+
+    def seed_workers(self, seed: int) -> None:
+        torch.manual_seed(seed + self.rank)  # independent dropout masks per worker
+
+    def all_reduce(self, t: Tensor) -> Tensor:
+        from revgnn.distributed.comm import all_reduce_sum
+        return all_reduce_sum(t, "all_reduce")
+
+    def gather(self, obj: Any) -> List[Any]:
+        from revgnn.distributed.comm import all_gather_object_checked
+        return all_gather_object_checked(obj, "all_gather")
+
+    def reduce_gradients(self, grads) -> None:
+        from revgnn.distributed.comm import all_reduce_gradients, all_reduce_sum
+        if isinstance(grads, Tensor):
+            all_reduce_sum(grads, "gradient all-reduce")
+        else:
+            all_reduce_gradients(list(grads))
+
+    def launch_prefix(self) -> str:
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
+        nodes = max(self.world_size // max(local, 1), 1)
+        prefix = f"torchrun --nproc_per_node={local}"
+        if nodes > 1:
+            prefix += f" --nnodes={nodes} --rdzv_endpoint=<host:port>"
+        return prefix + " -m revgnn.train"
+
+
+class DDPBackend(DistributedBackend):
+    """Data-parallel training over parts: every worker holds the whole graph and draws the same
+    random partition each epoch; a step's ``trainer.parts_per_step`` parts are dealt out,
+    ``parts_per_step / world_size`` per worker, and the flat gradient is all-reduced, so ``W`` workers
+    take exactly the step one process takes with ``trainer.parts_per_step`` (tested in float64)."""
+
+    name = "ddp"
+
+
+def make_backend(cfg) -> Backend:
+    """The backend named by ``cfg.backend.name``."""
+    name = cfg.backend.name.value
+    if name == "local":
+        return LocalBackend(cfg)
+    if name == "ddp":
+        return DDPBackend(cfg)
+    if name == "sar":
+        from revgnn.engine.sar import SARBackend
+        return SARBackend(cfg)
+    raise ValueError(f"unknown backend {name!r}")

@@ -1,0 +1,79 @@
+"""Run files that survive a crash: checkpoints and text written atomically, and checkpoint loading.
+
+Every file of a run is written to a temporary file in the same directory and renamed over its target
+(:func:`os.replace` is atomic on POSIX): a crash, a ``kill -9`` or a full disk mid-write leaves the
+previous version intact, never half a file.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import types
+from typing import Any, Dict
+
+import torch
+
+__all__ = ["atomic_save", "atomic_copy", "atomic_write_text", "load_checkpoint"]
+
+
+def atomic_save(obj: Any, path: str) -> None:
+    """``torch.save`` to a temporary file in the same directory, then rename over ``path``.
+
+    The pickler runs without a memo (:attr:`pickle.Pickler.fast`): a memo keeps every object it
+    has written alive until the end, which for a checkpoint means the rebuild arguments of every
+    tensor (storage wrappers, size and stride tuples, ...); for a 1001-layer RevGNN with its Adam
+    state (100k tensors) that held ~50 MB at once on top of the training state. Without it
+    the file is ~7% larger (class references are repeated) and loads to the same
+    values; tensors sharing storage stay shared (``torch.save`` tracks storages itself). A
+    checkpoint holds no self-referential objects, which fast mode cannot write.
+
+    Parameters (and any tensor that requires grad) are written as the plain detached tensors
+    that ``state_dict()`` would have made, one at a time while pickling, so a checkpoint can hold
+    ``state_dict(keep_vars=True)`` and save the same file without a detached alias of every
+    parameter alive at once.
+    """
+    tmp = f"{path}.tmp{os.getpid()}"
+    torch.save(obj, tmp, pickle_module=_memo_free_pickle())
+    os.replace(tmp, path)
+
+
+def _memo_free_pickle():
+    """A ``pickle_module`` for :func:`torch.save` whose ``Pickler`` keeps no memo."""
+    class Pickler(pickle.Pickler):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.fast = True
+
+        def reducer_override(self, obj: Any) -> Any:
+            if isinstance(obj, torch.Tensor) and (obj.requires_grad or isinstance(obj, torch.nn.Parameter)):
+                return obj.detach().__reduce_ex__(2)
+            return NotImplemented
+
+    return types.SimpleNamespace(__name__="pickle", Pickler=Pickler, Unpickler=pickle.Unpickler,
+                                 load=pickle.load, dump=pickle.dump)
+
+
+def atomic_copy(src: str, dst: str) -> None:
+    """Copies the file ``src`` to a temporary file next to ``dst``, then renames it over ``dst``."""
+    tmp = f"{dst}.tmp{os.getpid()}"
+    shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
+
+
+def load_checkpoint(path: str) -> Dict[str, Any]:
+    """Loads a checkpoint written by :func:`train` (tensors and plain Python values only)."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"checkpoint {path!r} does not exist")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise RuntimeError(f"checkpoint {path!r} could not be read ({type(e).__name__}: {e})") from e
+
+
+def atomic_write_text(text: str, path: str) -> None:
+    """Writes ``text`` to a temporary file next to ``path``, then renames it over ``path``."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)

@@ -1,0 +1,386 @@
+"""The training loop: every model of the zoo, every data set, every backend, read top to bottom.
+
+Recipe (Li et al., ICML 2021, ogbn-proteins): every epoch draws a new random partition of the nodes into
+``trainer.train_parts`` parts; a step takes ``trainer.parts_per_step`` of them (default one, or one per
+worker under ``backend=ddp``), with the loss on their training nodes. Adam, gradient-norm clipping.
+Evaluation is multi-view inference (:mod:`revgnn.evaluate`) scored by OGB's evaluator; the reported test
+score is the one at the best validation score. Graph-level data go through the same loop with shuffled
+mini-batches of graphs, SAR through it with one full-graph step per epoch: :mod:`revgnn.engine.tasks`
+holds what differs between data, :mod:`revgnn.engine.backends` what differs between backends.
+
+Outputs in the run directory (rank 0 writes them; every write is atomic, :mod:`~revgnn.engine.checkpoint`):
+``metrics.csv`` (one row per epoch, rewritten each epoch), ``summary.json`` (also after a divergence,
+an interruption or a failure, with its ``status``), ``last.pt`` every epoch and ``best.pt``,
+``learning_curve.png`` and optionally TensorBoard events. A checkpoint holds every worker's RNG state
+and the position inside the epoch, so a resumed run continues exactly as an uninterrupted one would,
+also after SIGINT / SIGTERM mid-epoch (:mod:`~revgnn.engine.interrupt`).
+"""
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import logging
+import math
+import os
+import shlex
+import time
+from typing import Any, Dict, Optional
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from revgnn.engine.backends import Backend, make_backend
+from revgnn.engine.checkpoint import atomic_copy, atomic_save, atomic_write_text, load_checkpoint
+from revgnn.engine.interrupt import StopRequest, TrainingInterrupted
+
+__all__ = ["train", "train_step", "build_model", "resolve_output_dir", "seed_stream"]
+
+log = logging.getLogger("revgnn.train")
+
+FIELDS = ["epoch", "loss", "train", "valid", "test", "epoch_time_s", "peak_memory_mb", "lr"]
+
+
+def train(cfg: DictConfig) -> Dict[str, Any]:
+    """Runs one training job described by ``cfg`` (a composed ``train.yaml``) on its backend;
+    returns the summary (the same on every worker)."""
+    backend = make_backend(cfg)
+    backend.start()
+    try:
+        summary = _train(cfg, backend)
+    except BaseException:
+        backend.close(ok=False)
+        raise
+    backend.close(ok=True)
+    return summary
+
+
+def _train(cfg: DictConfig, backend: Backend) -> Dict[str, Any]:
+    from hydra.utils import instantiate
+    from tqdm.auto import tqdm
+
+    from revgnn.models import count_parameters
+    from revgnn.utils.flat import build_optimizer
+
+    # ---- setup ------------------------------------------------------------------------------
+    device, writer = backend.device, backend.is_writer
+    out_dir = resolve_output_dir(cfg)
+    if writer:
+        os.makedirs(out_dir, exist_ok=True)
+    precision = cfg.backend.precision.value
+    use_bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
+    # Autocast covers the convolutions' matmuls; the reversible blocks' reconstruction and the loss
+    # stay in float32 (logits are cast back before the loss).
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else None
+    tc = cfg.trainer
+    for key in ("epochs", "train_parts", "eval_every", "eval_views", "eval_parts"):
+        if tc[key] < 1:
+            raise ValueError(f"trainer.{key} must be >= 1, got {tc[key]}")
+    if tc.parts_per_step is not None and tc.parts_per_step < 1:
+        raise ValueError(f"trainer.parts_per_step must be >= 1 (or null), got {tc.parts_per_step}")
+    if tc.grad_clip < 0:
+        raise ValueError(f"trainer.grad_clip must be >= 0 (0 disables clipping), got {tc.grad_clip}")
+    torch.manual_seed(cfg.seed)
+
+    # ---- data, model, optimiser ----------------------------------------------------------------
+    task = backend.make_task()  # batches, loss and evaluator of this worker's data
+    log.info("data: %s", task)
+    model = backend.prepare_model(build_model(cfg.model, task.shapes).to(device))
+    backend.seed_workers(cfg.seed)
+    num_params = count_parameters(model)
+    log.info("model: %s (%s parameters), backend %s x %d", cfg.model.name, f"{num_params:,}", backend.name,
+             backend.world_size)
+    # One buffer for all parameters (and one for their gradients): the optimiser then updates a
+    # few chunks of it instead of looping over ~10 tensors per layer (trainer.flat_params).
+    optimizer, flat = build_optimizer(model, instantiate(cfg.optim), tc.flat_params)
+
+    state = {"epoch": 0, "step": 0, "partial": None, "history": [],
+             "best": {"epoch": 0, "train": float("nan"), "valid": -math.inf, "test": float("nan")}}
+    last_path, best_path = os.path.join(out_dir, "last.pt"), os.path.join(out_dir, "best.pt")
+    if cfg.ckpt_path:
+        state = resume(cfg, backend, model, optimizer, flat)
+    start_epoch, history = state["epoch"], state["history"]
+    if start_epoch >= tc.epochs:
+        log.warning("checkpoint is at epoch %d >= trainer.epochs=%d: nothing to train", start_epoch, tc.epochs)
+
+    tb = None
+    if writer and cfg.logger.tensorboard:
+        from torch.utils.tensorboard import SummaryWriter
+        tb = SummaryWriter(os.path.join(out_dir, "tensorboard"))
+
+    def save_last(epoch: int, step: int = 0, partial: Optional[Dict[str, float]] = None) -> None:
+        """``last.pt`` after ``epoch`` complete epochs and ``step`` steps of the next (all workers
+        take part: each one's RNG state is gathered; rank 0 writes)."""
+        rng = backend.gather({"torch": torch.get_rng_state(),
+                              "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None})
+        if writer:
+            # keep_vars: the parameters themselves rather than a detached alias of each (20k tensor
+            # objects at 1001 layers); atomic_save writes them detached, so the file is the same.
+            atomic_save({"model": model.state_dict(keep_vars=True), "optimizer": optimizer.state_dict(),
+                         "epoch": epoch, "step": step, "partial": partial, "history": history,
+                         "best": state["best"], "num_parameters": num_params,
+                         "flat_params": flat.layout if flat is not None else None,
+                         "backend": backend.identity(),
+                         "config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
+                         "rng": rng}, last_path)
+
+    def write_summary(status: str, peak_mb: float) -> Dict[str, Any]:
+        best = state["best"]
+        times = [r["epoch_time_s"] for r in history]
+        summary = {"name": cfg.name, "seed": cfg.seed, "model": cfg.model.name, "data": task.name,
+                   "metric": task.metric, "num_parameters": num_params, "epochs": len(history),
+                   "best_epoch": best["epoch"], "highest_train": best["train"], "highest_valid": best["valid"],
+                   "final_test": best["test"], "epoch_time_s": sum(times) / max(len(times), 1),
+                   # the whole run's peak: the rows' figures are taken before each epoch's evaluation
+                   # and checkpoint, and a resumed run's history holds the earlier process's peaks
+                   "peak_memory_mb": round(max([peak_mb] + [r["peak_memory_mb"] for r in history]), 1),
+                   "device": device.type, "bf16": use_bf16, "backend": backend.name,
+                   "world_size": backend.world_size, "status": status, "output_dir": out_dir}
+        if writer:
+            atomic_write_text(json.dumps(summary, indent=2), os.path.join(out_dir, "summary.json"))
+            write_metrics(history, os.path.join(out_dir, "metrics.csv"))
+        return summary
+
+    # ---- the loop -----------------------------------------------------------------------------
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    bar = tqdm(range(start_epoch + 1, tc.epochs + 1), desc=cfg.name, initial=start_epoch, total=tc.epochs,
+               disable=None if writer and cfg.logger.progress_bar else True, dynamic_ncols=True)
+    epoch, stop = start_epoch, StopRequest()
+    try:
+        with stop:
+            for epoch in bar:
+                model.train()
+                if hasattr(model, "set_epoch"):  # models with an epoch schedule (DEQ-GNN's unrolled pretraining)
+                    model.set_epoch(epoch - 1)
+                # the epoch's batches (partition, order of graphs) are a function of (seed, epoch) alone,
+                # the same on every worker; a run resumed mid-epoch skips the steps already taken
+                first = state["step"] if epoch == start_epoch + 1 else 0
+                partial = state["partial"] if first else None
+                loss_sum, count, elapsed = (partial["loss_sum"], partial["count"], partial["time_s"]) \
+                    if partial else (0.0, 0, 0.0)
+                t0 = time.perf_counter()
+                generator = torch.Generator().manual_seed(seed_stream(cfg.seed, epoch, 0))
+                for step in task.train_steps(generator, device, start=first):
+                    loss, stopping = train_step(model, task, step, optimizer, flat, backend, autocast,
+                                                tc.grad_clip, stop.requested)
+                    if not math.isfinite(loss):
+                        raise FloatingPointError(
+                            f"loss is {loss} at epoch {epoch}, step {step.index}: training diverged (no "
+                            f"update was applied). Last good checkpoint: {_last_good(last_path, history)}. "
+                            f"Try a lower optim.lr or trainer.grad_clip.")
+                    loss_sum, count = loss_sum + loss * step.total, count + step.total
+                    if stopping:
+                        save_last(epoch - 1, step.index + 1, {"loss_sum": loss_sum, "count": count,
+                                                              "time_s": elapsed + time.perf_counter() - t0})
+                        raise _interrupted(cfg, backend, stop, last_path, epoch, step.index)
+                epoch_time = elapsed + time.perf_counter() - t0
+
+                peak = max(backend.gather(peak_memory_mb(device)))
+                row = {"epoch": epoch, "loss": loss_sum / max(count, 1), "train": "", "valid": "", "test": "",
+                       "epoch_time_s": round(epoch_time, 4), "peak_memory_mb": round(peak, 1),
+                       "lr": optimizer.param_groups[0]["lr"]}
+                improved = False
+                if epoch % tc.eval_every == 0 or epoch == tc.epochs:
+                    scores = task.evaluate(model, torch.Generator().manual_seed(seed_stream(cfg.seed, epoch, 1)),
+                                           device, autocast, backend.all_reduce)
+                    row.update(scores)
+                    improved = scores["valid"] > state["best"]["valid"]
+                    if improved:
+                        state["best"] = {"epoch": epoch, **scores}
+                    best = state["best"]
+                    log.info("epoch %d  loss %.4f  train %.4f  valid %.4f  test %.4f  (best valid %.4f @ %d)  "
+                             "%.1fs", epoch, row["loss"], scores["train"], scores["valid"], scores["test"],
+                             best["valid"], best["epoch"], epoch_time)
+                history.append(row)
+                save_last(epoch)  # pickled once; best.pt is a byte copy
+                if writer:
+                    if improved:
+                        atomic_copy(last_path, best_path)
+                    write_metrics(history, os.path.join(out_dir, "metrics.csv"))
+                    if tb is not None:
+                        for key in ("loss", "train", "valid", "test", "epoch_time_s", "peak_memory_mb"):
+                            if row[key] != "":
+                                tb.add_scalar(key, row[key], epoch)
+                bar.set_postfix(loss=f"{row['loss']:.4f}", valid=f"{state['best']['valid']:.4f}")
+                # a signal during evaluation or checkpointing: the epoch is saved, stop here
+                if float(backend.all_reduce(torch.tensor([float(stop.requested)], dtype=torch.float64))) > 0:
+                    raise _interrupted(cfg, backend, stop, last_path, epoch + 1, None)
+    except TrainingInterrupted:
+        write_summary("interrupted", peak_memory_mb(device))
+        raise
+    except FloatingPointError:
+        write_summary("diverged", peak_memory_mb(device))
+        raise
+    except Exception as e:
+        if history:  # what finished stays reported (no collective here: a peer may be gone)
+            write_summary(f"failed at epoch {epoch + 1}: {type(e).__name__}", peak_memory_mb(device))
+        raise
+    finally:
+        bar.close()
+        if tb is not None:
+            tb.close()
+
+    # ---- summary ------------------------------------------------------------------------------
+    summary = write_summary("completed", max(backend.gather(peak_memory_mb(device))))
+    if writer and cfg.logger.plot and history:
+        plot_learning_curve(history, task.metric, os.path.join(out_dir, "learning_curve.png"))
+    best = state["best"]
+    log.info("Highest Train: %.4f  Highest Valid: %.4f  Final Test: %.4f  (%s, epoch %d of %d, %s params, "
+             "%.2f s/epoch, peak %.0f MB)", best["train"], best["valid"], best["test"], task.metric,
+             best["epoch"], len(history), f"{num_params:,}", summary["epoch_time_s"], summary["peak_memory_mb"])
+    return summary
+
+
+def train_step(model, task, step, optimizer, flat, backend: Backend, autocast=None, grad_clip: float = 0.0,
+               stop_requested: bool = False):
+    """One optimiser step over this worker's batches of ``step``: forward, loss share, backward for each
+    (gradients accumulate), then one all-reduce of ``[step loss, stop flag]`` over the workers. The
+    update is applied only when the step loss is finite (gradients reduced over the workers, clipped);
+    returns ``(step loss, whether any worker asked to stop)``."""
+    from revgnn.utils.flat import optimizer_step
+    loss_sum = torch.zeros((), dtype=torch.float64)
+    for batch in step.batches:
+        with autocast if autocast is not None else contextlib.nullcontext():
+            logits = model(*batch.inputs)
+        loss = task.loss(logits, batch, step.total)
+        loss.backward()
+        loss_sum += loss.detach().to(loss_sum)
+    status = backend.all_reduce(torch.stack([loss_sum, torch.tensor(float(stop_requested), dtype=torch.float64)]))
+    loss_value = float(status[0])
+    if not math.isfinite(loss_value):
+        if flat is not None:
+            flat.zero_grad()
+        else:
+            optimizer.zero_grad(set_to_none=True)
+        return loss_value, bool(status[1] > 0)
+    # clears the gradients after the update: freed (or zeroed in the flat buffer) here rather than
+    # before the next backward, they stay out of evaluation and checkpointing
+    optimizer_step(optimizer, flat, grad_clip, backend.reduce_gradients)
+    return loss_value, bool(status[1] > 0)
+
+
+def resume(cfg: DictConfig, backend: Backend, model, optimizer, flat) -> Dict[str, Any]:
+    """Loads ``cfg.ckpt_path`` into the model, the optimiser and this worker's RNG; returns the loop state.
+    Refuses a checkpoint of another backend, world size or partitioning, model or parameter layout."""
+    ckpt = load_checkpoint(cfg.ckpt_path)
+    saved = ckpt.get("backend") or {"backend": "local", "world_size": 1}
+    now = backend.identity()
+    if saved != now:
+        diff = ", ".join(f"{k} {saved.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(saved) | set(now))
+                         if saved.get(k) != now.get(k))
+        raise RuntimeError(f"checkpoint {cfg.ckpt_path} was written by another run layout ({diff}): its "
+                           f"workers' RNG streams and data do not continue in this one. Resume with the "
+                           f"checkpoint's backend, world size and partition directory")
+    try:
+        model.load_state_dict(ckpt["model"])
+    except RuntimeError as e:
+        raise RuntimeError(f"checkpoint {cfg.ckpt_path} does not fit model {cfg.model.name!r} as "
+                           f"configured (was it trained with other model settings?): {e}") from e
+    saved_layout = ckpt.get("flat_params")  # FlatParameters.layout, or None for per-tensor state
+    if bool(saved_layout) != (flat is not None):
+        raise RuntimeError(f"checkpoint {cfg.ckpt_path} holds optimiser state for "
+                           f"{'flat' if saved_layout else 'per-tensor'} parameters; resume "
+                           f"with trainer.flat_params={str(bool(saved_layout)).lower()}")
+    if flat is not None and saved_layout != flat.layout:
+        raise RuntimeError(f"checkpoint {cfg.ckpt_path} holds flat optimiser state for another "
+                           f"parameter layout (parameters, their order or the chunking differ); "
+                           f"its moments cannot be matched to this model's parameters")
+    optimizer.load_state_dict(ckpt["optimizer"])
+    rng = ckpt["rng"]
+    rng = rng[backend.rank] if isinstance(rng, list) else rng  # a list by rank since the one loop
+    torch.set_rng_state(rng["torch"])
+    if backend.device.type == "cuda" and rng.get("cuda") is not None:
+        torch.cuda.set_rng_state(rng["cuda"], backend.device)
+    step = ckpt.get("step", 0)
+    log.info("resumed from %s at epoch %d%s", cfg.ckpt_path, ckpt["epoch"], f", step {step}" if step else "")
+    return {"epoch": ckpt["epoch"], "step": step, "partial": ckpt.get("partial"), "history": ckpt["history"],
+            "best": ckpt["best"]}
+
+
+def _last_good(last_path: str, history) -> str:
+    if os.path.exists(last_path) and history:
+        return f"{last_path} (epoch {history[-1]['epoch']})"
+    return "none (no epoch finished)"
+
+
+def _interrupted(cfg, backend: Backend, stop: StopRequest, last_path: str, epoch: int,
+                 step: Optional[int]) -> TrainingInterrupted:
+    import signal
+    signum = stop.signum or signal.SIGTERM  # a peer's signal: this worker got none itself
+    where = f"epoch {epoch}, after step {step}" if step is not None else f"before epoch {epoch}"
+    return TrainingInterrupted(f"{signal.Signals(signum).name}: stopped {where}; saved {last_path}. "
+                               f"Resume with:\n  {resume_command(cfg, backend, last_path)}", signum)
+
+
+def resume_command(cfg: DictConfig, backend: Backend, last_path: str) -> str:
+    """The command line that continues this run from ``last_path``: the launcher, the job's own
+    overrides (without any earlier ``ckpt_path``) and ``ckpt_path=<last_path>``."""
+    from hydra.core.hydra_config import HydraConfig
+    overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    overrides = [o for o in overrides if not o.lstrip("+~").startswith("ckpt_path=")]
+    if not HydraConfig.initialized() and cfg.output_dir:
+        overrides.append(f"output_dir={cfg.output_dir}")
+    overrides.append(f"ckpt_path={os.path.abspath(last_path)}")
+    return " ".join([backend.launch_prefix()] + [shlex.quote(o) for o in overrides])
+
+
+def write_metrics(history, path: str) -> None:
+    """``metrics.csv``: one row per epoch, rewritten whole (atomically) from the history."""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=FIELDS, lineterminator="\n")
+    w.writeheader()
+    w.writerows(history)
+    atomic_write_text(buf.getvalue(), path)
+
+
+def build_model(model_cfg: DictConfig, shapes: Dict[str, Any]) -> "torch.nn.Module":
+    """Instantiates ``model_cfg`` with the data's shapes (``in_channels``, ``out_channels``,
+    ``edge_channels``, ``species_channels``); ``null`` entries keep the variant's default."""
+    from hydra.utils import instantiate
+    kwargs = {k: v for k, v in OmegaConf.to_container(model_cfg, resolve=True).items() if v is not None}
+    return instantiate(kwargs, **shapes)
+
+
+def resolve_output_dir(cfg: DictConfig) -> str:
+    """``cfg.output_dir`` if set, else Hydra's run directory (or ``outputs/<name>`` outside Hydra)."""
+    if cfg.output_dir:
+        return str(cfg.output_dir)
+    from hydra.core.hydra_config import HydraConfig
+    if HydraConfig.initialized():
+        return HydraConfig.get().runtime.output_dir
+    return f"outputs/{cfg.name}"
+
+
+def seed_stream(seed: int, epoch: int, purpose: int) -> int:
+    """A distinct generator seed for each (run seed, epoch, purpose): 0 training batches, 1 evaluation."""
+    return (seed * 1_000_003 + epoch) * 4 + purpose
+
+
+def peak_memory_mb(device) -> float:
+    """Peak memory so far: ``max_memory_allocated`` on CUDA, the process's peak RSS on CPU."""
+    from revgnn.utils.memory import peak_rss_bytes
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return peak_rss_bytes() / 2**20
+
+
+def plot_learning_curve(history, metric: str, path: str) -> None:
+    """Training loss and train/valid/test scores against epochs, as a PNG (written atomically)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (ax_loss, ax_score) = plt.subplots(1, 2, figsize=(10, 4))
+    ax_loss.plot([r["epoch"] for r in history], [r["loss"] for r in history])
+    ax_loss.set(xlabel="epoch", ylabel="training loss", title="loss")
+    evaluated = [r for r in history if r["valid"] != ""]
+    for split in ("train", "valid", "test"):
+        ax_score.plot([r["epoch"] for r in evaluated], [r[split] for r in evaluated], marker="o", label=split)
+    ax_score.set(xlabel="epoch", ylabel=metric, title=metric)
+    ax_score.legend()
+    fig.tight_layout()
+    tmp = f"{path}.tmp{os.getpid()}.png"
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, path)

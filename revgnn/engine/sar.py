@@ -1,0 +1,141 @@
+r"""``backend=sar``: full-graph training on a partitioned graph, one ``torchrun`` process per part.
+
+    revgnn-partition data=proteins_like num_parts=4 method=metis out=parts/pl4
+    torchrun --nproc_per_node=4 -m revgnn.train backend=sar backend.partition_dir=parts/pl4
+
+Each worker loads only its part (checked against ``meta.json`` and agreed on by all workers before the
+first step), builds its :class:`~revgnn.distributed.sar.SARGraph` and switches the model's convs to SAR
+(:func:`~revgnn.distributed.convs.convert_to_sar`); parameters are broadcast from rank 0. An epoch is one
+full-graph step: worker :math:`p`'s loss is normalised by the *global* number of labelled entries,
+
+.. math::
+    L_p = \frac{1}{n} \sum_{(i, t) \in \mathcal{L}_p} \ell(\hat{y}_{it}, y_{it}),
+
+so the all-reduced sum of the per-worker gradients is the single-process full-graph gradient of the
+mean loss. Evaluation gathers every split's predictions and runs the OGB Evaluator on every worker
+(the same numbers everywhere). Everything else (checkpoints, exact resume, NaN guard, precision,
+logging, signals) is the one loop's, :mod:`revgnn.engine.loop`.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Iterator
+
+import torch
+from torch import Tensor, nn
+
+from revgnn.engine.backends import DistributedBackend
+from revgnn.engine.tasks import Batch, Step, _autocast, labelled_entries, task_loss
+
+__all__ = ["SARTask", "SARBackend"]
+
+#: trainer keys that describe sub-graph training and multi-view inference, which SAR replaces.
+_FULL_GRAPH = {"train_parts": 1, "eval_views": 1, "eval_parts": 1}
+
+
+class SARTask:
+    """This worker's share of a full-graph node task (see the module docstring).
+
+    Args:
+        graph (SARGraph): The worker's part and communication plan (on ``device``).
+        meta (dict): The partition's ``meta.json`` (its ``dataset`` entry names the task, the
+            evaluator, the class count and the species channels).
+        reduce: Sum over workers (:meth:`Backend.all_reduce`).
+        gather: All-gather of objects (:meth:`Backend.gather`).
+        device: Where the model lives.
+    """
+
+    level = "node"
+
+    def __init__(self, graph, meta: Dict[str, Any], reduce, gather, device):
+        from revgnn.evaluate import Scorer
+        info = meta.get("dataset", {})
+        nd = graph.node_data
+        for key in ("x", "y", "train_mask"):
+            if key not in nd:
+                raise ValueError(f"the partition has no node tensor {key!r}; partition with revgnn-partition")
+        self.graph, self.gather, self.device = graph, gather, device
+        self.name = info.get("name", "?")
+        self.task = info.get("task", "multilabel")
+        if not info.get("evaluator"):
+            raise ValueError("the partition's meta.json names no OGB evaluator; partition with revgnn-partition")
+        self.scorer = Scorer(info["evaluator"], self.task)
+        self.metric = self.scorer.metric
+        self.x, self.y = nd["x"].to(device), nd["y"].to(device)
+        self.masks = {k[:-5]: v.to(device) for k, v in nd.items() if k.endswith("_mask")}
+        self.edge_attr = None if graph.edge_attr is None else graph.edge_attr.to(device)
+        train = self.masks["train"]
+        self.count = int(labelled_entries(self.y[train]).sum())
+        self.total = int(reduce(torch.tensor([float(self.count)], dtype=torch.float64)).item())
+        self.shapes = dict(in_channels=self.x.size(1), out_channels=info.get("num_classes", self.y.size(1)),
+                           edge_channels=None if self.edge_attr is None else self.edge_attr.size(1),
+                           species_channels=info.get("species_channels", 0))
+
+    def check_trainer(self, tc) -> None:
+        bad = {k: tc[k] for k, v in _FULL_GRAPH.items() if tc[k] != v}
+        if tc.parts_per_step not in (None, 1):
+            bad["parts_per_step"] = tc.parts_per_step
+        if bad:
+            raise ValueError(f"backend=sar trains and evaluates on the full graph, one step per epoch; "
+                             f"{', '.join(f'trainer.{k}={v}' for k, v in bad.items())} cannot apply: set "
+                             f"{' '.join(f'trainer.{k}=1' for k in bad)} (backend/sar.yaml sets them)")
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__name__}({self.name}, {self.graph})"
+
+    def train_steps(self, generator: torch.Generator, device, start: int = 0) -> Iterator[Step]:
+        """One full-graph step per epoch; every worker takes it, labelled nodes or not (the forward
+        and backward are collective)."""
+        if start == 0 and self.total > 0:
+            mask = self.masks["train"]
+            yield Step(0, iter([Batch((self.x, self.graph, self.edge_attr), mask, self.y[mask], self.count)]),
+                       self.total)
+
+    def loss(self, logits: Tensor, batch: Batch, total: int) -> Tensor:
+        return task_loss(logits[batch.select], batch.y, self.task, "sum") / total
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, generator, device, autocast=None, reduce=None) -> Dict[str, float]:
+        was_training = model.training
+        model.eval()
+        with _autocast(autocast):
+            out = model(self.x, self.graph, self.edge_attr).float().cpu()
+        model.train(was_training)
+        pieces = {s: (out[m.cpu()], self.y[m].cpu()) for s, m in self.masks.items()
+                  if s in ("train", "valid", "test")}
+        gathered = self.gather(pieces)
+        return {s: self.scorer.score(torch.cat([g[s][1] for g in gathered]),
+                                     torch.cat([g[s][0] for g in gathered])) for s in pieces}
+
+
+class SARBackend(DistributedBackend):
+    """SAR full-graph training: the graph comes from ``backend.partition_dir`` (written by
+    ``revgnn-partition``), not from the ``data`` group."""
+
+    name = "sar"
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        if not cfg.backend.partition_dir:
+            raise ValueError("backend=sar needs backend.partition_dir=DIR, a directory written by "
+                             "`revgnn-partition data=... num_parts=P out=DIR`")
+        self.fingerprint = None
+
+    def make_task(self) -> SARTask:
+        from revgnn.distributed.partition import load_meta, load_partition_checked
+        from revgnn.distributed.sar import SARGraph
+        root = self.cfg.backend.partition_dir
+        part = load_partition_checked(root)
+        graph = SARGraph(part, timeout_s=self.cfg.backend.timeout_s).to(self.device)
+        meta = load_meta(root)
+        self.fingerprint = part["fingerprint"]
+        task = SARTask(graph, meta, self.all_reduce, self.gather, self.device)
+        task.check_trainer(self.cfg.trainer)
+        return task
+
+    def prepare_model(self, model: nn.Module) -> nn.Module:
+        from revgnn.distributed.convs import convert_to_sar
+        convert_to_sar(model)
+        return super().prepare_model(model)
+
+    def identity(self) -> Dict[str, Any]:
+        return {**super().identity(), "partition": self.fingerprint}

@@ -1,0 +1,243 @@
+r"""What the training loop needs to know about a data set: its steps, their loss and its evaluation.
+
+A task turns a data set into optimiser *steps*, each a list of batches, computes each batch's share of
+the step's loss and scores a model on every split with OGB's evaluator, so that
+:func:`revgnn.engine.loop.train` is one loop for every level and backend:
+
+* :class:`NodeTask` (a :class:`~revgnn.data.graph.NodeDataset`, e.g. ogbn-proteins): every epoch a new
+  random partition into ``trainer.train_parts`` parts; a step takes ``trainer.parts_per_step`` of them
+  (their induced sub-graphs, the loss on their training nodes, the gradients accumulated). Under
+  ``backend=ddp`` every worker draws the same partition and the step's parts are dealt out, so
+  :math:`W` workers with :math:`K/W` parts each take the step one process takes with :math:`K`.
+  Evaluation is multi-view inference (``trainer.eval_views`` x ``trainer.eval_parts``), its forwards
+  dealt out the same way.
+* :class:`GraphTask` (a :class:`~revgnn.data.graphs.GraphDataset`, e.g. ogbg-molhiv): every epoch the
+  training graphs are shuffled into batches of ``data.batch_size``, one step each; the model is called
+  as ``model(x, edge_index, edge_attr, batch, num_graphs)`` and returns one row per graph.
+* :class:`SARTask` (:mod:`revgnn.engine.sar`): one full-graph step per epoch on every SAR worker.
+
+The loss of a step :math:`s` over its batches :math:`b` (on every worker) is the mean over all of its
+labelled entries,
+
+.. math::
+    L_s = \frac{1}{n_s} \sum_{b \in s} \sum_{(i, t) \in b} \ell(\hat{y}_{it}, y_{it}),
+
+where :math:`n_s` (:attr:`Step.total`) counts the labelled entries of the whole step: each batch
+contributes ``loss_sum / n_s``, so accumulated (or all-reduced) gradients are those of :math:`L_s`.
+``multilabel`` data use BCE-with-logits over tasks (NaN labels are ignored, as OGB's molecule sets
+have missing labels), ``multiclass`` data cross entropy.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Dict, Iterator, NamedTuple, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["Batch", "Step", "NodeTask", "GraphTask", "make_task", "task_loss", "labelled_entries", "shapes"]
+
+
+class Batch(NamedTuple):
+    """One forward pass: the model's positional inputs, which output rows the loss uses (a mask, or
+    :obj:`None` for all), their targets and how many labelled entries they hold."""
+    inputs: Tuple[Any, ...]
+    select: Optional[Tensor]
+    y: Tensor
+    count: int
+
+
+class Step(NamedTuple):
+    """One optimiser step: its index in the epoch, this worker's batches (an iterator: sub-graphs are
+    built one at a time) and the labelled entries of the whole step, over all batches and workers."""
+    index: int
+    batches: Iterator[Batch]
+    total: int
+
+
+def task_loss(logits: Tensor, y: Tensor, task: str, reduction: str = "mean") -> Tensor:
+    """BCE-with-logits over labelled entries (``multilabel``; NaN = unlabelled) or cross entropy;
+    ``reduction`` is ``"mean"`` or ``"sum"`` over those entries. Half-precision logits (autocast)
+    are scored in float32; float64 stays float64."""
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    if task == "multilabel":
+        y = y.to(logits.dtype)
+        labelled = y == y
+        return F.binary_cross_entropy_with_logits(logits[labelled], y[labelled], reduction=reduction)
+    return F.cross_entropy(logits, y.view(-1), reduction=reduction)
+
+
+def labelled_entries(y: Tensor) -> Tensor:
+    """Labelled entries per row of ``y``: the non-NaN entries of float targets, 1 per row of classes."""
+    if y.is_floating_point():
+        labelled = y == y
+        return labelled.flatten(1).sum(1) if y.dim() > 1 else labelled.long()
+    return torch.ones(y.size(0), dtype=torch.long, device=y.device)
+
+
+def _autocast(ctx):
+    return ctx if ctx is not None else contextlib.nullcontext()
+
+
+class NodeTask:
+    """Node-level training on random-partition sub-graphs of one big graph (Li et al., ICML 2021).
+
+    Args:
+        ds (NodeDataset): The graph.
+        trainer_cfg: ``trainer`` config (``train_parts``, ``parts_per_step``, ``eval_views``,
+            ``eval_parts``).
+        rank (int): This worker's rank under ``backend=ddp`` (default: :obj:`0`).
+        world_size (int): Workers sharing each step (default: :obj:`1`).
+    """
+
+    level = "node"
+
+    def __init__(self, ds, trainer_cfg, rank: int = 0, world_size: int = 1):
+        from revgnn.evaluate import Scorer
+        self.ds, self.tc = ds, trainer_cfg
+        self.rank, self.world_size = rank, world_size
+        self.scorer = Scorer.for_dataset(ds)
+        self.metric = self.scorer.metric
+        self.train_mask = torch.zeros(ds.num_nodes, dtype=torch.bool)
+        self.train_mask[ds.split_idx["train"]] = True
+        self.entries = labelled_entries(ds.y) * self.train_mask  # loss terms per node
+        k = trainer_cfg.parts_per_step or world_size
+        if k % world_size:
+            raise ValueError(f"trainer.parts_per_step={k} must be a multiple of the {world_size} workers "
+                             f"(each worker takes parts_per_step / workers parts per step)")
+        if trainer_cfg.train_parts % k:
+            raise ValueError(f"trainer.train_parts={trainer_cfg.train_parts} must be a multiple of "
+                             f"trainer.parts_per_step={k}")
+        self.parts_per_step = k
+        self.name, self.shapes = ds.name, shapes(ds)
+
+    def __repr__(self) -> str:
+        return repr(self.ds)
+
+    def train_steps(self, generator: torch.Generator, device, start: int = 0) -> Iterator[Step]:
+        """This worker's steps of one epoch from step ``start`` on; the partition is drawn from
+        ``generator`` alone, so every worker (and a resumed run) draws the same one."""
+        from revgnn.data.partition import Partition, random_partition
+        ds, k, per_worker = self.ds, self.parts_per_step, self.parts_per_step // self.world_size
+        part = random_partition(ds.num_nodes, self.tc.train_parts, generator)
+        partition = Partition(ds.edge_index, part, self.tc.train_parts)
+        counts = torch.zeros(self.tc.train_parts, dtype=torch.long).index_add_(0, part, self.entries).tolist()
+        for s in range(start, self.tc.train_parts // k):
+            first = s * k
+            total = sum(counts[first:first + k])
+            if total == 0:  # no labelled node in the whole step (every worker skips it)
+                continue
+            mine = [first + self.rank * per_worker + j for j in range(per_worker)]
+            yield Step(s, (self._batch(partition[p], device) for p in mine if counts[p] > 0), total)
+
+    def _batch(self, sub, device) -> Batch:
+        from revgnn.evaluate import as_edge_index
+        ds = self.ds
+        mask = self.train_mask[sub.node_idx]
+        x = ds.x[sub.node_idx].to(device)
+        edge_index = as_edge_index(sub.edge_index.to(device), sub.num_nodes)
+        edge_attr = None if ds.edge_attr is None else ds.edge_attr[sub.edge_ids].to(device)
+        y = ds.y[sub.node_idx[mask]].to(device)
+        return Batch((x, edge_index, edge_attr), mask.to(device), y, int(self.entries[sub.node_idx].sum()))
+
+    def loss(self, logits: Tensor, batch: Batch, total: int) -> Tensor:
+        """This batch's share of the step loss: its summed loss over the step's labelled entries."""
+        return task_loss(logits[batch.select], batch.y, self.ds.task, "sum") / total
+
+    def evaluate(self, model: nn.Module, generator: torch.Generator, device, autocast=None,
+                 reduce=None) -> Dict[str, float]:
+        """Multi-view scores; with ``reduce`` (a sum over workers) each worker runs its share of the
+        forwards and the summed logits are scored everywhere."""
+        from revgnn.evaluate import predict
+        logits = predict(model, self.ds, self.tc.eval_views, self.tc.eval_parts, generator, device, autocast,
+                         shard=(self.rank, self.world_size))
+        if reduce is not None:
+            logits = reduce(logits)
+        return self.scorer(logits)
+
+
+class GraphTask:
+    """Graph-level training on shuffled mini-batches of graphs, scored by OGB's graph evaluator."""
+
+    level = "graph"
+
+    def __init__(self, ds, trainer_cfg=None):
+        from ogb.graphproppred import Evaluator
+        self.ds = ds
+        self.evaluator = Evaluator(ds.evaluator)
+        self.metric = self.evaluator.eval_metric
+        if self.evaluator.num_tasks != ds.num_classes:
+            raise ValueError(f"{ds.name}: {ds.num_classes} tasks, but evaluator {ds.evaluator!r} expects "
+                             f"{self.evaluator.num_tasks}")
+        if trainer_cfg is not None and trainer_cfg.parts_per_step not in (None, 1):
+            raise ValueError(f"trainer.parts_per_step concerns node-level partitions; {ds.name} is graph-level "
+                             f"and takes one batch of data.batch_size graphs per step")
+        self.name, self.shapes = ds.name, shapes(ds)
+
+    def __repr__(self) -> str:
+        return repr(self.ds)
+
+    @staticmethod
+    def _inputs(data, device) -> Tuple[Any, ...]:
+        edge_attr = data.edge_attr.to(device) if data.edge_attr is not None else None
+        return (data.x.to(device), data.edge_index.to(device), edge_attr, data.batch.to(device),
+                data.num_graphs)
+
+    def train_steps(self, generator: torch.Generator, device, start: int = 0) -> Iterator[Step]:
+        for s, data in enumerate(self.ds.loader("train", shuffle=True, generator=generator)):
+            if s < start:
+                continue
+            y = data.y.view(data.num_graphs, -1).to(device)
+            count = int(labelled_entries(y).sum())
+            if count == 0:
+                continue
+            yield Step(s, iter([Batch(self._inputs(data, device), None, y, count)]), count)
+
+    def loss(self, logits: Tensor, batch: Batch, total: int) -> Tensor:
+        return task_loss(logits, batch.y, self.ds.task, "sum") / total
+
+    @torch.no_grad()
+    def predict(self, model: nn.Module, split: str, device, autocast=None) -> Tensor:
+        """``[G, T]`` float32 logits of ``split``'s graphs, in split order, on the CPU."""
+        was_training = model.training
+        model.eval()
+        out = []
+        for data in self.ds.loader(split, shuffle=False):
+            with _autocast(autocast):
+                out.append(model(*self._inputs(data, device)).float().cpu())
+        model.train(was_training)
+        return torch.cat(out, dim=0) if out else torch.zeros(0, self.ds.num_classes)
+
+    def evaluate(self, model: nn.Module, generator: Optional[torch.Generator], device, autocast=None,
+                 reduce=None) -> Dict[str, float]:
+        scores = {}
+        for split in ("train", "valid", "test"):
+            logits = self.predict(model, split, device, autocast)
+            y = self.ds.labels(split)
+            pred = logits.argmax(-1, keepdim=True) if self.ds.task == "multiclass" else logits
+            scores[split] = float(self.evaluator.eval({"y_true": y, "y_pred": pred})[self.metric])
+        return scores
+
+
+def make_task(ds, trainer_cfg, rank: int = 0, world_size: int = 1):
+    """:class:`NodeTask` for a ``NodeDataset``, :class:`GraphTask` for a ``GraphDataset``."""
+    from revgnn.data.graph import NodeDataset
+    from revgnn.data.graphs import GraphDataset
+    if isinstance(ds, NodeDataset):
+        return NodeTask(ds, trainer_cfg, rank, world_size)
+    if isinstance(ds, GraphDataset):
+        if world_size > 1:
+            raise ValueError(f"backend=ddp deals out the parts of a node-level graph; {ds.name} is graph-level: "
+                             f"train it with backend=local")
+        return GraphTask(ds, trainer_cfg)
+    raise TypeError(f"data._target_ must build a revgnn.data.NodeDataset or revgnn.data.graphs.GraphDataset, "
+                    f"got {type(ds).__name__}")
+
+
+def shapes(ds) -> Dict[str, Any]:
+    """The model's data-dependent arguments."""
+    return dict(in_channels=ds.in_channels, out_channels=ds.num_classes, edge_channels=ds.edge_channels,
+                species_channels=ds.species_channels)
+
