@@ -26,3 +26,18 @@ def train_cli(tmp_path):
         (run_dir,) = (tmp_path / "outputs" / name).iterdir()
         return run_dir
     return run
+
+
+CONFIG_DIR = str(REPO / "revgnn" / "configs")
+
+
+def compose_train(out_dir, *overrides):
+    """The composed ``train.yaml`` with ``overrides`` and ``output_dir=out_dir`` (no plot, no bar)."""
+    from hydra import compose, initialize_config_dir
+
+    import revgnn.config  # noqa: F401  (registers the schemas)
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose(config_name="train", overrides=["logger.plot=false", "logger.progress_bar=false",
+                                                      *overrides])
+    cfg.output_dir = str(out_dir)
+    return cfg

@@ -164,7 +164,7 @@ def _train(cfg: DictConfig, backend: Backend) -> Dict[str, Any]:
                 generator = torch.Generator().manual_seed(seed_stream(cfg.seed, epoch, 0))
                 for step in task.train_steps(generator, device, start=first):
                     loss, stopping = train_step(model, task, step, optimizer, flat, backend, autocast,
-                                                tc.grad_clip, stop.requested)
+                                                tc.grad_clip, stop)
                     if not math.isfinite(loss):
                         raise FloatingPointError(
                             f"loss is {loss} at epoch {epoch}, step {step.index}: training diverged (no "
@@ -234,9 +234,10 @@ def _train(cfg: DictConfig, backend: Backend) -> Dict[str, Any]:
 
 
 def train_step(model, task, step, optimizer, flat, backend: Backend, autocast=None, grad_clip: float = 0.0,
-               stop_requested: bool = False):
+               stop: Optional[StopRequest] = None):
     """One optimiser step over this worker's batches of ``step``: forward, loss share, backward for each
-    (gradients accumulate), then one all-reduce of ``[step loss, stop flag]`` over the workers. The
+    (gradients accumulate), then one all-reduce of ``[step loss, stop flag]`` over the workers (the flag:
+    ``stop`` received a signal by then). The
     update is applied only when the step loss is finite (gradients reduced over the workers, clipped);
     returns ``(step loss, whether any worker asked to stop)``."""
     from revgnn.utils.flat import optimizer_step
@@ -247,7 +248,8 @@ def train_step(model, task, step, optimizer, flat, backend: Backend, autocast=No
         loss = task.loss(logits, batch, step.total)
         loss.backward()
         loss_sum += loss.detach().to(loss_sum)
-    status = backend.all_reduce(torch.stack([loss_sum, torch.tensor(float(stop_requested), dtype=torch.float64)]))
+    stop_flag = torch.tensor(float(stop is not None and stop.requested), dtype=torch.float64)
+    status = backend.all_reduce(torch.stack([loss_sum, stop_flag]))
     loss_value = float(status[0])
     if not math.isfinite(loss_value):
         if flat is not None:

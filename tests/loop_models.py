@@ -1,0 +1,90 @@
+"""Models for the training-loop tests: a zoo model with a side effect at its k-th training forward.
+
+Each factory takes the model config's keys (``name`` picks the zoo model, e.g. ``revgnn_small``) and
+is used as ``model._target_=loop_models.<factory>``; ``at_call`` and ``only_rank`` may also come from
+the environment (``LOOP_MODELS_AT_CALL``, ``LOOP_MODELS_RANK``) for runs started as a command.
+"""
+import os
+import signal
+
+import torch
+from torch import nn
+
+from revgnn.models import create_model
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _params(at_call, only_rank):
+    at_call = int(os.environ.get("LOOP_MODELS_AT_CALL", "0")) if at_call is None else at_call
+    if only_rank is None and "LOOP_MODELS_RANK" in os.environ:
+        only_rank = int(os.environ["LOOP_MODELS_RANK"])
+    return at_call, only_rank
+
+
+def _on_call(model: nn.Module, at_call, only_rank, pre=None, post=None) -> nn.Module:
+    at_call, only_rank = _params(at_call, only_rank)
+    calls = [0]
+
+    def due(module) -> bool:
+        if not module.training:
+            return False
+        calls[0] += 1
+        return calls[0] >= at_call > 0 and (only_rank is None or _rank() == only_rank)
+
+    if pre is not None:
+        model.register_forward_pre_hook(lambda m, args: pre(calls[0]) if due(m) else None)
+    if post is not None:
+        model.register_forward_hook(lambda m, args, out: post(out) if due(m) else None)
+    return model
+
+
+def signal_at(name, at_call=None, only_rank=None, signum=signal.SIGTERM, **kwargs):
+    """Sends itself ``signum`` once, at its ``at_call``-th training forward."""
+    sent = [False]
+
+    def send(call):
+        if not sent[0]:
+            sent[0] = True
+            os.kill(os.getpid(), signum)
+    return _on_call(create_model(name, **kwargs), at_call, only_rank, pre=send)
+
+
+def nan_at(name, at_call=None, only_rank=None, **kwargs):
+    """Returns NaN logits from its ``at_call``-th training forward on."""
+    return _on_call(create_model(name, **kwargs), at_call, only_rank, post=lambda out: out * float("nan"))
+
+
+def exit_at(name, at_call=None, only_rank=None, **kwargs):
+    """Dies without a word (``os._exit(3)``) at its ``at_call``-th training forward: a crashed worker."""
+    return _on_call(create_model(name, **kwargs), at_call, only_rank, pre=lambda call: os._exit(3))
+
+
+class EpochRecorder(nn.Module):
+    """A zoo model that records the epochs the loop announced with ``set_epoch`` in a buffer."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+        self.register_buffer("epochs_seen", torch.zeros(0))
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epochs_seen = torch.cat([self.epochs_seen, torch.tensor([float(epoch)])])
+
+    def forward(self, *args):
+        return self.inner(*args)
+
+
+def epoch_recorder(name, **kwargs):
+    return EpochRecorder(create_model(name, **kwargs))
+
+
+def float64(name, **kwargs):
+    """The zoo model in float64, its floating-point inputs cast to float64 (for exactness tests)."""
+    model = create_model(name, **kwargs).double()
+    model.register_forward_pre_hook(lambda m, args: tuple(
+        a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args))
+    return model

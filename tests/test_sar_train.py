@@ -1,0 +1,161 @@
+"""The one training loop under ``backend=sar`` (2 workers, gloo, 127.0.0.1) and ``backend=ddp``:
+checkpoints and bitwise resume, the NaN guard, signals, bf16, loggers, ``set_epoch``, and DDP equal
+to one process accumulating the same parts (float64)."""
+import csv
+import json
+
+import pytest
+import torch
+from conftest import compose_train
+from omegaconf import OmegaConf
+
+from revgnn.distributed.launch import run_workers
+from revgnn.engine.checkpoint import load_checkpoint
+
+DATA = dict(num_nodes=400, window=5, avg_degree=6, max_hops=2)
+DATA_OVERRIDES = [f"data.{k}={v}" for k, v in DATA.items()]
+MODEL = ["model.num_layers=2", "model.hidden_channels=8", "trainer.eval_every=1"]
+TIMING = {"epoch_time_s", "peak_memory_mb"}  # measurements, not results
+
+
+@pytest.fixture(scope="module")
+def parts(tmp_path_factory):
+    """proteins_like (400 nodes) in 2 random parts, and the same graph in 2 other parts."""
+    from revgnn.data.synthetic import proteins_like
+    from revgnn.distributed.partition import partition_dataset
+    root = tmp_path_factory.mktemp("parts")
+    ds = proteins_like(**DATA)
+    partition_dataset(ds, str(root / "p2"), 2, "random", seed=0)
+    partition_dataset(ds, str(root / "p2b"), 2, "random", seed=1)
+    return root
+
+
+def _sar(out_dir, parts_dir, *overrides):
+    return compose_train(out_dir, "backend=sar", f"backend.partition_dir={parts_dir}", "backend.timeout_s=60",
+                         *MODEL, *overrides)
+
+
+def _train(rank, world_size, cfg, catch=False):
+    from revgnn.engine.loop import train
+    if not catch:
+        return train(cfg)
+    try:
+        train(cfg)
+    except Exception as e:  # the error each worker ends with
+        return f"{type(e).__name__}: {e}"
+    return "no error"
+
+
+def _run(cfg, world_size=2, catch=False):
+    return [r.value for r in run_workers(_train, world_size, cfg, catch, timeout_s=60, wall_s=600, threads=1)]
+
+
+def _with_model(cfg, target, **kwargs):
+    model = OmegaConf.to_container(cfg.model)
+    model = {k: v for k, v in model.items() if v is not None}
+    cfg.model = OmegaConf.create({**model, "_target_": f"loop_models.{target}", **kwargs})
+    return cfg
+
+
+def _strip(history):
+    return [{k: v for k, v in row.items() if k not in TIMING} for row in history]
+
+
+def _assert_same_run(a_dir, b_dir):
+    a, b = load_checkpoint(str(a_dir / "last.pt")), load_checkpoint(str(b_dir / "last.pt"))
+    assert a["model"].keys() == b["model"].keys()
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    assert _strip(a["history"]) == _strip(b["history"]) and a["best"] == b["best"]
+    read = lambda d: [{k: v for k, v in r.items() if k not in TIMING}  # noqa: E731
+                      for r in csv.DictReader(open(d / "metrics.csv"))]
+    assert read(a_dir) == read(b_dir)
+
+
+def test_sar_resume_is_bitwise_and_checks_the_layout(tmp_path, parts):
+    """4 SAR epochs == 2 epochs resumed for 2 more (dropout on: each rank's RNG state is restored);
+    a checkpoint of another partitioning or world size is refused, naming both."""
+    p2 = parts / "p2"
+    (full,) = {json.dumps(s, sort_keys=True, default=str) for s in
+               [{k: v for k, v in s.items() if k not in TIMING | {"output_dir", "epoch_time_s"}}
+                for s in _run(_sar(tmp_path / "full", p2, "trainer.epochs=4"))]}  # same on every worker
+    _run(_sar(tmp_path / "half", p2, "trainer.epochs=2"))
+    _run(_sar(tmp_path / "resumed", p2, "trainer.epochs=4", f"ckpt_path={tmp_path / 'half' / 'last.pt'}"))
+    _assert_same_run(tmp_path / "full", tmp_path / "resumed")
+    summary = json.loads((tmp_path / "full" / "summary.json").read_text())
+    assert summary["backend"] == "sar" and summary["world_size"] == 2 and summary["status"] == "completed"
+    assert json.loads(full)["highest_valid"] == summary["highest_valid"]
+    local = json.loads((tmp_path / "half" / "summary.json").read_text())
+    assert set(summary) == set(local) and summary["peak_memory_mb"] > 0
+
+    ckpt = f"ckpt_path={tmp_path / 'half' / 'last.pt'}"
+    errors = _run(_sar(tmp_path / "other", parts / "p2b", "trainer.epochs=4", ckpt), catch=True)
+    for e in errors:
+        assert "another run layout" in e and "partition" in e, e
+    from revgnn.train import train
+    with pytest.raises(RuntimeError, match=r"world_size 2 -> 1"):
+        train(compose_train(tmp_path / "one", *MODEL, *DATA_OVERRIDES, "trainer.epochs=4", ckpt))
+
+
+def test_sar_nan_stops_every_worker_at_the_same_step(tmp_path, parts):
+    """NaN logits on rank 1 only: both workers stop in epoch 2, naming the last good checkpoint,
+    whose weights are finite; summary.json says the run diverged."""
+    cfg = _with_model(_sar(tmp_path, parts / "p2", "trainer.epochs=4"), "nan_at", at_call=2, only_rank=1)
+    errors = _run(cfg, catch=True)
+    for e in errors:
+        assert e.startswith("FloatingPointError") and "epoch 2, step 0" in e and "last.pt (epoch 1)" in e, e
+    ckpt = load_checkpoint(str(tmp_path / "last.pt"))
+    assert ckpt["epoch"] == 1 and all(torch.isfinite(v).all() for v in ckpt["model"].values())
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "diverged"
+
+
+def test_sar_sigterm_saves_a_checkpoint_that_resumes_exactly(tmp_path, parts):
+    """SIGTERM on rank 0 during epoch 2: every worker finishes the step, last.pt holds the position
+    inside the epoch, the error names the resume command; resuming equals the uninterrupted run."""
+    p2 = parts / "p2"
+    _run(_sar(tmp_path / "full", p2, "trainer.epochs=3"))
+    cfg = _with_model(_sar(tmp_path / "cut", p2, "trainer.epochs=3"), "signal_at", at_call=2, only_rank=0)
+    for e in _run(cfg, catch=True):
+        assert e.startswith("TrainingInterrupted") and "SIGTERM" in e and "torchrun" in e and "ckpt_path=" in e, e
+    ckpt = load_checkpoint(str(tmp_path / "cut" / "last.pt"))
+    assert (ckpt["epoch"], ckpt["step"]) == (1, 1)
+    assert json.loads((tmp_path / "cut" / "summary.json").read_text())["status"] == "interrupted"
+    _run(_sar(tmp_path / "cut", p2, "trainer.epochs=3", f"ckpt_path={tmp_path / 'cut' / 'last.pt'}"))
+    _assert_same_run(tmp_path / "full", tmp_path / "cut")
+
+
+def test_sar_honours_precision_loggers_and_set_epoch(tmp_path, parts):
+    """bf16 autocast changes the SAR loss; TensorBoard events, the learning curve and one metrics
+    row per epoch are written; the model's set_epoch is called every epoch."""
+    p2 = parts / "p2"
+    _run(_sar(tmp_path / "fp32", p2, "trainer.epochs=1"))
+    cfg = _with_model(_sar(tmp_path / "bf16", p2, "trainer.epochs=3", "backend.precision=bf16",
+                           "logger.tensorboard=true", "logger.plot=true"), "epoch_recorder")
+    (summary, _) = _run(cfg)
+    run = tmp_path / "bf16"
+    assert summary["bf16"] and (run / "learning_curve.png").exists() and any((run / "tensorboard").iterdir())
+    rows = list(csv.DictReader(open(run / "metrics.csv")))
+    fp32 = list(csv.DictReader(open(tmp_path / "fp32" / "metrics.csv")))
+    assert [int(r["epoch"]) for r in rows] == [1, 2, 3]
+    assert rows[0]["loss"] != fp32[0]["loss"] and abs(float(rows[0]["loss"]) - float(fp32[0]["loss"])) < 0.05
+    assert load_checkpoint(str(run / "last.pt"))["model"]["epochs_seen"].tolist() == [0.0, 1.0, 2.0]
+
+
+def test_ddp_equals_one_process_accumulating_the_same_parts(tmp_path):
+    """backend=ddp with 2 workers (one part each per step) == one process with parts_per_step=2, in
+    float64: losses and parameters after 2 epochs x 2 steps."""
+    common = [*MODEL, *DATA_OVERRIDES, "model.dropout=0.0", "trainer.train_parts=4", "trainer.epochs=2",
+              "trainer.eval_parts=2"]
+    _run(_with_model(compose_train(tmp_path / "ddp", "backend=ddp", "backend.timeout_s=60", *common), "float64"))
+    from revgnn.train import train
+    train(_with_model(compose_train(tmp_path / "local", "trainer.parts_per_step=2", *common), "float64"))
+    a, b = load_checkpoint(str(tmp_path / "ddp" / "last.pt")), load_checkpoint(str(tmp_path / "local" / "last.pt"))
+    assert a["backend"]["world_size"] == 2 and a["backend"]["backend"] == "ddp"
+    for key, value in b["model"].items():
+        assert value.dtype == torch.float64
+        moved = (a["model"][key] - value).norm() / value.norm().clamp_min(1e-12)
+        assert moved <= 1e-10, (key, float(moved))
+    for ra, rb in zip(a["history"], b["history"]):
+        assert abs(ra["loss"] - rb["loss"]) <= 1e-10 * abs(rb["loss"])
+    for e in _run(compose_train(tmp_path / "bad", "backend=ddp", "trainer.parts_per_step=3", *common), catch=True):
+        assert "parts_per_step=3 must be a multiple of the 2 workers" in e, e
