@@ -16,6 +16,12 @@
 // parallel over destination nodes and deterministic. Backward scatters into source rows, which
 // different nodes share: each of R fixed contiguous node ranges writes its own buffer (R chosen
 // by the caller), summed afterwards in a fixed order, so it is deterministic too.
+//
+// Shards (shard_forward / shard_backward): under SAR a worker aggregates its edges shard by shard,
+// the sources of a shard being the rows fetched from their owner (any number of rows), the
+// destinations its own nodes. Per shard these return the maximum without eps, the winners, the
+// tie flags and per (node, channel) tie counts, so that revgnn/distributed/gen_max_sar.py merges
+// shards into exactly the one-process result and gradient split.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -43,7 +49,8 @@ struct GenMax {
   const T* wt;         // kFactored: W^T [d, C]
   const T* bias;       // kFactored: [C] or nullptr
   int64_t C, d;
-  int64_t E;  // edges in all
+  int64_t E;     // edges in all
+  int64_t rows;  // rows of x (source nodes); the destinations are ptr's N (equal but for shards)
 
   // Pre-activation messages of edge e for channels [c0, c0 + n), n <= kLanes (scalar reference).
   inline void message(T* __restrict m, int64_t e, int64_t c0, int64_t n) const {
@@ -262,13 +269,41 @@ struct GenMax {
           push(e0 + k, c, g[i * C + c] / count[c], gx, gattr, gw, gb);
   }
 
-  // R buffers: gx [R, N, C], gw [R, C, d], gb [R, C] (any may be nullptr); gattr is shared
+  // Per (node, channel): how many edges reach the node's maximum where it is positive, else 0,
+  // counted as tied_node counts them (so that a gradient of count * g / n handed to backward
+  // gives g / n to every tied edge). Untied nodes have one winner where arg >= 0.
+  void counts(int64_t N, const int32_t* arg, const uint8_t* tied, T* count) const {
+    at::parallel_for(0, N, 64, [&](int64_t begin, int64_t end) {
+      std::vector<T> msg, best(C), cnt(C);
+      for (int64_t i = begin; i < end; ++i) {
+        T* ci = count + i * C;
+        if (!tied[i]) {
+          for (int64_t c = 0; c < C; ++c) ci[c] = arg[i * C + c] >= 0 ? T(1) : T(0);
+          continue;
+        }
+        const int64_t e0 = ptr[i], e1 = ptr[i + 1], deg = e1 - e0;
+        msg.resize(deg * C);
+        std::fill(best.begin(), best.end(), -std::numeric_limits<T>::infinity());
+        std::fill(cnt.begin(), cnt.end(), T(0));
+        for (int64_t e = e0; e < e1; ++e)
+          for (int64_t c0 = 0; c0 < C; c0 += kLanes)
+            message(msg.data() + (e - e0) * C + c0, e, c0, std::min(kLanes, C - c0));
+        for (int64_t k = 0; k < deg; ++k)
+          for (int64_t c = 0; c < C; ++c) best[c] = std::max(best[c], msg[k * C + c]);
+        for (int64_t k = 0; k < deg; ++k)
+          for (int64_t c = 0; c < C; ++c) cnt[c] += msg[k * C + c] == best[c] ? T(1) : T(0);
+        for (int64_t c = 0; c < C; ++c) ci[c] = best[c] > T(0) ? cnt[c] : T(0);
+      }
+    });
+  }
+
+  // R buffers: gx [R, rows, C], gw [R, C, d], gb [R, C] (any may be nullptr); gattr is shared
   // (each edge belongs to exactly one destination node).
   void backward(int64_t N, int64_t R, const T* g, const int32_t* arg, const uint8_t* tied,
                 T* gx, T* gattr, T* gw, T* gb) const {
     at::parallel_for(0, R, 1, [&](int64_t rb, int64_t re) {
       for (int64_t r = rb; r < re; ++r) {
-        T* gxr = gx ? gx + r * N * C : nullptr;
+        T* gxr = gx ? gx + r * rows * C : nullptr;
         T* gwr = gw ? gw + r * C * d : nullptr;
         T* gbr = gb ? gb + r * C : nullptr;
         for (int64_t i = N * r / R; i < N * (r + 1) / R; ++i) {
@@ -306,6 +341,7 @@ GenMax<T, MODE> make(const at::Tensor& x, const at::Tensor& ptr, const at::Tenso
   k.bias = bias.has_value() ? bias->data_ptr<T>() : nullptr;
   k.C = x.size(1);
   k.E = src.numel();
+  k.rows = x.size(0);
   k.d = MODE == kFactored ? attr->size(1) : 0;
   return k;
 }
@@ -321,11 +357,12 @@ void dispatch(const at::Tensor& x, int mode, Fn&& fn) {
 
 void check(const at::Tensor& x, const at::Tensor& ptr, const at::Tensor& src,
            const c10::optional<at::Tensor>& attr, const c10::optional<at::Tensor>& wt,
-           const c10::optional<at::Tensor>& bias) {
+           const c10::optional<at::Tensor>& bias, bool square = true) {
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.is_contiguous(), "gen_max: x must be a contiguous CPU [N, C] tensor");
   TORCH_CHECK(ptr.scalar_type() == at::kLong && src.scalar_type() == at::kLong && ptr.is_contiguous() && src.is_contiguous(),
               "gen_max: ptr and src must be contiguous int64");
-  TORCH_CHECK(ptr.numel() == x.size(0) + 1, "gen_max: ptr must have N + 1 entries");
+  TORCH_CHECK(!square || ptr.numel() == x.size(0) + 1, "gen_max: ptr must have N + 1 entries");
+  TORCH_CHECK(ptr.numel() >= 1, "gen_max: ptr must have N + 1 entries");
   const int64_t E = src.numel();
   if (attr.has_value()) {
     TORCH_CHECK(attr->scalar_type() == x.scalar_type() && attr->is_contiguous() && attr->dim() == 2 && attr->size(0) == E,
@@ -385,9 +422,64 @@ std::vector<at::Tensor> backward(const at::Tensor& grad, const at::Tensor& arg, 
   return {gx, ga, gw, gb};
 }
 
+// A shard of a distributed (SAR) graph: the sources are the rows of x (a fetched block, any
+// count), the destinations the ptr.numel() - 1 local nodes. Returns, per destination and
+// channel, the maximum ReLU'd pre-activation (no eps; 0 without edges), the winner offsets and
+// tie flags of forward, and the tie counts of GenMax::counts.
+std::vector<at::Tensor> shard_forward(const at::Tensor& x, const at::Tensor& ptr, const at::Tensor& src,
+                                      const c10::optional<at::Tensor>& attr, const c10::optional<at::Tensor>& wt,
+                                      const c10::optional<at::Tensor>& bias) {
+  check(x, ptr, src, attr, wt, bias, false);
+  const int64_t N = ptr.numel() - 1, C = x.size(1);
+  auto out = at::empty({N, C}, x.options());
+  auto arg = at::empty({N, C}, x.options().dtype(at::kInt));
+  auto tied = at::empty({N}, x.options().dtype(at::kByte));
+  auto count = at::empty({N, C}, x.options());
+  dispatch(x, mode_of(attr, wt), [&](auto tag, auto mode) {
+    using T = decltype(tag);
+    auto k = make<T, decltype(mode)::value>(x, ptr, src, attr, wt, bias);
+    k.forward(N, T(0), out.data_ptr<T>(), arg.data_ptr<int32_t>(), tied.data_ptr<uint8_t>());
+    k.counts(N, arg.data_ptr<int32_t>(), tied.data_ptr<uint8_t>(), count.data_ptr<T>());
+  });
+  return {out, arg, tied, count};
+}
+
+// backward for a shard: grad [N, C] over the destinations, grad_x [R, rows of x, C].
+std::vector<at::Tensor> shard_backward(const at::Tensor& grad, const at::Tensor& arg, const at::Tensor& tied,
+                                       const at::Tensor& x, const at::Tensor& ptr, const at::Tensor& src,
+                                       const c10::optional<at::Tensor>& attr, const c10::optional<at::Tensor>& wt,
+                                       const c10::optional<at::Tensor>& bias, int64_t R, bool need_x,
+                                       bool need_attr, bool need_w, bool need_b) {
+  check(x, ptr, src, attr, wt, bias, false);
+  const int64_t N = ptr.numel() - 1, C = x.size(1);
+  TORCH_CHECK(grad.dim() == 2 && grad.size(0) == N && grad.size(1) == C && grad.is_contiguous() &&
+              grad.scalar_type() == x.scalar_type(), "gen_max: grad must be a contiguous [N, C] tensor of x's dtype");
+  TORCH_CHECK(arg.scalar_type() == at::kInt && arg.is_contiguous() && arg.numel() == N * C &&
+              tied.scalar_type() == at::kByte && tied.is_contiguous() && tied.numel() == N,
+              "gen_max: arg [N, C] int32 and tied [N] uint8 from shard_forward");
+  TORCH_CHECK(R >= 1, "gen_max: need at least one buffer");
+  const int mode = mode_of(attr, wt);
+  const int64_t d = mode == kFactored ? attr->size(1) : 0;
+  auto opts = x.options();
+  at::Tensor gx = need_x ? at::zeros({R, x.size(0), C}, opts) : at::Tensor();
+  at::Tensor ga = need_attr && mode != kNone ? at::zeros_like(*attr) : at::Tensor();
+  at::Tensor gw = need_w && mode == kFactored ? at::zeros({R, C, d}, opts) : at::Tensor();
+  at::Tensor gb = need_b && mode == kFactored && bias.has_value() ? at::zeros({R, C}, opts) : at::Tensor();
+  dispatch(x, mode, [&](auto tag, auto m) {
+    using T = decltype(tag);
+    auto p = [](at::Tensor& t) { return t.defined() ? t.data_ptr<T>() : nullptr; };
+    make<T, decltype(m)::value>(x, ptr, src, attr, wt, bias)
+        .backward(N, R, grad.data_ptr<T>(), arg.data_ptr<int32_t>(), tied.data_ptr<uint8_t>(),
+                  p(gx), p(ga), p(gw), p(gb));
+  });
+  return {gx, ga, gw, gb};
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &forward, "fused GENConv max aggregation, forward");
   m.def("backward", &backward, "fused GENConv max aggregation, backward");
+  m.def("shard_forward", &shard_forward, "GENConv max over one shard of a SAR graph: max, winners, ties, tie counts");
+  m.def("shard_backward", &shard_backward, "GENConv max over one shard of a SAR graph, backward");
 }

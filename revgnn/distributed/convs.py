@@ -24,7 +24,11 @@ from torch_geometric.nn import GATConv, GCNConv, GENConv, GINConv, SAGEConv
 from torch_geometric.nn.aggr import (MaxAggregation, MeanAggregation,
                                      SoftmaxAggregation, SumAggregation)
 
+from revgnn.nn.edge_features import LinearEdgeFeatures
+from revgnn.nn.norm_act import sequential_forward
+
 from .comm import AllReduceSum
+from .gen_max_sar import sar_gen_max
 from .sar import EdgeOp, SARGraph, sequential_aggregate
 
 __all__ = ['SARGENConv', 'SARGATConv', 'SARSAGEConv', 'SARGINConv',
@@ -113,13 +117,28 @@ class _GENMessage(EdgeOp):
 
 
 class SARGENConv(GENConv):
-    """:class:`torch_geometric.nn.GENConv` that also runs on a
+    r""":class:`torch_geometric.nn.GENConv` that also runs on a
     :class:`~revgnn.distributed.sar.SARGraph` (aggregations sum, mean,
-    max, softmax; ``msg_norm`` supported)."""
+    max, softmax; ``msg_norm`` supported).
+
+    ``edge_attr`` may also be a
+    :class:`~revgnn.nn.edge_features.LinearEdgeFeatures` (the factored
+    encoding :class:`~revgnn.nn.GENBlock` hands over). Max aggregation then
+    runs through the C++ kernel shard by shard
+    (:mod:`revgnn.distributed.gen_max_sar`) on the raw features and the
+    composed map, without an :math:`E \times C` tensor; where the kernel does
+    not apply, and for the other aggregations, the features are expanded and
+    the PyTorch path of :func:`~revgnn.distributed.sar.sequential_aggregate`
+    runs as before."""
+
+    #: :func:`revgnn.nn.aggr.gen_conv` passes factored edge features through.
+    takes_factored_edges = True
 
     def forward(self, x, edge_index, edge_attr: Optional[Tensor] = None,
                 size=None):
         if not isinstance(edge_index, SARGraph):
+            if isinstance(edge_attr, LinearEdgeFeatures):
+                edge_attr = edge_attr.materialize()
             return super().forward(x, edge_index, edge_attr, size)
         _no_tuple(x, 'GENConv')
         _check_no_batch_norm(self.mlp, 'GENConv')
@@ -129,16 +148,28 @@ class SARGENConv(GENConv):
         else:
             kind = _simple_aggr_kind(self, 'GENConv')
         x_src = self.lin_src(x) if hasattr(self, 'lin_src') else x
-        if edge_attr is not None and edge_attr.size(0) != graph.num_edges:
+        rows = (edge_attr.raw if isinstance(edge_attr, LinearEdgeFeatures)
+                else edge_attr)
+        if rows is not None and rows.size(0) != graph.num_edges:
             raise ValueError('edge_attr must hold the local edges in shard '
                              'order (graph.edge_attr)')
-        op = _GENMessage(self, kind, edge_attr is not None)
-        out = sequential_aggregate(op, graph, x_src, None, edge_attr)
+        out = None
+        if kind == 'max':
+            out = sar_gen_max(graph, x_src, edge_attr,
+                              getattr(self, 'lin_edge', None), self.eps)
+        fused = out is not None
+        if not fused:
+            if isinstance(edge_attr, LinearEdgeFeatures):
+                edge_attr = edge_attr.materialize()
+            op = _GENMessage(self, kind, edge_attr is not None)
+            out = sequential_aggregate(op, graph, x_src, None, edge_attr)
         if hasattr(self, 'lin_aggr_out'):
             out = self.lin_aggr_out(out)
         if hasattr(self, 'msg_norm'):
             out = self.msg_norm(x, out)
         x_dst = self.lin_dst(x) if hasattr(self, 'lin_dst') else x
+        if fused:  # as the one-process kernel path (revgnn.nn.aggr.gen_conv)
+            return sequential_forward(self.mlp, out + x_dst)
         return self.mlp(out + x_dst)
 
 

@@ -208,12 +208,15 @@ def gen_conv(conv, x: Tensor, edge_index, edge_attr: Optional[Tensor] = None) ->
     The fused path applies to max aggregation with equal in/out channels and no
     message norm or internal edge encoder (edge features already encoded,
     possibly in factored form); anything else, or a non-tensor graph
-    (``SparseTensor``, a distributed ``SARGraph``), calls the conv itself.
+    (``SparseTensor``, a distributed ``SARGraph``), calls the conv itself, with
+    factored edge features expanded unless the conv takes them as they are
+    (``takes_factored_edges``: the SAR GENConv, whose max aggregation runs the
+    kernel shard by shard).
     """
     plain = not any(hasattr(conv, name) for name in
                     ("lin_src", "lin_dst", "lin_edge", "lin_aggr_out", "msg_norm"))
     if conv.aggr == "max" and plain and isinstance(edge_index, Tensor) and isinstance(x, Tensor):
         return sequential_forward(conv.mlp, gen_max_aggregate(x, edge_index, edge_attr, conv.eps) + x)
-    if isinstance(edge_attr, LinearEdgeFeatures):
+    if isinstance(edge_attr, LinearEdgeFeatures) and not getattr(conv, "takes_factored_edges", False):
         edge_attr = edge_attr.materialize()
     return conv(x, edge_index, edge_attr)

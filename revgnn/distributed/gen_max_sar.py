@@ -1,0 +1,272 @@
+r"""GENConv's max aggregation under SAR through the C++ kernel, edge features factored.
+
+On one process :func:`revgnn.nn.aggr.gen_max_aggregate` computes
+
+.. math::
+    \mathbf{h}_{i,c} = \max_{j \in \mathcal{N}(i)} \mathrm{ReLU}(\mathbf{x}_{j,c}
+    + \mathbf{e}_{ji,c}) + \epsilon, \qquad
+    \mathbf{e}_{ji} = \mathbf{W}\mathbf{a}_{ji} + \mathbf{b}
+
+in one pass of ``revgnn/csrc/gen_max.cpp`` over the destination-sorted edges,
+never forming an :math:`E \times C` tensor. Here the same kernel runs once per
+shard of a :class:`~revgnn.distributed.sar.SARGraph` (its ``shard_forward`` /
+``shard_backward`` entry points, whose sources are the rows fetched from the
+shard's owner) on the shard's raw :math:`d`-dimensional edge features
+:math:`\mathbf{a}` and the composed :math:`\mathbf{W}, \mathbf{b}`.
+
+Forward, per shard :math:`q`, the kernel gives :math:`m^q_{ic} =
+\mathrm{ReLU}(\max_{j \in \mathcal{N}_q(i)} \text{pre-activation})` (0
+without edges; no :math:`\epsilon`, so exact), the winning edge per (node,
+channel) and :math:`n^q_{ic}`, the number of the shard's edges reaching the
+maximum where it is positive (0 elsewhere). Shards merge as the SAR max does:
+:math:`(m, n) \oplus (m', n') = (m, n)` if :math:`m > m'`, :math:`(m', n')` if
+:math:`m' > m`, :math:`(m, n + n')` if equal (NaN sticks). The result
+:math:`m + \epsilon` (0 for nodes without in-edges) is bitwise the one-process
+kernel's, and the gradient is split like it: evenly over the edges tied at a
+positive maximum, ties judged before :math:`\epsilon` is added, none where the
+maximum is :math:`\le 0` or NaN.
+
+Saved for backward (only when one follows, so not in the no-grad forward of a
+reversible block): the local input, the caller's raw edge features,
+:math:`\mathbf{W}, \mathbf{b}`, :math:`n` (``[N, C]``, and only if some
+maximum is tied), and per shard the kernel's winners (int32 ``[N, C]``, set
+to -1 where the shard does not reach the global maximum), tie flags
+(``[N]``) and the tie counts of the tied nodes: no edge-sized float tensor,
+and no second kernel forward in backward.
+
+Backward runs the ring again (re-fetching each remote block as
+:func:`~revgnn.distributed.sar.sequential_aggregate` does: the kernel
+recomputes the messages of tied nodes) and hands the kernel
+:math:`g_{ic}/n_{ic}` per winner, or :math:`g_{ic}\,n^q_{ic}/n_{ic}` on a tied
+node where the shard reaches the maximum (the kernel splits it over the
+shard's :math:`n^q_{ic}` ties), which yields the gradients of the fetched
+rows (sent home with :meth:`~revgnn.distributed.sar.SARGraph.return_grads`),
+of :math:`\mathbf{W}, \mathbf{b}` and, if they require it, of the raw
+features, in :math:`O(NCd)` per shard.
+
+:func:`sar_gen_max` returns :obj:`None` where the kernel does not apply (no
+compiler, ``REVGNN_KERNELS=0``, CUDA, other dtypes); the caller then takes the
+PyTorch path of :mod:`revgnn.distributed.sar`.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from revgnn.nn.edge_features import LinearEdgeFeatures
+
+from .sar import SARGraph
+
+__all__ = ['sar_gen_max', 'SARGENMax']
+
+#: Upper bound on the per-thread gradient buffers of a shard's backward (as
+#: :data:`revgnn.nn.aggr.SCATTER_BUFFER_BYTES`).
+SCATTER_BUFFER_BYTES = 256 * 2**20
+
+
+def _kernel():
+    """The compiled ``gen_max`` module if it has the shard entry points, else None."""
+    from revgnn.nn import kernels
+    module = kernels.gen_max()
+    if module is None or not hasattr(module, 'shard_forward'):
+        return None
+    return module
+
+
+class _ShardCSC:
+    """Per shard: the CSC pointer over the local nodes, the sources (indices
+    into the fetched block) and, if the shard's edges are not already sorted by
+    destination (parts from :mod:`~revgnn.distributed.partition` are), the
+    sorting permutation."""
+
+    def __init__(self, graph: SARGraph):
+        self.src_ref = graph.src  # the cache is valid for these tensors only
+        n = graph.num_local
+        self.shards: List[Tuple[int, int, Tensor, Tensor, Optional[Tensor]]] = []
+        for q in range(graph.world_size):
+            a, b = graph.shard(q)
+            src, dst = graph.src[a:b], graph.dst[a:b]
+            perm = None
+            if dst.numel() > 1 and bool((dst[1:] < dst[:-1]).any()):
+                perm = torch.sort(dst, stable=True).indices
+                src, dst = src[perm], dst[perm]
+            ptr = torch.zeros(n + 1, dtype=torch.long)
+            ptr[1:] = torch.cumsum(torch.bincount(dst, minlength=n), 0)
+            rows = n if q == graph.rank else graph.num_needed[q]
+            if src.numel() and (int(src.min()) < 0 or int(src.max()) >= rows):
+                raise ValueError(f'shard {q}: source index outside the '
+                                 f'{rows} fetched rows')
+            self.shards.append((a, b, ptr, src.long().contiguous(), perm))
+
+    @staticmethod
+    def of(graph: SARGraph) -> '_ShardCSC':
+        cached = getattr(graph, '_gen_max_csc', None)
+        if cached is None or cached.src_ref is not graph.src:
+            cached = _ShardCSC(graph)
+            graph._gen_max_csc = cached
+        return cached
+
+
+def _shard_attr(attr: Optional[Tensor], a: int, b: int,
+                perm: Optional[Tensor]) -> Optional[Tensor]:
+    if attr is None:
+        return None
+    part = attr[a:b]
+    return part.index_select(0, perm) if perm is not None else part
+
+
+class SARGENMax(torch.autograd.Function):
+    r"""``max_j relu(x_j + e_ji) + eps`` over all shards of ``graph``; see the
+    module docstring. ``attr`` is None, dense ``[E, C]``, or the raw ``[E, d]``
+    features when ``weight`` ``[C, d]`` (and optionally ``bias`` ``[C]``) is
+    given, in the graph's local edge order. ``keep``: a backward will follow
+    (keep the winners)."""
+
+    @staticmethod
+    def forward(ctx, graph: SARGraph, eps: float, keep: bool, x: Tensor,
+                attr: Optional[Tensor], weight: Optional[Tensor],
+                bias: Optional[Tensor]) -> Tensor:  # type: ignore[override]
+        kernel = _kernel()
+        csc = _ShardCSC.of(graph)
+        x = x.contiguous()
+        attr = attr.contiguous() if attr is not None else None
+        wt = weight.t().contiguous() if weight is not None else None
+        bias_c = bias.contiguous() if bias is not None else None
+        m = n = None
+        winners: List[List[Tensor]] = []  # per shard: arg, tied, tied nodes, their counts
+        for q, block in graph.ring(x, 'SAR GENConv max forward'):
+            a, b, ptr, src, perm = csc.shards[q]
+            mq, arg, tied, nq = kernel.shard_forward(
+                block.contiguous(), ptr, src, _shard_attr(attr, a, b, perm),
+                wt, bias_c)
+            del block
+            if m is None:
+                m, n = mq, nq
+            else:
+                gt, eq = mq > m, mq == m
+                if keep:  # a winner stays one only where its shard reaches the maximum
+                    lost = gt | mq.isnan()
+                    if bool(lost.any()):
+                        for w in winners:
+                            w[0].masked_fill_(lost, -1)
+                    arg.masked_fill_(~(gt | eq), -1)
+                n = torch.where(gt, nq, torch.where(eq, n + nq, n))
+                m = torch.maximum(m, mq)  # NaN sticks
+            if keep:
+                nodes = tied.nonzero().view(-1)
+                winners.append([arg, tied, nodes, nq.index_select(0, nodes)])
+            del mq, nq, arg, tied
+        out = (m + eps).masked_fill_((graph.in_degree == 0).view(-1, 1), 0.0)
+        ctx.graph = graph
+        if keep:
+            # without ties anywhere every maximum has one winner: g itself is the share
+            n = n if bool((n > 1).any()) else None
+            ctx.save_for_backward(x, attr, weight, bias, n,
+                                  *[t for w in winners for t in w])
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out: Tensor):  # type: ignore[override]
+        graph: SARGraph = ctx.graph
+        x, attr, weight, bias, n, *flat = ctx.saved_tensors
+        winners = [flat[i:i + 4] for i in range(0, len(flat), 4)]
+        need_x, need_attr, need_w, need_b = ctx.needs_input_grad[3:7]
+        need_attr = need_attr and attr is not None
+        need_w = need_w and weight is not None
+        need_b = need_b and bias is not None
+        kernel = _kernel()
+        csc = _ShardCSC.of(graph)
+        wt = weight.t().contiguous() if weight is not None else None
+        bias_c = bias.contiguous() if bias is not None else None
+        grad_out = grad_out.contiguous()
+        # each edge reaching a positive maximum gets g / n (the kernel ignores the rest)
+        share = grad_out if n is None else torch.where(
+            n > 0, grad_out / n.clamp_min(1.0), torch.zeros_like(grad_out))
+        grad_x = torch.zeros_like(x)
+        grad_attr = torch.zeros_like(attr) if need_attr else None
+        grad_w = torch.zeros_like(weight) if need_w else None
+        grad_b = torch.zeros_like(bias) if need_b else None
+        tag = graph._next_tag()
+        what = 'SAR GENConv max backward'
+        # the rows are re-fetched for the nodes with tied maxima (the kernel recomputes
+        # their messages); the ring also carries the gradients home
+        for step, (q, block) in enumerate(graph.ring(x, f'{what} re-fetch')):
+            a, b, ptr, src, perm = csc.shards[q]
+            arg, tied, nodes, counts = winners[step]  # forward's ring order
+            block = block.contiguous()
+            attr_q = _shard_attr(attr, a, b, perm)
+            g = share
+            if nodes.numel():
+                # tied nodes: the kernel splits g evenly over the shard's own ties, so it
+                # gets g n^q / n where the shard reaches the maximum, else 0
+                g = share.clone()
+                reach = (arg.index_select(0, nodes) >= 0).to(share.dtype)
+                g.index_copy_(0, nodes, share.index_select(0, nodes) * counts * reach)
+            # gradient buffers for the scatter into source rows, one per thread
+            buffers = max(1, min(torch.get_num_threads(), SCATTER_BUFFER_BYTES //
+                                 max(1, block.numel() * block.element_size())))
+            # the fetched rows' gradient is always formed: the owner waits for it
+            gx, ga, gw, gb = kernel.shard_backward(
+                g, arg, tied, block, ptr, src, attr_q, wt, bias_c, buffers,
+                True, need_attr, need_w, need_b)
+            del g
+            grad_block = gx[0] if buffers == 1 else gx.sum(0)
+            if need_attr:
+                if perm is None:
+                    grad_attr[a:b] += ga
+                else:
+                    grad_attr[a:b].index_add_(0, perm, ga)
+            if need_w:
+                grad_w += gw.sum(0)
+            if need_b:
+                grad_b += gb.sum(0)
+            if q == graph.rank:
+                grad_x += grad_block
+            else:
+                graph.return_grads(q, grad_block, grad_x, tag, what)
+            del block, grad_block, gx, ga, gw, gb
+        return (None, None, None, grad_x if need_x else None, grad_attr,
+                grad_w, grad_b)
+
+
+def sar_gen_max(graph: SARGraph, x: Tensor, edge_attr=None,
+                lin_edge: Optional[torch.nn.Module] = None,
+                eps: float = 1e-7) -> Optional[Tensor]:
+    r"""GENConv's max aggregation of ``x`` (the local source-side features)
+    over ``graph`` through the kernel, or :obj:`None` where the kernel does not
+    apply (the caller then takes the PyTorch path).
+
+    ``edge_attr`` is None, a tensor in the graph's local edge order, or a
+    :class:`~revgnn.nn.edge_features.LinearEdgeFeatures` on the local raw
+    features; ``lin_edge`` (GENConv's own edge encoder, if any) is composed into
+    the factored map, or makes one from a tensor, so the encoded
+    :math:`E \times C` features are never formed.
+    """
+    if isinstance(edge_attr, LinearEdgeFeatures):
+        term = (edge_attr.compose(lin_edge) if lin_edge is not None
+                else edge_attr)
+        attr, weight, bias = term.raw, term.weight, term.bias
+    elif edge_attr is not None and lin_edge is not None:
+        attr, weight, bias = edge_attr, lin_edge.weight, lin_edge.bias
+    else:
+        attr, weight, bias = edge_attr, None, None
+    if attr is not None and attr.dim() == 1:
+        return None
+    channels = x.size(-1) if x.dim() == 2 else -1
+    if weight is not None and weight.size(0) != channels:
+        return None
+    if weight is None and attr is not None and attr.size(-1) != channels:
+        return None
+    if not (x.device.type == 'cpu' and x.dim() == 2
+            and x.dtype in (torch.float32, torch.float64)
+            and all(t is None or (t.dtype == x.dtype and t.device == x.device)
+                    for t in (attr, weight, bias))
+            and graph.num_edges < 2**31 and _kernel() is not None):
+        return None
+    keep = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (x, attr, weight, bias))
+    return SARGENMax.apply(graph, float(eps), keep, x, attr, weight, bias)
