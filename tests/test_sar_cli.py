@@ -31,3 +31,33 @@ def test_sar_backend_without_partition_dir_is_a_clear_error(tmp_path):
                          env=dict(os.environ, REVGNN_ALLOCATOR="system"), timeout=120)
     assert out.returncode != 0
     assert "partition_dir" in out.stderr
+
+
+def test_dead_worker_under_torchrun_ends_the_job_non_zero(tmp_path):
+    """Rank 1 dies (os._exit) in epoch 2: torchrun exits non-zero, reports rank 1's exit code, and
+    rank 0 ends with one clear error (no second error chained on the way out); last.pt of epoch 1
+    stays intact."""
+    import time
+
+    from conftest import REPO
+
+    from revgnn.data.synthetic import proteins_like
+    from revgnn.distributed.partition import partition_dataset
+    from revgnn.engine.checkpoint import load_checkpoint
+
+    parts = tmp_path / "parts"
+    partition_dataset(proteins_like(num_nodes=400), str(parts), 2, "random")
+    env = dict(os.environ, OMP_NUM_THREADS="1", REVGNN_ALLOCATOR="system", LOOP_MODELS_AT_CALL="2",
+               LOOP_MODELS_RANK="1", PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "-m", "revgnn.train", "backend=sar", f"backend.partition_dir={parts}", "backend.timeout_s=60",
+           "trainer.epochs=3", "model.num_layers=2", "model._target_=loop_models.exit_at",
+           f"output_dir={tmp_path / 'run'}", f"hydra.run.dir={tmp_path / 'hydra'}"]
+    start = time.monotonic()
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0, text[-3000:]
+    assert "exitcode  : 3" in text or "exitcode: 3" in text, text[-3000:]
+    assert "During handling of the above exception" not in text, text[-5000:]
+    assert load_checkpoint(str(tmp_path / "run" / "last.pt"))["epoch"] == 1
+    print(f"dead-worker job ended after {time.monotonic() - start:.1f} s")

@@ -164,3 +164,53 @@ def test_flat_parameters_train_as_per_tensor_parameters_do(tmp_path):
         flat_module.CHUNK_BYTES = chunk
     with pytest.raises(ValueError, match="not a known element-wise"):
         train(_cfg(tmp_path / "d", "trainer.epochs=1", "optim._target_=torch.optim.Adafactor"))
+
+
+def test_signal_mid_epoch_saves_and_resumes_exactly(tmp_path):
+    """SIGTERM during epoch 2 (a real signal, sent by the model at its 3rd training forward): the
+    step finishes, last.pt holds the position inside the epoch, summary.json says interrupted and
+    the error names the resume command; resuming equals the uninterrupted run bitwise."""
+    from conftest import compose_train
+    from test_sar_train import _assert_same_run, _with_model
+
+    from revgnn.engine.interrupt import TrainingInterrupted
+    common = [*TINY, "trainer.epochs=3"]
+    train(compose_train(tmp_path / "full", *common))
+    cut = _with_model(compose_train(tmp_path / "cut", *common), "signal_at", at_call=3)
+    with pytest.raises(TrainingInterrupted, match=r"(?s)SIGTERM: stopped in epoch 2 after 1 step.*revgnn-train .*ckpt_path=") as e:
+        train(cut)
+    assert e.value.exit_code == 143
+    ckpt = load_checkpoint(str(tmp_path / "cut" / "last.pt"))
+    assert (ckpt["epoch"], ckpt["step"]) == (1, 1)
+    assert json.loads((tmp_path / "cut" / "summary.json").read_text())["status"] == "interrupted"
+    train(compose_train(tmp_path / "cut", *common, f"ckpt_path={tmp_path / 'cut' / 'last.pt'}"))
+    _assert_same_run(tmp_path / "full", tmp_path / "cut")
+
+
+def test_cli_sigterm_exits_non_zero_with_a_resume_command_that_works(tmp_path):
+    """`python -m revgnn.train` gets SIGTERM in epoch 2: exit code 143, last.pt and summary.json
+    written, and the printed command resumes the run to its end."""
+    import os
+    import shlex
+    import subprocess
+    import sys
+
+    from conftest import REPO
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}", LOOP_MODELS_AT_CALL="3",
+               REVGNN_ALLOCATOR="system")
+    run = tmp_path / "run"
+    args = [*TINY, "trainer.epochs=3", "model._target_=loop_models.signal_at", f"output_dir={run}",
+            f"hydra.run.dir={tmp_path / 'hydra'}"]
+    out = subprocess.run([sys.executable, "-m", "revgnn.train", *args], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 143, out.stderr[-3000:]
+    assert json.loads((run / "summary.json").read_text())["status"] == "interrupted"
+    command = (out.stdout + out.stderr).split("Resume with:")[1].strip().splitlines()[0].strip()
+    head, *overrides = shlex.split(command)
+    assert head == "revgnn-train" and f"ckpt_path={run / 'last.pt'}" in overrides
+    env.pop("LOOP_MODELS_AT_CALL")
+    out = subprocess.run([sys.executable, "-m", "revgnn.train", *overrides], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["epochs"] == 3

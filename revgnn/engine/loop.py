@@ -311,7 +311,7 @@ def _interrupted(cfg, backend: Backend, stop: StopRequest, last_path: str, epoch
                  step: Optional[int]) -> TrainingInterrupted:
     import signal
     signum = stop.signum or signal.SIGTERM  # a peer's signal: this worker got none itself
-    where = f"epoch {epoch}, after step {step}" if step is not None else f"before epoch {epoch}"
+    where = f"in epoch {epoch} after {step + 1} step(s)" if step is not None else f"before epoch {epoch}"
     return TrainingInterrupted(f"{signal.Signals(signum).name}: stopped {where}; saved {last_path}. "
                                f"Resume with:\n  {resume_command(cfg, backend, last_path)}", signum)
 
