@@ -28,8 +28,8 @@ maximum is :math:`\le 0` or NaN.
 
 Saved for backward (only when one follows, so not in the no-grad forward of a
 reversible block): the local input, the caller's raw edge features,
-:math:`\mathbf{W}, \mathbf{b}`, :math:`n` (``[N, C]``, and only if some
-maximum is tied), and per shard the kernel's winners (int32 ``[N, C]``, set
+:math:`\mathbf{W}, \mathbf{b}`, the rows of :math:`n` of the nodes with a
+tied maximum, and per shard the kernel's winners (int32 ``[N, C]``, set
 to -1 where the shard does not reach the global maximum), tie flags
 (``[N]``) and the tie counts of the tied nodes: no edge-sized float tensor,
 and no second kernel forward in backward.
@@ -162,9 +162,11 @@ class SARGENMax(torch.autograd.Function):
         out = (m + eps).masked_fill_((graph.in_degree == 0).view(-1, 1), 0.0)
         ctx.graph = graph
         if keep:
-            # without ties anywhere every maximum has one winner: g itself is the share
-            n = n if bool((n > 1).any()) else None
-            ctx.save_for_backward(x, attr, weight, bias, n,
+            # only nodes with a tied maximum (rare) need their counts: elsewhere every
+            # maximum has one winner, whose share is g itself
+            multi = (n > 1).any(1).nonzero().view(-1)
+            ctx.save_for_backward(x, attr, weight, bias, multi,
+                                  n.index_select(0, multi),
                                   *[t for w in winners for t in w])
         return out
 
@@ -172,7 +174,7 @@ class SARGENMax(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out: Tensor):  # type: ignore[override]
         graph: SARGraph = ctx.graph
-        x, attr, weight, bias, n, *flat = ctx.saved_tensors
+        x, attr, weight, bias, multi, n_multi, *flat = ctx.saved_tensors
         winners = [flat[i:i + 4] for i in range(0, len(flat), 4)]
         need_x, need_attr, need_w, need_b = ctx.needs_input_grad[3:7]
         need_attr = need_attr and attr is not None
@@ -184,8 +186,11 @@ class SARGENMax(torch.autograd.Function):
         bias_c = bias.contiguous() if bias is not None else None
         grad_out = grad_out.contiguous()
         # each edge reaching a positive maximum gets g / n (the kernel ignores the rest)
-        share = grad_out if n is None else torch.where(
-            n > 0, grad_out / n.clamp_min(1.0), torch.zeros_like(grad_out))
+        share = grad_out
+        if multi.numel():
+            share = grad_out.clone()
+            share.index_copy_(0, multi, grad_out.index_select(0, multi) /
+                              n_multi.clamp_min(1.0))
         grad_x = torch.zeros_like(x)
         grad_attr = torch.zeros_like(attr) if need_attr else None
         grad_w = torch.zeros_like(weight) if need_w else None
