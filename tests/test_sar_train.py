@@ -25,14 +25,15 @@ def parts(tmp_path_factory):
     from revgnn.distributed.partition import partition_dataset
     root = tmp_path_factory.mktemp("parts")
     ds = proteins_like(**DATA)
-    partition_dataset(ds, str(root / "p2"), 2, "random", seed=0)
-    partition_dataset(ds, str(root / "p2b"), 2, "random", seed=1)
+    data_config = OmegaConf.to_container(compose_train(root, *DATA_OVERRIDES).data, resolve=True)
+    partition_dataset(ds, str(root / "p2"), 2, "random", seed=0, data_config=data_config)
+    partition_dataset(ds, str(root / "p2b"), 2, "random", seed=1, data_config=data_config)
     return root
 
 
 def _sar(out_dir, parts_dir, *overrides):
     return compose_train(out_dir, "backend=sar", f"backend.partition_dir={parts_dir}", "backend.timeout_s=60",
-                         *MODEL, *overrides)
+                         *MODEL, *DATA_OVERRIDES, *overrides)
 
 
 def _train(rank, world_size, cfg, catch=False):
@@ -92,6 +93,9 @@ def test_sar_resume_is_bitwise_and_checks_the_layout(tmp_path, parts):
     errors = _run(_sar(tmp_path / "other", parts / "p2b", "trainer.epochs=4", ckpt), catch=True)
     for e in errors:
         assert "another run layout" in e and "partition" in e, e
+    # the data group must describe the partitioned graph
+    for e in _run(_sar(tmp_path / "data", p2, "trainer.epochs=1", "data.num_nodes=500"), catch=True):
+        assert "data.num_nodes: 400 in the partition, 500 here" in e, e
     from revgnn.train import train
     with pytest.raises(RuntimeError, match=r"world_size 2 -> 1"):
         train(compose_train(tmp_path / "one", *MODEL, *DATA_OVERRIDES, "trainer.epochs=4", ckpt))

@@ -417,7 +417,8 @@ def load_partition_checked(root: str) -> dict:
 
 
 def partition_dataset(ds: Any, out: str, num_parts: int,
-                      method: str = 'metis', seed: int = 0) -> dict:
+                      method: str = 'metis', seed: int = 0,
+                      data_config: Optional[dict] = None) -> dict:
     r"""Partitions a node-level data set for SAR and writes it to ``out``.
 
     Node features ``x``, labels ``y`` and the split masks (``train_mask``,
@@ -434,6 +435,10 @@ def partition_dataset(ds: Any, out: str, num_parts: int,
         method (str, optional): ``"metis"`` or ``"random"``, see
             :func:`partition_nodes`. (default: ``"metis"``)
         seed (int, optional): seed of the partitioner. (default: ``0``)
+        data_config (dict, optional): the ``data`` config ``ds`` was built
+            from, recorded as ``meta["dataset"]["config"]`` so that
+            ``revgnn-train backend=sar`` can check its own ``data`` group
+            against it. (default: ``None``)
 
     Returns:
         dict: ``out``, ``nodes``, ``edges``, ``parts``, ``method``,
@@ -463,6 +468,8 @@ def partition_dataset(ds: Any, out: str, num_parts: int,
                              edge_attr=ds.edge_attr, node_data=node_data)
     info = dict(name=ds.name, task=ds.task, num_classes=ds.num_classes,
                 evaluator=ds.evaluator, species_channels=ds.species_channels)
+    if data_config is not None:
+        info['config'] = data_config
     save_partitions(parts, out, {'dataset': info})
     own = [int(pt['shard_ptr'][pt['rank'] + 1] - pt['shard_ptr'][pt['rank']])
            for pt in parts]
@@ -522,7 +529,8 @@ def partition_from_config(cfg: Any) -> dict:
     if cfg.num_parts < 1:
         raise ValueError(f'num_parts must be >= 1, got {cfg.num_parts}')
     return partition_dataset(instantiate(cfg.data), cfg.out, cfg.num_parts,
-                             cfg.method.value, cfg.seed)
+                             cfg.method.value, cfg.seed,
+                             OmegaConf.to_container(cfg.data, resolve=True))
 
 
 def main() -> None:

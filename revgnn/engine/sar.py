@@ -18,6 +18,7 @@ logging, signals) is the one loop's, :mod:`revgnn.engine.loop`.
 """
 from __future__ import annotations
 
+import logging
 from typing import Any, Dict, Iterator
 
 import torch
@@ -27,6 +28,8 @@ from revgnn.engine.backends import DistributedBackend
 from revgnn.engine.tasks import Batch, Step, _autocast, labelled_entries, task_loss
 
 __all__ = ["SARTask", "SARBackend"]
+
+log = logging.getLogger("revgnn.train")
 
 #: trainer keys that describe sub-graph training and multi-view inference, which SAR replaces.
 _FULL_GRAPH = {"train_parts": 1, "eval_views": 1, "eval_parts": 1}
@@ -127,10 +130,27 @@ class SARBackend(DistributedBackend):
         part = load_partition_checked(root)
         graph = SARGraph(part, timeout_s=self.cfg.backend.timeout_s).to(self.device)
         meta = load_meta(root)
+        self._check_data(meta.get("dataset", {}))
         self.fingerprint = part["fingerprint"]
         task = SARTask(graph, meta, self.all_reduce, self.gather, self.device)
         task.check_trainer(self.cfg.trainer)
         return task
+
+    def _check_data(self, info: Dict[str, Any]) -> None:
+        """The ``data`` group must describe the partitioned data set (never silently another one)."""
+        from omegaconf import OmegaConf
+        saved = info.get("config")
+        if saved is None:
+            log.warning("%s was written without its data config (partition_dataset without data_config): "
+                        "the data group is not checked against it", self.cfg.backend.partition_dir)
+            return
+        now = OmegaConf.to_container(self.cfg.data, resolve=True)
+        diff = [f"data.{k}: {saved.get(k)!r} in the partition, {now.get(k)!r} here"
+                for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
+        if diff:
+            raise ValueError(f"backend=sar trains on the graph in {self.cfg.backend.partition_dir}, but the data "
+                             f"group describes another one ({'; '.join(diff)}): select the partitioned data "
+                             f"set (e.g. data={info.get('name')}) or partition this one with revgnn-partition")
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
         from revgnn.distributed.convs import convert_to_sar
