@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import datetime
 import os
-from typing import List, Optional, Sequence
+import re
+import time
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -24,6 +26,9 @@ __all__ = [
 ]
 
 DEFAULT_TIMEOUT_S = 300.0
+# The timeout the process group was created with by init_distributed (None if
+# it was created elsewhere): Transfer waits without their own timeout use it.
+_pg_timeout_s: Optional[float] = None
 
 
 class SARCommError(RuntimeError):
@@ -34,6 +39,15 @@ class SARCommError(RuntimeError):
 def _timeout(seconds: Optional[float]) -> datetime.timedelta:
     return datetime.timedelta(
         seconds=DEFAULT_TIMEOUT_S if seconds is None else float(seconds))
+
+
+def _cause(e: BaseException) -> str:
+    # torch appends C++ stack traces after the first line, and gloo prefixes
+    # its source location.
+    lines = str(e).strip().splitlines()
+    first = re.sub(r'^\[[^\]]*\.(cc|cpp|h):\d+\] ', '', lines[0] if lines
+                   else '')
+    return f'{type(e).__name__}: {first}'
 
 
 def init_distributed(backend: Optional[str] = None,
@@ -56,6 +70,7 @@ def init_distributed(backend: Optional[str] = None,
         rank (int, optional): this worker's rank. (default: ``None``)
         world_size (int, optional): number of workers. (default: ``None``)
     """
+    global _pg_timeout_s
     if dist.is_initialized():
         return
     if backend is None:
@@ -67,45 +82,101 @@ def init_distributed(backend: Optional[str] = None,
     kwargs = {}
     if rank is not None:
         kwargs.update(rank=rank, world_size=world_size)
+    timeout = _timeout(timeout_s)
     try:
         dist.init_process_group(backend, init_method=init_method,
-                                timeout=_timeout(timeout_s), **kwargs)
+                                timeout=timeout, **kwargs)
     except Exception as e:  # store timeout, refused connection, ...
+        # Name this worker as torchrun does when the caller did not.
+        if rank is None:
+            rank = os.environ.get('RANK', '?')
+        if world_size is None:
+            world_size = os.environ.get('WORLD_SIZE', '?')
+        where = init_method or (f"env://{os.environ.get('MASTER_ADDR')}:"
+                                f"{os.environ.get('MASTER_PORT', '?')}")
         raise SARCommError(
-            f'Could not join the process group within {timeout_s} s '
-            f'(backend={backend}, rank={rank}, world_size={world_size}): '
-            f'a peer never arrived or the rendezvous address is wrong. '
-            f'Cause: {e}') from e
+            f'[rank {rank}] Could not join the process group of '
+            f'{world_size} workers at {where} within '
+            f'{timeout.total_seconds():g} s (backend={backend}): a peer '
+            f'never arrived or the rendezvous address is wrong. Check that '
+            f'every worker was started with the same address and world size '
+            f'and read the logs of those that did not join. Cause: '
+            f'{_cause(e)}') from e
+    _pg_timeout_s = timeout.total_seconds()
 
 
 def _wrap(e: Exception, what: str) -> SARCommError:
     return SARCommError(
         f'[rank {dist.get_rank()}] {what} failed: a peer worker died, hung '
-        f'past the timeout, or runs a different model/partitioning. '
-        f'Cause: {type(e).__name__}: {e}')
+        f'past the timeout, or runs a different model/partitioning; check '
+        f'the other workers\' logs for the first error; if one is merely '
+        f'slow, raise backend.timeout_s. Cause: {_cause(e)}')
+
+
+def _peer_error(e: BaseException, what: str, label: str, peer: int,
+                timeout_s: Optional[float]) -> SARCommError:
+    """The error for one failed point-to-point work ``label`` ("send to rank
+    1") of operation ``what``, naming the peer and what to do."""
+    me = dist.get_rank() if dist.is_initialized() else '?'
+    cause = _cause(e)
+    if isinstance(e, TimeoutError) or 'timed out' in cause.lower():
+        bound = ('the process-group timeout' if timeout_s is None else
+                 f'{timeout_s:g} s')
+        # gloo moves a message only once the receiver has posted the matching
+        # receive, so a send also waits for the peer (measured: a send to a
+        # SIGSTOPped peer times out; it completes only if the peer had posted
+        # its receive before it stopped).
+        why = (f'rank {peer} never posted the matching receive'
+               if label.startswith('send') else
+               f'the data from rank {peer} never arrived')
+        msg = (f'{label} timed out after {bound}: {why}. Rank {peer} is '
+               f'hung or stopped, slower than the timeout, or runs a '
+               f"different model/partitioning: check rank {peer}'s log; if it "
+               f'is merely slow, raise backend.timeout_s.')
+    elif any(s in cause.lower() for s in ('closed', 'reset', 'broken pipe')):
+        msg = (f'{label} failed: rank {peer} closed the connection (it '
+               f'exited, crashed, or gave up after an error of its own); '
+               f"check rank {peer}'s log for the first error.")
+    else:
+        msg = f"{label} failed; check rank {peer}'s log."
+    return SARCommError(f'[rank {me}] {what}: {msg} Cause: {cause}')
 
 
 class Transfer:
     """One posted exchange: send ``send`` to one peer and receive ``recv``
-    from another. :meth:`wait` returns the received tensor."""
+    from another. :meth:`wait` returns the received tensor.
 
-    def __init__(self, works: list, recv: Optional[Tensor], send_buf,
-                 what: str, timeout: datetime.timedelta):
-        self._works = works
+    Every work carries its direction and peer, and an error names the one
+    that actually failed or timed out."""
+
+    def __init__(self, works: List[Tuple[object, str, int]],
+                 recv: Optional[Tensor], send_buf, what: str,
+                 timeout_s: Optional[float]):
+        self._works = works  # (work, "send to rank 1", 1)
         self._recv = recv
         self._send_buf = send_buf  # keep the send buffer alive until done
         self.what = what
-        self._timeout = timeout
+        self.timeout_s = timeout_s
 
     def wait(self) -> Optional[Tensor]:
-        try:
-            for w in self._works:
-                if not w.wait(self._timeout):
-                    raise TimeoutError(f'no progress within {self._timeout}')
-        except SARCommError:
-            raise
-        except Exception as e:
-            raise _wrap(e, self.what) from e
+        # One deadline for the whole exchange. The works are waited in turn
+        # and the first failure is the one reported: after a timeout gloo
+        # closes every connection of this worker ("Application timeout
+        # caused pair closure"), so later works would only fail with that.
+        deadline = (None if self.timeout_s is None else
+                    time.monotonic() + self.timeout_s)
+        for work, label, peer in self._works:
+            try:
+                if deadline is None:
+                    work.wait()  # the process-group timeout
+                else:
+                    # Work.wait(0) means "no timeout": keep at least 1 ms.
+                    left = max(deadline - time.monotonic(), 1e-3)
+                    if not work.wait(datetime.timedelta(seconds=left)):
+                        raise TimeoutError('timed out')
+            except Exception as e:
+                raise _peer_error(e, self.what, label, peer,
+                                  self.timeout_s) from e
         self._works, self._send_buf = [], None
         return self._recv
 
@@ -115,17 +186,28 @@ def post_transfer(send: Optional[Tensor], dst: int, recv: Optional[Tensor],
                   timeout_s: Optional[float] = None) -> Transfer:
     """Posts a non-blocking send of ``send`` to ``dst`` and receive into
     ``recv`` from ``src``; empty or ``None`` tensors are skipped (both sides
-    know the sizes, so they skip symmetrically)."""
+    know the sizes, so they skip symmetrically).
+
+    Args:
+        what (str): the operation, e.g. ``"SAR max forward, ring step 1"``;
+            errors read ``"[rank 0] <what>: send to rank 1 timed out ..."``.
+        timeout_s (float, optional): bound on :meth:`Transfer.wait`.
+            (default: ``None`` = the process-group timeout)
+    """
+    if timeout_s is None:
+        timeout_s = _pg_timeout_s
     works = []
+    label, peer = f'receive from rank {src}', src
     try:
         if recv is not None and recv.numel() > 0:
-            works.append(dist.irecv(recv, src=src, tag=tag))
+            works.append((dist.irecv(recv, src=src, tag=tag), label, peer))
         if send is not None and send.numel() > 0:
             send = send.contiguous()
-            works.append(dist.isend(send, dst=dst, tag=tag))
-    except Exception as e:
-        raise _wrap(e, what) from e
-    return Transfer(works, recv, send, what, _timeout(timeout_s))
+            label, peer = f'send to rank {dst}', dst
+            works.append((dist.isend(send, dst=dst, tag=tag), label, peer))
+    except Exception as e:  # e.g. the connection is already closed
+        raise _peer_error(e, what, label, peer, timeout_s) from e
+    return Transfer(works, recv, send, what, timeout_s)
 
 
 def all_reduce_sum(t: Tensor, what: str = 'all_reduce') -> Tensor:

@@ -174,7 +174,8 @@ class SARGraph:
                 buf = torch.empty(counts[frm][rank], dtype=torch.long,
                                   device=dev)
                 tr = post_transfer(needed[to].to(dev), to, buf, frm, tag,
-                                   'SARGraph setup (row requests)', timeout_s)
+                                   f'SARGraph setup (row requests, step {k})',
+                                   timeout_s)
                 self.send_idx[frm] = tr.wait().cpu()
         self._self_loop_view: Optional['SARGraph'] = None
         self._loop_keep: Optional[Tensor] = None
@@ -294,9 +295,11 @@ class SARGraph:
             idx = self.send_idx[to]
             send = x.index_select(0, idx) if idx.numel() else None
             recv = x.new_empty((self.num_needed[frm], ) + x.shape[1:])
+            # post_transfer names the peer of each work (send to `to`,
+            # receive from `frm`), so the label is only the operation.
             return frm, post_transfer(send, to, recv, frm, tag,
-                                      f'{what} (ring step {k}, from rank '
-                                      f'{frm})', self.timeout_s)
+                                      f'{what}, ring step {k}',
+                                      self.timeout_s)
 
         nxt = post(1)
         yield r, x
@@ -318,8 +321,8 @@ class SARGraph:
         idx = self.send_idx[frm]
         recv = grad_x.new_empty((idx.numel(), ) + grad_x.shape[1:])
         tr = post_transfer(grad_block, q, recv, frm, tag + 1,
-                           f'{what} (gradient return, step {k}, from rank '
-                           f'{frm})', self.timeout_s)
+                           f'{what}, gradient return of ring step {k}',
+                           self.timeout_s)
         got = tr.wait()
         if idx.numel():
             grad_x.index_add_(0, idx, got)
