@@ -62,13 +62,15 @@ def test_mol_like_is_deterministic_and_seeded():
 
 def test_loader_batches_and_model_output(mols):
     task = GraphTask(mols)
-    batch = next(task.train_batches(torch.Generator().manual_seed(0), "cpu"))
+    step = next(task.train_steps(torch.Generator().manual_seed(0), "cpu"))
+    (batch,) = step.batches
+    assert step.total == batch.count == 32
     x, edge_index, edge_attr, graph_index, num_graphs = batch.inputs
     assert num_graphs == 32 and batch.y.shape == (32, 1) and int(graph_index.max()) == 31
     model = create_model("revgnn_mol_small", num_layers=2, hidden_channels=16)
     out = model(*batch.inputs)
     assert out.shape == (32, 1)
-    task.loss(out, batch).backward()
+    task.loss(out, batch, step.total).backward()
     scores = task.evaluate(model, None, "cpu")
     assert set(scores) == {"train", "valid", "test"} and all(0 <= s <= 1 for s in scores.values())
 
@@ -105,7 +107,7 @@ def test_fake_ogbg_molhiv_loads_through_real_ogb_code(tmp_path, monkeypatch):
             assert g.edge_index.size(1) == r.edge_index.size(1)
     task = GraphTask(ds)
     model = create_model("revgnn_molhiv", num_layers=2, hidden_channels=16)
-    batch = next(task.train_batches(torch.Generator().manual_seed(0), "cpu"))
+    (batch,) = next(task.train_steps(torch.Generator().manual_seed(0), "cpu")).batches
     assert model(*batch.inputs).shape == (8, 1)
     assert set(task.evaluate(model, None, "cpu")) == {"train", "valid", "test"}
 

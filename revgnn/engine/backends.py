@@ -151,6 +151,8 @@ class DistributedBackend(Backend):
 
     def all_reduce(self, t: Tensor) -> Tensor:
         from revgnn.distributed.comm import all_reduce_sum
+        if self.device.type == "cuda" and t.device.type != "cuda":  # NCCL reduces CUDA tensors only
+            return all_reduce_sum(t.to(self.device), "all_reduce").to(t.device)
         return all_reduce_sum(t, "all_reduce")
 
     def gather(self, obj: Any) -> List[Any]:
