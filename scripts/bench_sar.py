@@ -1,28 +1,58 @@
 #!/usr/bin/env python
-"""Per-worker peak memory and epoch time of SAR vs naive domain-parallel.
+"""SAR vs naive domain-parallel vs one process, and DDP throughput, in one run.
 
-For P in {1, 2, 4} workers (spawned on this host, gloo) it trains a
-reversible RevGNN (GENConv max, default 64 layers x 64 channels, 2 groups)
-full-graph on a generated random graph, partitioned at random (the worst
-case for communication), with
+Every mode trains the same reversible RevGNN (GENConv max, 2 groups, no
+edge features) with the training loop's own step,
+``revgnn.engine.loop.train_step`` (Adam over the flat parameter buffer), on
+one generated random graph (uniform random edges, ``--degree`` in-edges per
+node on average, 80 % of the nodes labelled for training, ``--classes``
+binary tasks):
 
-* ``sar``: sequential aggregation and rematerialisation
-  (:mod:`revgnn.distributed.sar`): one remote block (+1 prefetched) alive at
-  a time, re-fetched in backward;
-* ``naive``: domain-parallel baseline that fetches *every* remote feature a
-  layer needs at once (a halo), concatenates it to the local rows and runs
-  the stock PyG conv on all local edges with autograd.
+* ``single``: one process, no process group: the plain PyG path of RevGNN
+  on the full graph (destination-sorted ``EdgeIndex``, C++ GENConv-max
+  kernel), ``LocalBackend``;
+* ``sar`` at P = ``--parts`` workers: sequential aggregation and
+  rematerialisation (``convert_to_sar``, the ``SARGraph`` passed as the
+  edge index, a ``SARTask`` per worker, ``DDPBackend``): one remote block
+  (+1 prefetched) alive at a time, re-fetched in backward;
+* ``naive`` at the same P: domain-parallel baseline that fetches *every*
+  remote row a layer needs at once (a halo), concatenates it to the local
+  rows and runs the stock PyG GENConv on all local edges with autograd;
+* ``ddp`` at ``--ddp-workers`` workers: the loop's data-parallel path
+  (``NodeTask`` over the whole graph on every worker, a new random partition
+  into ``--ddp-parts`` parts per epoch, ``parts_per_step`` = workers, one
+  part per worker per step); reported as parts (sub-graph steps) per second.
 
-Memory is each worker's peak RSS (``ru_maxrss``) and the peak *above its
-idle baseline* (the process after importing torch/PyG and loading its
-part), which is what the graph and the model cost. Workers run with
-tcmalloc when Debian's ``libtcmalloc-minimal4`` is installed (glibc malloc
-fragments and inflates RSS with depth). Output: a table on stdout, a JSON
-file and a PNG plot.
+The graph is partitioned at random for sar / naive (``--method``; random is
+the worst case for communication). Workers are spawned on this host with
+``revgnn.distributed.launch.run_workers`` (gloo), ``cores / workers``
+intra-op threads each, with tcmalloc preloaded when Debian's
+``libtcmalloc-minimal4`` is installed (glibc malloc fragments and inflates
+RSS with depth). Memory is each worker's peak RSS (``ru_maxrss``) and the
+peak *above its idle baseline* (after importing torch/PyG and loading its
+data and the model), which is what the graph and the training cost; epoch
+times are the fastest of ``--epochs`` epochs, the slowest worker's.
 
-    python scripts/bench_sar.py                       # defaults below
-    python scripts/bench_sar.py --nodes 20000 --degree 20 --layers 64 \\
-        --parts 1 2 4 --out bench_out
+ALL WORKERS SHARE THIS HOST'S CORES: the epoch times of P > 1 measure SAR's
+(or DDP's) overhead, not a multi-machine speed-up. The issue's goals refer to
+
+* SAR epoch time at P = 1 <= 1.2x the one-process (``single``) epoch time;
+* SAR per-worker peak memory above idle at P = 4 <= 0.35x that at P = 1.
+
+Defaults (100,000 nodes, 2,000,000 edges, RevGNN 16 layers x 64 channels,
+112 tasks, 2 epochs, DDP over 10 parts) are sized for roughly 10 minutes on
+2 otherwise idle cores (estimated from docs/bench/{step,layers}.md, most of
+it the naive baseline's stock PyG GENConv and the 9 worker start-ups); the
+memory figures and the ratios do not depend on the depth (reversible
+blocks), so ``--layers`` only scales the time. On busy cores the runs with
+fewer workers (more threads each) suffer most, which skews every ratio.
+Output: a table (P: workers; last column: local edges of the largest part,
+or DDP parts per second) and the ratios on stdout, ``bench_sar.json`` and
+``bench_sar.png`` in ``--out``.
+
+    python scripts/bench_sar.py                           # full measurement
+    python scripts/bench_sar.py --quick                   # tiny smoke run
+    python scripts/bench_sar.py --modes single sar --parts 1 4 --layers 32
 """
 from __future__ import annotations
 
@@ -31,12 +61,17 @@ import json
 import os
 import sys
 import time
+from types import SimpleNamespace
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..'))
 
 TCMALLOC = '/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4'
+SHARED_CORES = ('all workers share this host\'s cores: epoch times of P > 1 '
+                'measure overhead, not multi-machine speed-up')
+QUICK = dict(nodes=3000, degree=10, layers=4, hidden=32, classes=8,
+             epochs=2, ddp_parts=4)
 
 
 # ------------------------------------------------------------ naive baseline
@@ -95,75 +130,310 @@ def _naive_gen_conv_class():
     return NaiveGENConv
 
 
-# ---------------------------------------------------------------- one worker
+# ---------------------------------------------------------------- data, task
+def make_dataset(args):
+    """The random graph as a NodeDataset (edges sorted by destination)."""
+    from revgnn.data.graph import NodeDataset
+    g = torch.Generator().manual_seed(0)
+    N = args.nodes
+    ei = torch.randint(0, N, (2, N * args.degree), generator=g)
+    perm = torch.randperm(N, generator=g)
+    n_train, n_valid = int(0.8 * N), int(0.1 * N)
+    return NodeDataset(
+        name=f'random-{N}', x=torch.randn(N, args.features, generator=g),
+        edge_index=ei, edge_attr=None,
+        y=(torch.randn(N, args.classes, generator=g) > 0).float(),
+        split_idx={'train': perm[:n_train],
+                   'valid': perm[n_train:n_train + n_valid],
+                   'test': perm[n_train + n_valid:]},
+        task='multilabel', num_classes=args.classes,
+        evaluator='ogbn-proteins').sorted_by_destination()
+
+
+def _load_dataset(path):
+    from revgnn.data.graph import NodeDataset
+    return NodeDataset(**torch.load(path, weights_only=True))
+
+
+class FullGraphTask:
+    """The whole graph as one step per epoch, the loss normalised as
+    ``SARTask`` does: what SAR at P = 1 computes, without SARGraph."""
+
+    def __init__(self, ds):
+        from revgnn.engine.tasks import labelled_entries, shapes
+        from revgnn.evaluate import as_edge_index
+        self.x, self.y = ds.x, ds.y
+        self.mask = torch.zeros(ds.num_nodes, dtype=torch.bool)
+        self.mask[ds.split_idx['train']] = True
+        self.edge_index = as_edge_index(ds.edge_index, ds.num_nodes)
+        self.count = int(labelled_entries(self.y[self.mask]).sum())
+        self.task, self.shapes = ds.task, shapes(ds)
+
+    def train_steps(self, generator, device, start=0):
+        from revgnn.engine.tasks import Batch, Step
+        batch = Batch((self.x, self.edge_index, None), self.mask,
+                      self.y[self.mask], self.count)
+        yield Step(0, iter([batch]), self.count)
+
+    def loss(self, logits, batch, total):
+        from revgnn.engine.tasks import task_loss
+        return task_loss(logits[batch.select], batch.y, self.task,
+                         'sum') / total
+
+
+# ------------------------------------------------------------------- workers
 def _rss_peak_mb() -> float:
     from revgnn.utils.memory import peak_rss_bytes
     return peak_rss_bytes() / 2**20
 
 
-def _worker(rank, world_size, mode, part_dir, cfg):
+def _model(shapes, cfg):
+    from revgnn.models.revgnn import RevGNN
+    torch.manual_seed(0)  # the same initial parameters on every worker
+    return RevGNN(hidden_channels=cfg['hidden'], num_layers=cfg['layers'],
+                  num_groups=2, conv='gen', aggr='max', **shapes)
+
+
+def _epochs(model, task, backend, cfg, barrier=None):
+    """``cfg['epochs']`` epochs of the loop's ``train_step``; returns
+    (idle peak RSS, peak RSS, fastest epoch s)."""
+    from revgnn.engine.loop import seed_stream, train_step
+    from revgnn.utils.flat import build_optimizer
+    optimizer, flat = build_optimizer(
+        model, lambda ps: torch.optim.Adam(ps, lr=1e-3), True)
+    sync = barrier or (lambda: None)
+    sync()
+    base, times = _rss_peak_mb(), []
+    for epoch in range(1, cfg['epochs'] + 1):
+        gen = torch.Generator().manual_seed(seed_stream(0, epoch, 0))
+        sync()
+        t = time.perf_counter()
+        for step in task.train_steps(gen, 'cpu'):
+            train_step(model, task, step, optimizer, flat, backend)
+        sync()
+        times.append(time.perf_counter() - t)
+    return base, _rss_peak_mb(), min(times)
+
+
+def _single_worker(data_path, cfg, threads):
+    from revgnn.engine.backends import LocalBackend
+    torch.set_num_threads(threads)
+    task = FullGraphTask(_load_dataset(data_path))
+    base, peak, epoch_s = _epochs(_model(task.shapes, cfg), task,
+                                  LocalBackend(None), cfg)
+    return dict(rank=0, base_rss_mb=base, peak_rss_mb=peak,
+                peak_above_base_mb=peak - base, epoch_s=epoch_s,
+                local_nodes=task.x.size(0),
+                local_edges=task.edge_index.size(1), halo_rows=0)
+
+
+def _sar_worker(rank, world_size, mode, part_dir, cfg):
     import torch.distributed as dist
     from torch_geometric.nn import GENConv
 
     from revgnn.distributed.convs import convert_to_sar
-    from revgnn.distributed.partition import load_partition
-    from revgnn.distributed.run import SARJob, train_step
+    from revgnn.distributed.partition import load_meta, load_partition
     from revgnn.distributed.sar import SARGraph
-    from revgnn.models.revgnn import RevGNN
+    from revgnn.engine.backends import DDPBackend
+    from revgnn.engine.sar import SARTask
 
-    part = load_partition(part_dir, rank, world_size)
-    graph = SARGraph(part, timeout_s=600)
-    nd = part['node_data']
-    torch.manual_seed(0)
-    model = RevGNN(nd['x'].size(1), cfg['hidden'], nd['y'].size(1),
-                   num_layers=cfg['layers'], num_groups=2, conv='gen',
-                   aggr='max')
+    graph = SARGraph(load_partition(part_dir, rank, world_size),
+                     timeout_s=600)
+    backend = DDPBackend(None)  # all_reduce / reduce_gradients over the group
+    task = SARTask(graph, load_meta(part_dir), backend.all_reduce,
+                   backend.gather, 'cpu')
+    model = _model(task.shapes, cfg)
     if mode == 'sar':
-        convert_to_sar(model)
-        edge_index = graph
+        convert_to_sar(model)  # RevGNN.forward takes the SARGraph as it is
     else:
         naive_cls = _naive_gen_conv_class()
         for m in model.modules():
             if type(m) is GENConv:
                 m.__class__ = naive_cls
-        edge_index = NaiveGraph(graph)
-    job = SARJob(graph, nd['x'], nd['y'], None,
-                 {'train': torch.ones(graph.num_local, dtype=torch.bool)})
-
-    class _Wrap(torch.nn.Module):
-        """RevGNN.forward with the SAR or naive graph object in place of
-        ``edge_index`` (RevGNN.forward itself sorts tensor edge indices and
-        does not accept graph objects)."""
-
-        def __init__(self):
-            super().__init__()
-            self.model = model
-
-        def forward(self, x, _graph, edge_attr):
-            from revgnn.nn import Shared
-            m = self.model
-            h = m.node_encoder(x)
-            mask = m.dropout(h)
-            for block in m.layers:
-                h = block(h, edge_index, Shared(None), mask)
-            return m.head(h)
-
-    net = _Wrap()
-    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
-    dist.barrier()
-    base = _rss_peak_mb()
-    times = []
-    for _ in range(cfg['epochs']):
-        dist.barrier()
-        t = time.perf_counter()
-        train_step(net, opt, job)
-        dist.barrier()
-        times.append(time.perf_counter() - t)
-    peak = _rss_peak_mb()
-    return dict(rank=rank, peak_rss_mb=peak, base_rss_mb=base,
-                peak_above_base_mb=peak - base, epoch_s=min(times),
+        task.graph = NaiveGraph(graph)  # the step's edge_index input
+    base, peak, epoch_s = _epochs(model, task, backend, cfg, dist.barrier)
+    return dict(rank=rank, base_rss_mb=base, peak_rss_mb=peak,
+                peak_above_base_mb=peak - base, epoch_s=epoch_s,
                 local_nodes=graph.num_local, local_edges=graph.num_edges,
                 halo_rows=sum(graph.num_needed))
+
+
+def _ddp_worker(rank, world_size, data_path, cfg):
+    import torch.distributed as dist
+    from omegaconf import OmegaConf
+
+    from revgnn.distributed.comm import broadcast_parameters
+    from revgnn.engine.backends import DDPBackend
+    from revgnn.engine.tasks import NodeTask
+
+    tc = OmegaConf.create(dict(train_parts=cfg['ddp_parts'],
+                               parts_per_step=world_size, eval_views=1,
+                               eval_parts=1))
+    task = NodeTask(_load_dataset(data_path), tc, rank, world_size)
+    model = _model(task.shapes, cfg)
+    broadcast_parameters(model)
+    base, peak, epoch_s = _epochs(model, task, DDPBackend(None), cfg,
+                                  dist.barrier)
+    return dict(rank=rank, base_rss_mb=base, peak_rss_mb=peak,
+                peak_above_base_mb=peak - base, epoch_s=epoch_s,
+                parts_per_s=cfg['ddp_parts'] / epoch_s)
+
+
+# ---------------------------------------------------------------------- main
+def _row(mode, P, results):
+    """One table row: the slowest epoch and the largest peaks of the workers."""
+    bad = [(r.rank, r.exitcode) for r in results if r.exitcode]
+    if bad:  # results came back; a worker then failed to exit cleanly
+        print(f'warning: {mode} P={P}: (rank, exit code) {bad}', flush=True)
+    vals = [r.value for r in results]
+    row = dict(mode=mode, P=P, epoch_s=max(v['epoch_s'] for v in vals),
+               peak_rss_mb=max(v['peak_rss_mb'] for v in vals),
+               peak_above_base_mb=max(v['peak_above_base_mb'] for v in vals),
+               workers=vals)
+    if mode == 'ddp':
+        row['parts_per_s'] = min(v['parts_per_s'] for v in vals)
+    else:
+        row['local_edges'] = max(v['local_edges'] for v in vals)
+    return row
+
+
+def _print_row(r):
+    extra = f"{r['parts_per_s']:>9.2f} parts/s" if r['mode'] == 'ddp' \
+        else f"{r['local_edges']:>9d} edges"
+    print(f"{r['mode']:6} {r['P']:>2} {r['epoch_s']:8.2f} "
+          f"{r['peak_rss_mb']:9.0f} {r['peak_above_base_mb']:11.0f}  {extra}",
+          flush=True)
+
+
+def ratios(rows):
+    """The issue's figures (and the naive baseline's side by side)."""
+    at = {(r['mode'], r['P']): r for r in rows}
+    out = {}
+
+    def put(name, a, b, key):
+        if a in at and b in at and at[b][key] > 0:
+            out[name] = at[a][key] / at[b][key]
+
+    put('sar_p1_over_single_epoch', ('sar', 1), ('single', 1), 'epoch_s')
+    put('naive_p1_over_single_epoch', ('naive', 1), ('single', 1), 'epoch_s')
+    for mode in ('sar', 'naive'):
+        put(f'{mode}_p4_over_p1_above_idle', (mode, 4), (mode, 1),
+            'peak_above_base_mb')
+        put(f'{mode}_p4_over_p1_rss', (mode, 4), (mode, 1), 'peak_rss_mb')
+    put('ddp_w2_over_w1_parts_per_s', ('ddp', 2), ('ddp', 1), 'parts_per_s')
+    return out
+
+
+def _print_ratios(rat):
+    def f(key):
+        return f'{rat[key]:7.3f}' if key in rat else f"{'-':>7}"
+    print(f"\n{'ratio':44} {'sar':>7} {'naive':>7}  goal", flush=True)
+    print(f"{'epoch time P=1 / single':44} {f('sar_p1_over_single_epoch')} "
+          f"{f('naive_p1_over_single_epoch')}  sar <= 1.2")
+    print(f"{'per-worker peak above idle P=4 / P=1':44} "
+          f"{f('sar_p4_over_p1_above_idle')} "
+          f"{f('naive_p4_over_p1_above_idle')}  sar <= 0.35")
+    print(f"{'per-worker peak RSS (total) P=4 / P=1':44} "
+          f"{f('sar_p4_over_p1_rss')} {f('naive_p4_over_p1_rss')}")
+    print(f"{'DDP parts/s, 2 workers / 1 worker':44} "
+          f"{f('ddp_w2_over_w1_parts_per_s')}")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument('--nodes', type=int, default=100_000)
+    p.add_argument('--degree', type=int, default=20,
+                   help='average in-degree of the random graph')
+    p.add_argument('--features', type=int, default=16)
+    p.add_argument('--classes', type=int, default=112,
+                   help='binary tasks (multilabel, as ogbn-proteins)')
+    p.add_argument('--hidden', type=int, default=64)
+    p.add_argument('--layers', type=int, default=16)
+    p.add_argument('--epochs', type=int, default=2,
+                   help='epochs per run; the fastest is reported (the first '
+                   'includes one-off warm-up)')
+    p.add_argument('--modes', nargs='+', default=['single', 'sar', 'naive',
+                                                   'ddp'],
+                   choices=['single', 'sar', 'naive', 'ddp'])
+    p.add_argument('--parts', type=int, nargs='+', default=[1, 2, 4],
+                   help='SAR / naive workers P')
+    p.add_argument('--method', default='random', choices=['random', 'metis'],
+                   help='node partition of SAR / naive')
+    p.add_argument('--ddp-workers', type=int, nargs='+', default=[1, 2])
+    p.add_argument('--ddp-parts', type=int, default=10,
+                   help='DDP: random parts per epoch (trainer.train_parts)')
+    p.add_argument('--threads', type=int, default=0,
+                   help='intra-op threads per worker (0: cores / workers)')
+    p.add_argument('--out', default='bench_out/sar')
+    p.add_argument('--quick', action='store_true',
+                   help=f'tiny smoke run: defaults {QUICK}')
+    args = p.parse_args(argv)
+    if args.quick:  # explicit flags still win
+        p.set_defaults(**QUICK)
+        args = p.parse_args(argv)
+
+    from revgnn.distributed.launch import run_workers
+    from revgnn.distributed.partition import partition_dataset
+
+    if os.path.exists(TCMALLOC) and 'tcmalloc' not in os.environ.get(
+            'LD_PRELOAD', ''):
+        os.environ['LD_PRELOAD'] = TCMALLOC  # inherited by spawned workers
+    cores = len(os.sched_getaffinity(0))
+
+    def threads(workers):
+        return args.threads or max(1, cores // workers)
+
+    os.makedirs(args.out, exist_ok=True)
+    ds = make_dataset(args)
+    data_path = os.path.join(args.out, 'graph.pt')
+    torch.save({k: getattr(ds, k) for k in (
+        'name', 'x', 'edge_index', 'edge_attr', 'y', 'split_idx', 'task',
+        'num_classes', 'evaluator')}, data_path)
+    cfg = dict(hidden=args.hidden, layers=args.layers, epochs=args.epochs,
+               ddp_parts=args.ddp_parts)
+    print(f'graph: {ds.num_nodes} nodes, {ds.num_edges} edges, '
+          f'{args.classes} tasks; RevGNN {args.layers} layers x '
+          f'{args.hidden}, GENConv max, 2 groups; {cores} cores, '
+          f'{args.method} partition for sar/naive\n({SHARED_CORES})\n',
+          flush=True)
+    print(f"{'mode':6} {'P':>2} {'epoch s':>8} {'peak MB':>9} "
+          f"{'above idle':>11}  {'per worker':>9}", flush=True)
+    rows = []
+    bounds = dict(timeout_s=1200, wall_s=3600)
+
+    if 'single' in args.modes:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+        with ProcessPoolExecutor(1, mp_context=mp.get_context('spawn')) as ex:
+            val = ex.submit(_single_worker, data_path, cfg, threads(1)).result()
+        rows.append(_row('single', 1, [SimpleNamespace(rank=0, exitcode=0,
+                                                       value=val)]))
+        _print_row(rows[-1])
+    for P in args.parts if {'sar', 'naive'} & set(args.modes) else []:
+        part_dir = os.path.join(args.out, f'parts{P}')
+        partition_dataset(ds, part_dir, P, args.method)
+        for mode in [m for m in ('sar', 'naive') if m in args.modes]:
+            res = run_workers(_sar_worker, P, mode, part_dir, cfg,
+                              threads=threads(P), **bounds)
+            rows.append(_row(mode, P, res))
+            _print_row(rows[-1])
+    for W in args.ddp_workers if 'ddp' in args.modes else []:
+        res = run_workers(_ddp_worker, W, data_path, cfg, threads=threads(W),
+                          **bounds)
+        rows.append(_row('ddp', W, res))
+        _print_row(rows[-1])
+
+    rat = ratios(rows)
+    _print_ratios(rat)
+    summary = {'args': vars(args), 'cores': cores, 'note': SHARED_CORES,
+               'rows': rows, 'ratios': rat}
+    with open(os.path.join(args.out, 'bench_sar.json'), 'w') as f:
+        json.dump(summary, f, indent=2)
+    _plot(rows, args, os.path.join(args.out, 'bench_sar.png'))
+    print(f'\n({SHARED_CORES})\nwrote {args.out}/bench_sar.json and '
+          f'bench_sar.png', flush=True)
+    return 0
 
 
 def replot(json_path: str) -> None:
@@ -174,88 +444,12 @@ def replot(json_path: str) -> None:
           json_path.replace('.json', '.png'))
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument('--nodes', type=int, default=12000)
-    p.add_argument('--degree', type=int, default=20,
-                   help='average in-degree of the random graph')
-    p.add_argument('--features', type=int, default=16)
-    p.add_argument('--hidden', type=int, default=64)
-    p.add_argument('--layers', type=int, default=64)
-    p.add_argument('--epochs', type=int, default=2,
-                   help='epochs per run; the fastest is reported')
-    p.add_argument('--parts', type=int, nargs='+', default=[1, 2, 4])
-    p.add_argument('--modes', nargs='+', default=['sar', 'naive'])
-    p.add_argument('--threads', type=int, default=0,
-                   help='intra-op threads per worker (0: cores / P)')
-    p.add_argument('--out', default='bench_out/sar')
-    args = p.parse_args(argv)
-
-    from revgnn.distributed.launch import run_workers
-    from revgnn.distributed.partition import build_partitions, save_partitions
-
-    if os.path.exists(TCMALLOC) and 'tcmalloc' not in os.environ.get(
-            'LD_PRELOAD', ''):
-        os.environ['LD_PRELOAD'] = TCMALLOC  # inherited by spawned workers
-    os.makedirs(args.out, exist_ok=True)
-    g = torch.Generator().manual_seed(0)
-    N, E = args.nodes, args.nodes * args.degree
-    ei = torch.randint(0, N, (2, E), generator=g)
-    x = torch.randn(N, args.features, generator=g)
-    y = (torch.randn(N, 8, generator=g) > 0).float()
-    cfg = dict(hidden=args.hidden, layers=args.layers, epochs=args.epochs)
-    rows = []
-    print(f'graph: {N} nodes, {E} edges, random partition; RevGNN '
-          f'{args.layers} layers x {args.hidden}, GENConv max, 2 groups',
-          flush=True)
-    print(f"{'mode':6} {'P':>2} {'epoch s':>8} {'peak RSS MB':>12} "
-          f"{'above idle MB':>14} {'local edges':>12}", flush=True)
-    for P in args.parts:
-        part_dir = os.path.join(args.out, f'parts{P}')
-        save_partitions(build_partitions(ei, N, P, 'random', node_data={
-            'x': x, 'y': y}), part_dir)
-        for mode in args.modes:
-            res = run_workers(_worker, P, mode, part_dir, cfg,
-                              timeout_s=1200, wall_s=3600,
-                              threads=args.threads or None)
-            vals = [r.value for r in res]
-            row = dict(mode=mode, P=P,
-                       epoch_s=max(v['epoch_s'] for v in vals),
-                       peak_rss_mb=max(v['peak_rss_mb'] for v in vals),
-                       peak_above_base_mb=max(v['peak_above_base_mb']
-                                              for v in vals),
-                       workers=vals)
-            rows.append(row)
-            print(f"{mode:6} {P:>2} {row['epoch_s']:8.2f} "
-                  f"{row['peak_rss_mb']:12.0f} "
-                  f"{row['peak_above_base_mb']:14.0f} "
-                  f"{max(v['local_edges'] for v in vals):12d}", flush=True)
-    summary = {'args': vars(args), 'rows': rows}
-    for mode in args.modes:
-        by_p = {r['P']: r for r in rows if r['mode'] == mode}
-        if 1 in by_p and 4 in by_p:
-            ratio = (by_p[4]['peak_above_base_mb'] /
-                     by_p[1]['peak_above_base_mb'])
-            ratio_rss = by_p[4]['peak_rss_mb'] / by_p[1]['peak_rss_mb']
-            summary[f'{mode}_p4_over_p1'] = dict(above_idle=ratio,
-                                                 rss=ratio_rss)
-            print(f'{mode}: per-worker peak P=4 / P=1 = {ratio:.3f} above '
-                  f'idle ({ratio_rss:.3f} in total RSS)', flush=True)
-    with open(os.path.join(args.out, 'bench_sar.json'), 'w') as f:
-        json.dump(summary, f, indent=2)
-    _plot(rows, args, os.path.join(args.out, 'bench_sar.png'))
-    print('(epoch times: all workers share this host\'s cores, so they '
-          'measure overhead, not multi-machine speed-up)')
-    print(f"wrote {args.out}/bench_sar.json and bench_sar.png")
-    return 0
-
-
 def _plot(rows, args, path):
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(1, 2, figsize=(10, 4))
+    fig, ax = plt.subplots(1, 3, figsize=(15, 4))
+    single = [r for r in rows if r['mode'] == 'single']
     for mode, style, color in (('sar', 'o-', 'tab:blue'),
                                ('naive', 's--', 'tab:orange')):
         rs = sorted((r for r in rows if r['mode'] == mode),
@@ -269,17 +463,31 @@ def _plot(rows, args, path):
                    color=color, label=f'{mode} (total RSS)')
         ax[1].plot(ps, [r['epoch_s'] for r in rs], style, color=color,
                    label=mode)
+    for r in single:
+        ax[0].axhline(r['peak_above_base_mb'], color='k', ls=':',
+                      label='one process (above idle)')
+        ax[1].axhline(r['epoch_s'], color='k', ls=':', label='one process')
+        ax[1].axhline(1.2 * r['epoch_s'], color='tab:red', ls=':', lw=0.8,
+                      label='1.2x one process (goal at P=1)')
+    ddp = sorted((r for r in rows if r['mode'] == 'ddp'), key=lambda r: r['P'])
+    ax[2].bar([str(r['P']) for r in ddp], [r['parts_per_s'] for r in ddp],
+              color='tab:green')
     ax[0].set(xlabel='workers P', ylabel='per-worker peak memory (MB)',
-              title=f'RevGNN {args.layers}x{args.hidden}, '
+              title=f'RevGNN {args.layers}x{args.hidden}, {args.nodes} nodes, '
               f'{args.nodes * args.degree} edges', xticks=args.parts)
     ax[1].set(xlabel='workers P', ylabel='epoch time (s)',
               title='epoch time (workers share this host)',
               xticks=args.parts)
+    ax[2].set(xlabel='DDP workers', ylabel='parts (sub-graph steps) / s',
+              title=f'DDP, {args.ddp_parts} parts per epoch (shared host)')
     for a in ax:
         a.grid(alpha=0.3)
-        a.legend()
+    for a in ax[:2]:
+        if a.lines:
+            a.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 if __name__ == '__main__':
