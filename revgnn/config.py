@@ -16,17 +16,47 @@ This module imports neither torch nor PyG, so ``revgnn-train --help`` and ``--cf
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 __all__ = ["TrainConfig", "TrainerConfig", "LoggerConfig", "BackendConfig", "ModelConfig",
            "ProteinsLikeConfig", "OgbnConfig", "MolLikeConfig", "OgbgConfig", "AdamConfig", "Device",
            "BackendName",
-           "Precision", "register_configs"]
+           "Precision", "register_configs", "check_ranges"]
+
+
+def ranged(default: Any, low: Optional[float] = None, high: Optional[float] = None, *,
+           low_open: bool = False, high_open: bool = False) -> Any:
+    """A schema field whose value must lie in ``[low, high]`` (``(`` / ``)`` where open); ``None``
+    stays allowed for ``Optional`` fields. :func:`check_ranges` enforces it."""
+    return field(default=default, metadata={"range": (low, high, low_open, high_open)})
+
+
+def check_ranges(cfg: DictConfig, path: str = "") -> None:
+    """Raises ``ValueError`` naming the key for every value outside the range its schema declares
+    (:func:`ranged`); walks the whole config, whatever schema each node has."""
+    schema = OmegaConf.get_type(cfg)
+    if dataclasses.is_dataclass(schema):
+        for f in dataclasses.fields(schema):
+            bounds = f.metadata.get("range")
+            value = cfg.get(f.name) if bounds else None
+            if value is None or OmegaConf.is_missing(cfg, f.name):
+                continue
+            low, high, low_open, high_open = bounds
+            too_low = low is not None and (value <= low if low_open else value < low)
+            too_high = high is not None and (value >= high if high_open else value > high)
+            if too_low or too_high:
+                lo = "" if low is None else f"{'>' if low_open else '>='} {low}"
+                hi = "" if high is None else f"{'<' if high_open else '<='} {high}"
+                raise ValueError(f"{path}{f.name} must be {' and '.join(b for b in (lo, hi) if b)}, got {value}")
+    for key in cfg:
+        if isinstance(key, str) and not OmegaConf.is_missing(cfg, key) and isinstance(cfg.get(key), DictConfig):
+            check_ranges(cfg[key], f"{path}{key}.")
 
 
 class Device(str, Enum):
@@ -52,32 +82,32 @@ class ModelConfig:
     _target_: str = "revgnn.models.create_model"
     name: str = MISSING
     conv: Optional[str] = None
-    num_layers: Optional[int] = None
-    hidden_channels: Optional[int] = None
-    num_groups: Optional[int] = None
-    dropout: Optional[float] = None
+    num_layers: Optional[int] = ranged(None, 1)
+    hidden_channels: Optional[int] = ranged(None, 1)
+    num_groups: Optional[int] = ranged(None, 1)
+    dropout: Optional[float] = ranged(None, 0, 1, high_open=True)
     aggr: Optional[str] = None
     norm: Optional[str] = None
-    heads: Optional[int] = None
-    keep_every: Optional[int] = None
-    quantize: Optional[int] = None
+    heads: Optional[int] = ranged(None, 1)
+    keep_every: Optional[int] = ranged(None, 1)
+    quantize: Optional[int] = ranged(None, 1)
 
 
 @dataclass
 class ProteinsLikeConfig:
     """Arguments of :func:`revgnn.data.synthetic.proteins_like` (its docstring explains each)."""
     _target_: str = "revgnn.data.synthetic.proteins_like"
-    num_nodes: int = 6000
-    avg_degree: int = 16
-    window: int = 20
-    num_species: int = 8
-    num_tasks: int = 112
-    edge_channels: int = 8
-    latent_channels: int = 4
-    max_hops: int = 6
-    edge_noise: float = 0.5
-    valid_species: int = 1
-    test_species: int = 2
+    num_nodes: int = ranged(6000, 1)
+    avg_degree: int = ranged(16, 1)
+    window: int = ranged(20, 1)
+    num_species: int = ranged(8, 1)
+    num_tasks: int = ranged(112, 1)
+    edge_channels: int = ranged(8, 1)
+    latent_channels: int = ranged(4, 1)
+    max_hops: int = ranged(6, 1)
+    edge_noise: float = ranged(0.5, 0)
+    valid_species: int = ranged(1, 0)
+    test_species: int = ranged(2, 0)
     seed: int = 0
 
 
@@ -94,15 +124,15 @@ class OgbnConfig:
 class MolLikeConfig:
     """Arguments of :func:`revgnn.data.graphs.mol_like` (its docstring explains each)."""
     _target_: str = "revgnn.data.graphs.mol_like"
-    num_graphs: int = 2000
-    min_nodes: int = 12
-    max_nodes: int = 28
-    distance: int = 5
-    hetero_atoms: int = 2
-    ring_prob: float = 0.5
-    valid_fraction: float = 0.1
-    test_fraction: float = 0.1
-    batch_size: int = 32
+    num_graphs: int = ranged(2000, 1)
+    min_nodes: int = ranged(12, 1)
+    max_nodes: int = ranged(28, 1)
+    distance: int = ranged(5, 1)
+    hetero_atoms: int = ranged(2, 0)
+    ring_prob: float = ranged(0.5, 0, 1)
+    valid_fraction: float = ranged(0.1, 0, 1, high_open=True)
+    test_fraction: float = ranged(0.1, 0, 1, high_open=True)
+    batch_size: int = ranged(32, 1)
     seed: int = 0
 
 
@@ -113,7 +143,7 @@ class OgbgConfig:
     name: str = MISSING
     root: str = "data"
     allow_download: bool = False
-    batch_size: int = 32
+    batch_size: int = ranged(32, 1)
 
 
 @dataclass
@@ -121,8 +151,8 @@ class AdamConfig:
     """``torch.optim.Adam``, built partially and completed with the model's parameters."""
     _target_: str = "torch.optim.Adam"
     _partial_: bool = True
-    lr: float = 1e-3
-    weight_decay: float = 0.0
+    lr: float = ranged(1e-3, 0, low_open=True)
+    weight_decay: float = ranged(0.0, 0)
 
 
 @dataclass
@@ -150,13 +180,13 @@ class TrainerConfig:
     ``train_parts``, ``eval_views`` and ``eval_parts`` concern node-level data (one big graph); graph-level
     data sets (``data=mol_like``, ``data=ogbg_molhiv``) are batched by their own ``data.batch_size``.
     """
-    epochs: int = 100
-    train_parts: int = 10
-    parts_per_step: Optional[int] = None
-    eval_every: int = 1
-    eval_views: int = 1
-    eval_parts: int = 5
-    grad_clip: float = 1.0
+    epochs: int = ranged(100, 1)
+    train_parts: int = ranged(10, 1)
+    parts_per_step: Optional[int] = ranged(None, 1)
+    eval_every: int = ranged(1, 1)
+    eval_views: int = ranged(1, 1)
+    eval_parts: int = ranged(5, 1)
+    grad_clip: float = ranged(1.0, 0)
     flat_params: bool = True
 
 
@@ -186,9 +216,9 @@ class BackendConfig:
     name: BackendName = BackendName.local
     device: Device = Device.auto
     precision: Precision = Precision.auto
-    num_threads: Optional[int] = None
+    num_threads: Optional[int] = ranged(None, 1)
     partition_dir: Optional[str] = None
-    timeout_s: float = 300.0
+    timeout_s: float = ranged(300.0, 0, low_open=True)
     dist_backend: Optional[str] = None
 
 
@@ -204,11 +234,54 @@ class TrainConfig:
     name: str = "default"
     seed: int = 0
     ckpt_path: Optional[str] = None
+    resume_allow: List[str] = field(default_factory=list)
     output_dir: Optional[str] = None
 
 
+def _run_dir(output_dir: Optional[str], default: str) -> str:
+    """``hydra.run.dir`` / ``hydra.sweep.dir``: ``output_dir`` when set, so a run keeps all its files
+    (checkpoints, ``.hydra/``, ``train.log``) in one directory."""
+    return default if output_dir in (None, "") else str(output_dir)
+
+
+def _swept_keys(argv: List[str]) -> List[str]:
+    """Keys the command line sweeps (``k=a,b``, ``k=range(...)``, ``choice``, ``glob``, ``interval``)."""
+    keys = []
+    for arg in argv:
+        if arg.startswith("-") or "=" not in arg:
+            continue
+        key, value = arg.split("=", 1)
+        depth, top_comma = 0, False
+        for ch in value:
+            depth += ch in "[({"
+            depth -= ch in "])}"
+            top_comma |= ch == "," and depth == 0
+        if top_comma or value.startswith(("range(", "choice(", "glob(", "interval(")):
+            keys.append(key.lstrip("+~"))
+    return keys
+
+
+def _job_dir(num: Any, overrides: Any) -> str:
+    """``hydra.sweep.subdir``: the job number and the values of the swept keys
+    (``1_optim.lr=0.01``; all of the job's overrides when no sweep syntax is on the command line, e.g.
+    a sweeper plugin), path separators replaced, so every job of a sweep over any key gets its own,
+    readable directory (the job's full overrides are in its ``.hydra/overrides.yaml``)."""
+    import sys
+    items = [str(o) for o in overrides]
+    swept = _swept_keys(sys.argv[1:])
+    chosen = [o for o in items if o.split("=", 1)[0].lstrip("+~") in swept] or items
+    name = "_".join([str(num)] + ([",".join(chosen)] if chosen else [])).replace("/", "_")
+    if len(name) > 120:  # file systems cap names at 255 bytes; keep it readable and unique
+        import hashlib
+        name = f"{name[:100]}..{hashlib.sha1(name.encode()).hexdigest()[:10]}"
+    return name
+
+
 def register_configs() -> None:
-    """Stores the schemas in Hydra's ConfigStore (idempotent)."""
+    """Stores the schemas in Hydra's ConfigStore and the run-directory resolvers (idempotent)."""
+    for name, fn in (("revgnn.run_dir", _run_dir), ("revgnn.job_dir", _job_dir)):
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, fn)
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
     cs.store(group="schema/model", name="model", node=ModelConfig)

@@ -15,8 +15,7 @@ def test_train_cli_with_sar_backend(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            "-m", "revgnn.train", "backend=sar", f"backend.partition_dir={parts}",
            "backend.timeout_s=60", "backend.num_threads=1", "trainer.epochs=2",
-           "model.num_layers=2", f"output_dir={tmp_path / 'run'}",
-           f"hydra.run.dir={tmp_path / 'hydra'}"]
+           "model.num_layers=2", f"output_dir={tmp_path / 'run'}"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -52,7 +51,7 @@ def test_dead_worker_under_torchrun_ends_the_job_non_zero(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            "-m", "revgnn.train", "backend=sar", f"backend.partition_dir={parts}", "backend.timeout_s=60",
            "trainer.epochs=3", "model.num_layers=2", "model._target_=loop_models.exit_at",
-           f"output_dir={tmp_path / 'run'}", f"hydra.run.dir={tmp_path / 'hydra'}"]
+           f"output_dir={tmp_path / 'run'}"]
     start = time.monotonic()
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     text = out.stdout + out.stderr

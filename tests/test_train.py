@@ -95,9 +95,72 @@ def test_missing_checkpoint_and_data_path_are_named(tmp_path):
 
 def test_incompatible_checkpoint_is_explained(tmp_path):
     train(_cfg(tmp_path / "a", "trainer.epochs=1"))
+    ckpt = f"ckpt_path={tmp_path / 'a' / 'last.pt'}"
+    with pytest.raises(ValueError, match=r"model.hidden_channels: 8 \(checkpoint\) -> 16 \(now\)"):
+        train(_cfg(tmp_path / "b", "trainer.epochs=2", "model.hidden_channels=16", ckpt))
     with pytest.raises(RuntimeError, match="does not fit model"):
-        train(_cfg(tmp_path / "b", "trainer.epochs=2", "model.hidden_channels=16",
-                   f"ckpt_path={tmp_path / 'a' / 'last.pt'}"))
+        train(_cfg(tmp_path / "b", "trainer.epochs=2", "model.hidden_channels=16", ckpt,
+                   "resume_allow=[model.hidden_channels]"))
+
+
+def test_resume_refuses_changed_settings_unless_allowed(tmp_path):
+    """A resume lists every setting that differs from the checkpoint's (seed, optim.lr, ...); an
+    allowed lr change reaches the restored optimiser; extending trainer.epochs is always fine."""
+    train(_cfg(tmp_path / "a", "trainer.epochs=1"))
+    ckpt = f"ckpt_path={tmp_path / 'a' / 'last.pt'}"
+    with pytest.raises(ValueError, match=r"(?s)optim.lr: 0.005 \(checkpoint\) -> 0.5.*seed: 0 \(checkpoint\) -> 7"):
+        train(_cfg(tmp_path / "b", "trainer.epochs=2", "optim.lr=0.5", "seed=7", ckpt))
+    with pytest.raises(ValueError, match="resume_allow names optim.learning_rate"):
+        train(_cfg(tmp_path / "b", "trainer.epochs=2", ckpt, "resume_allow=[optim.learning_rate]"))
+    train(_cfg(tmp_path / "b", "trainer.epochs=2", "optim.lr=0.5", ckpt, "resume_allow=[optim.lr]"))
+    saved = load_checkpoint(str(tmp_path / "b" / "last.pt"))
+    assert saved["epoch"] == 2 and {g["lr"] for g in saved["optimizer"]["param_groups"]} == {0.5}
+    assert saved["history"][-1]["lr"] == 0.5
+
+
+@pytest.mark.parametrize("override,message", [
+    ("trainer.grad_clip=-1", "trainer.grad_clip must be >= 0, got -1"),
+    ("backend.num_threads=0", "backend.num_threads must be >= 1, got 0"),
+    ("backend.num_threads=-2", "backend.num_threads must be >= 1, got -2"),
+    ("optim.lr=0", "optim.lr must be > 0, got 0"),
+    ("model.dropout=1.5", "model.dropout must be >= 0 and < 1, got 1.5"),
+    ("data.num_nodes=0", "data.num_nodes must be >= 1, got 0"),
+    ("trainer.parts_per_step=0", "trainer.parts_per_step must be >= 1, got 0"),
+    ("backend.timeout_s=0", "backend.timeout_s must be > 0, got 0"),
+])
+def test_out_of_range_settings_are_named(tmp_path, override, message):
+    with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+        train(_cfg(tmp_path, "trainer.epochs=1", override))
+
+
+def test_cli_output_dir_holds_the_whole_run_and_sweeps_keep_every_job(tmp_path):
+    """output_dir=X: checkpoints, metrics, .hydra/ and train.log all in X, nothing under the cwd's
+    outputs/. A multirun over a non-seed key gives every job its own directory, named by job
+    number and overrides."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+    env = dict(os.environ, PYTHONPATH=str(REPO), REVGNN_ALLOCATOR="system")
+    run = tmp_path / "run"
+    out = subprocess.run([sys.executable, "-m", "revgnn.train", *TINY, "trainer.epochs=1", f"output_dir={run}"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    for name in ("last.pt", "metrics.csv", "summary.json", "train.log", ".hydra/config.yaml"):
+        assert (run / name).exists(), name
+    assert not (tmp_path / "outputs").exists()
+    sweep = tmp_path / "sweep"
+    out = subprocess.run([sys.executable, "-m", "revgnn.train", "-m", *TINY, "trainer.epochs=1",
+                          "optim.lr=0.001,0.01", f"output_dir={sweep}"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir())
+    assert len(jobs) == 2 and jobs[0].startswith("0_") and jobs[1].startswith("1_"), jobs
+    assert "optim.lr=0.001" in jobs[0] and "optim.lr=0.01" in jobs[1], jobs
+    lrs = [json.loads((sweep / j / "summary.json").read_text()) and
+           load_checkpoint(str(sweep / j / "last.pt"))["history"][-1]["lr"] for j in jobs]
+    assert lrs == [0.001, 0.01]
 
 
 def test_checkpoint_writer_saves_what_torch_save_of_state_dict_saves(tmp_path):
@@ -152,8 +215,11 @@ def test_flat_parameters_train_as_per_tensor_parameters_do(tmp_path):
     for k in ("highest_valid", "final_test"):
         assert flat[k] == pytest.approx(plain[k], abs=1e-4)
     assert len(a["optimizer"]["state"]) == 1 and len(b["optimizer"]["state"]) > 10
-    with pytest.raises(RuntimeError, match="trainer.flat_params=false"):
+    with pytest.raises(ValueError, match=r"trainer.flat_params: False \(checkpoint\) -> True"):
         train(_cfg(tmp_path / "c", "trainer.epochs=3", f"ckpt_path={tmp_path / 'plain' / 'last.pt'}"))
+    with pytest.raises(RuntimeError, match="trainer.flat_params=false"):
+        train(_cfg(tmp_path / "c", "trainer.epochs=3", f"ckpt_path={tmp_path / 'plain' / 'last.pt'}",
+                   "resume_allow=[trainer.flat_params]"))
     import revgnn.utils.flat as flat_module  # another chunking: the saved moments cannot be matched
     chunk = flat_module.CHUNK_BYTES
     try:
@@ -183,7 +249,8 @@ def test_signal_mid_epoch_saves_and_resumes_exactly(tmp_path):
     ckpt = load_checkpoint(str(tmp_path / "cut" / "last.pt"))
     assert (ckpt["epoch"], ckpt["step"]) == (1, 1)
     assert json.loads((tmp_path / "cut" / "summary.json").read_text())["status"] == "interrupted"
-    train(compose_train(tmp_path / "cut", *common, f"ckpt_path={tmp_path / 'cut' / 'last.pt'}"))
+    train(compose_train(tmp_path / "cut", *common, f"ckpt_path={tmp_path / 'cut' / 'last.pt'}",
+                        "resume_allow=[model._target_,model.at_call]"))  # the same model, without the signal
     _assert_same_run(tmp_path / "full", tmp_path / "cut")
 
 
@@ -199,8 +266,7 @@ def test_cli_sigterm_exits_non_zero_with_a_resume_command_that_works(tmp_path):
     env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}", LOOP_MODELS_AT_CALL="3",
                REVGNN_ALLOCATOR="system")
     run = tmp_path / "run"
-    args = [*TINY, "trainer.epochs=3", "model._target_=loop_models.signal_at", f"output_dir={run}",
-            f"hydra.run.dir={tmp_path / 'hydra'}"]
+    args = [*TINY, "trainer.epochs=3", "model._target_=loop_models.signal_at", f"output_dir={run}"]
     out = subprocess.run([sys.executable, "-m", "revgnn.train", *args], env=env, capture_output=True, text=True,
                          timeout=600)
     assert out.returncode == 143, out.stderr[-3000:]

@@ -42,10 +42,8 @@ class Backend:
     def start(self) -> torch.device:
         """Chooses the device (and joins the process group); returns the device."""
         b = self.cfg.backend
-        if b.num_threads is not None:
-            if b.num_threads < 1:
-                raise ValueError(f"backend.num_threads must be >= 1 (or null for torch's default), got {b.num_threads}")
-            torch.set_num_threads(b.num_threads)
+        from revgnn.utils.threads import configure_threads  # null: affinity mask and cgroup quota
+        configure_threads(b.num_threads, warn=False)
         name = b.device.value
         if name == "auto":
             name = "cuda" if torch.cuda.is_available() else "cpu"
@@ -114,8 +112,6 @@ class DistributedBackend(Backend):
 
         from revgnn.distributed.comm import init_distributed
         b = self.cfg.backend
-        if b.timeout_s <= 0:
-            raise ValueError(f"backend.timeout_s must be > 0 seconds, got {b.timeout_s}")
         device = super().start()
         dist_backend = b.dist_backend or ("nccl" if device.type == "cuda" else "gloo")
         if dist_backend not in ("gloo", "nccl"):

@@ -45,6 +45,8 @@ FIELDS = ["epoch", "loss", "train", "valid", "test", "epoch_time_s", "peak_memor
 def train(cfg: DictConfig) -> Dict[str, Any]:
     """Runs one training job described by ``cfg`` (a composed ``train.yaml``) on its backend;
     returns the summary (the same on every worker)."""
+    from revgnn.config import check_ranges
+    check_ranges(cfg)  # every value in the range its schema declares, before anything starts
     backend = make_backend(cfg)
     backend.start()
     try:
@@ -74,13 +76,6 @@ def _train(cfg: DictConfig, backend: Backend) -> Dict[str, Any]:
     # stay in float32 (logits are cast back before the loss).
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else None
     tc = cfg.trainer
-    for key in ("epochs", "train_parts", "eval_every", "eval_views", "eval_parts"):
-        if tc[key] < 1:
-            raise ValueError(f"trainer.{key} must be >= 1, got {tc[key]}")
-    if tc.parts_per_step is not None and tc.parts_per_step < 1:
-        raise ValueError(f"trainer.parts_per_step must be >= 1 (or null), got {tc.parts_per_step}")
-    if tc.grad_clip < 0:
-        raise ValueError(f"trainer.grad_clip must be >= 0 (0 disables clipping), got {tc.grad_clip}")
     torch.manual_seed(cfg.seed)
 
     # ---- data, model, optimiser ----------------------------------------------------------------
@@ -275,6 +270,7 @@ def resume(cfg: DictConfig, backend: Backend, model, optimizer, flat) -> Dict[st
         raise RuntimeError(f"checkpoint {cfg.ckpt_path} was written by another run layout ({diff}): its "
                            f"workers' RNG streams and data do not continue in this one. Resume with the "
                            f"checkpoint's backend, world size and partition directory")
+    allowed = check_resume_config(ckpt.get("config") or {}, cfg, cfg.ckpt_path)
     try:
         model.load_state_dict(ckpt["model"])
     except RuntimeError as e:
@@ -290,6 +286,12 @@ def resume(cfg: DictConfig, backend: Backend, model, optimizer, flat) -> Dict[st
                            f"parameter layout (parameters, their order or the chunking differ); "
                            f"its moments cannot be matched to this model's parameters")
     optimizer.load_state_dict(ckpt["optimizer"])
+    for key, (old, new) in allowed.items():  # an allowed optimiser change takes effect on the restored state
+        name = key[len("optim."):]
+        if key.startswith("optim.") and all(name in g for g in optimizer.param_groups):
+            for group in optimizer.param_groups:
+                group[name] = new
+        log.info("resume: %s changed from %r to %r (resume_allow)", key, old, new)
     rng = ckpt["rng"]
     rng = rng[backend.rank] if isinstance(rng, list) else rng  # a list by rank since the one loop
     torch.set_rng_state(rng["torch"])
@@ -299,6 +301,43 @@ def resume(cfg: DictConfig, backend: Backend, model, optimizer, flat) -> Dict[st
     log.info("resumed from %s at epoch %d%s", cfg.ckpt_path, ckpt["epoch"], f", step {step}" if step else "")
     return {"epoch": ckpt["epoch"], "step": step, "partial": ckpt.get("partial"), "history": ckpt["history"],
             "best": ckpt["best"]}
+
+
+#: Keys a resume may change freely: the schedule's length, where things are, how they are logged
+#: and run. Everything else under these sections (and ``seed``) changes the run.
+RESUME_COMPARED = ("model", "data", "optim", "trainer", "backend", "seed")
+RESUME_FREE = ("trainer.epochs", "data.root", "data.allow_download", "backend.num_threads", "backend.timeout_s",
+               "backend.dist_backend", "backend.partition_dir")
+
+
+def check_resume_config(saved: Dict[str, Any], cfg: DictConfig, path: str) -> Dict[str, tuple]:
+    """Compares the checkpoint's config with this run's; returns the changed keys that
+    ``cfg.resume_allow`` names (``{key: (old, new)}``) and raises listing every other change."""
+    now = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+
+    def flat(d, prefix=""):
+        out = {}
+        for k, v in d.items():
+            if isinstance(v, dict) and v:
+                out.update(flat(v, f"{prefix}{k}."))
+            else:
+                out[f"{prefix}{k}"] = v
+        return out
+
+    old, new = flat({k: saved[k] for k in RESUME_COMPARED if k in saved}), flat({k: now[k] for k in RESUME_COMPARED})
+    keys = set(old) | set(new)
+    unknown = [k for k in cfg.resume_allow if k not in keys]
+    if unknown:
+        raise ValueError(f"resume_allow names {', '.join(unknown)}, which the configuration has no key for")
+    changed = {k: (old.get(k), new.get(k)) for k in sorted(keys)
+               if k in old and old.get(k) != new.get(k) and k not in RESUME_FREE}
+    refused = {k: v for k, v in changed.items() if k not in cfg.resume_allow}
+    if refused:
+        lines = "\n".join(f"  {k}: {a!r} (checkpoint) -> {b!r} (now)" for k, (a, b) in refused.items())
+        raise ValueError(f"checkpoint {path} was trained with other settings:\n{lines}\nResume with the "
+                         f"checkpoint's values, or name the keys you mean to change in resume_allow "
+                         f"(e.g. resume_allow=[{next(iter(refused))}]); trainer.epochs may always grow.")
+    return {k: v for k, v in changed.items() if k in cfg.resume_allow}
 
 
 def _last_good(last_path: str, history) -> str:
@@ -321,9 +360,8 @@ def resume_command(cfg: DictConfig, backend: Backend, last_path: str) -> str:
     overrides (without any earlier ``ckpt_path``) and ``ckpt_path=<last_path>``."""
     from hydra.core.hydra_config import HydraConfig
     overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
-    overrides = [o for o in overrides if not o.lstrip("+~").startswith("ckpt_path=")]
-    if not HydraConfig.initialized() and cfg.output_dir:
-        overrides.append(f"output_dir={cfg.output_dir}")
+    overrides = [o for o in overrides if not o.lstrip("+~").startswith(("ckpt_path=", "output_dir="))]
+    overrides.append(f"output_dir={os.path.dirname(os.path.abspath(last_path))}")  # continue in the same directory
     overrides.append(f"ckpt_path={os.path.abspath(last_path)}")
     return " ".join([backend.launch_prefix()] + [shlex.quote(o) for o in overrides])
 
@@ -346,13 +384,12 @@ def build_model(model_cfg: DictConfig, shapes: Dict[str, Any]) -> "torch.nn.Modu
 
 
 def resolve_output_dir(cfg: DictConfig) -> str:
-    """``cfg.output_dir`` if set, else Hydra's run directory (or ``outputs/<name>`` outside Hydra)."""
-    if cfg.output_dir:
-        return str(cfg.output_dir)
+    """Hydra's run (or sweep job) directory, which is ``output_dir`` when set
+    (``configs/hydra/default.yaml``); outside Hydra ``cfg.output_dir`` or ``outputs/<name>``."""
     from hydra.core.hydra_config import HydraConfig
     if HydraConfig.initialized():
         return HydraConfig.get().runtime.output_dir
-    return f"outputs/{cfg.name}"
+    return str(cfg.output_dir) if cfg.output_dir else f"outputs/{cfg.name}"
 
 
 def seed_stream(seed: int, epoch: int, purpose: int) -> int:
