@@ -70,3 +70,42 @@ def test_corrupt_raw_file_is_reported(tmp_path):
 def test_unknown_name():
     with pytest.raises(ValueError, match="ogbn-papers"):
         load_ogbn("ogbn-papers", "data")
+
+
+def test_changed_raw_files_rebuild_the_stale_cache(tmp_path, caplog):
+    """OGB loads processed/ whatever raw/ holds now: after the raw files change, the cache is
+    rebuilt (naming the changed files) instead of silently serving the old graph."""
+    write_fake_ogbn(str(tmp_path), "ogbn-proteins", num_nodes=48, avg_degree=4)
+    assert load_ogbn("ogbn-proteins", str(tmp_path)).num_edges == 2 * 48 * 4 // 2
+    write_fake_ogbn(str(tmp_path), "ogbn-proteins", num_nodes=48, avg_degree=8, seed=1)
+    with caplog.at_level("WARNING"):
+        ds = load_ogbn("ogbn-proteins", str(tmp_path))
+    assert ds.num_edges == 2 * 48 * 8 // 2
+    assert "rebuilding" in caplog.text and "edge.csv.gz" in caplog.text
+    caplog.clear()
+    again = load_ogbn("ogbn-proteins", str(tmp_path))  # current cache: no rebuild
+    assert torch.equal(again.edge_index, ds.edge_index) and "rebuilding" not in caplog.text
+
+
+def test_edge_file_shorter_than_its_count_is_refused(tmp_path):
+    import numpy as np
+    import pandas as pd
+    path = write_fake_ogbn(str(tmp_path), "ogbn-proteins", num_nodes=40, avg_degree=4)
+    edges = pd.read_csv(os.path.join(path, "raw", "edge.csv.gz"), header=None).values
+    pd.DataFrame(np.asarray(edges[:-5])).to_csv(os.path.join(path, "raw", "edge.csv.gz"), header=False,
+                                                index=False, compression="gzip")
+    with pytest.raises(ValueError, match=r"holds 75 edges but num-edge-list.csv.gz says 80"):
+        load_ogbn("ogbn-proteins", str(tmp_path))
+    assert not os.path.exists(os.path.join(path, "processed"))  # no corrupt cache left behind
+
+
+def test_failed_download_says_so(tmp_path, monkeypatch):
+    import urllib.error
+
+    import ogb.nodeproppred.dataset_pyg as dataset_pyg
+
+    def offline(url):
+        raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+    monkeypatch.setattr(dataset_pyg, "decide_download", offline)
+    with pytest.raises(RuntimeError, match=r"downloading .*proteins\.zip failed.*offline.*by hand|unzip it"):
+        load_ogbn("ogbn-proteins", str(tmp_path / "fresh"), allow_download=True)

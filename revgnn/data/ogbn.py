@@ -97,20 +97,114 @@ def _check_layout(name: str, root: str, allow_download: bool) -> str:
     return path
 
 
+_RAW_STAMP = "revgnn_raw_stamp.json"
+
+
+def _raw_files(path: str) -> Dict[str, list]:
+    """``{relative path: [size, mtime_ns]}`` of every file under ``raw/`` and ``split/``."""
+    out = {}
+    for sub in ("raw", "split"):
+        for dirpath, _, names in os.walk(osp.join(path, sub)):
+            for n in names:
+                full = osp.join(dirpath, n)
+                st = os.stat(full)
+                out[osp.relpath(full, path)] = [st.st_size, st.st_mtime_ns]
+    return out
+
+
+def _sha256(file: str) -> str:
+    import hashlib
+    h = hashlib.sha256()
+    with open(file, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _stale_cache(name: str, path: str) -> list:
+    """The raw files that changed since OGB's ``processed/`` cache was built from them (by size and
+    mtime, then content), per the stamp written next to it; ``[]`` when the cache is current. A cache
+    without a stamp (built by OGB itself or an older revgnn) is trusted and stamped."""
+    import json
+    processed = osp.join(path, "processed")
+    stamp_path = osp.join(processed, _RAW_STAMP)
+    if not osp.isdir(processed) or not osp.exists(stamp_path):
+        return []
+    with open(stamp_path) as f:
+        stamp = json.load(f)
+    now = _raw_files(path)
+    changed = []
+    for rel in sorted(set(stamp) | set(now)):
+        old, cur = stamp.get(rel), now.get(rel)
+        if old is None or cur is None:
+            changed.append(rel)
+        elif old[:2] != cur and (old[0] != cur[0] or old[2] != _sha256(osp.join(path, rel))):
+            changed.append(rel)
+    return changed
+
+
+def _write_stamp(path: str) -> None:
+    import json
+    files = {rel: [size, mtime, _sha256(osp.join(path, rel))] for rel, (size, mtime) in _raw_files(path).items()}
+    target = osp.join(path, "processed", _RAW_STAMP)
+    tmp = f"{target}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(files, f, indent=1)
+    os.replace(tmp, target)
+
+
+def _check_edge_count(name: str, path: str, dataset) -> None:
+    """OGB slices ``edge.csv.gz`` by ``num-edge-list.csv.gz`` without checking that the rows are
+    there: a short file trains on a silently smaller graph. Refuses it (and its cache)."""
+    import pandas as pd
+    meta = _meta(name)
+    said = int(pd.read_csv(osp.join(path, "raw", "num-edge-list.csv.gz"), header=None).values.sum())
+    factor = 2 if meta["add_inverse_edge"] == "True" else 1
+    data = dataset._data if hasattr(dataset, "_data") else dataset.data
+    have = int(data.edge_index.size(1)) // factor
+    if have != said:
+        import shutil
+        shutil.rmtree(osp.join(path, "processed"), ignore_errors=True)
+        raise ValueError(f"{name}: {osp.join(path, 'raw', 'edge.csv.gz')} holds {have} edges but "
+                         f"num-edge-list.csv.gz says {said}: the raw files are truncated or from different "
+                         f"versions; replace them with the complete set (nothing was cached)")
+
+
 def _load_pyg(name: str, root: str):
     if name.startswith("ogbg-"):
         from ogb.graphproppred import PygGraphPropPredDataset as Dataset
     else:
         from ogb.nodeproppred import PygNodePropPredDataset as Dataset
+    meta = _meta(name)
+    path = osp.join(root, name.replace("-", "_"))
+    if osp.exists(path + "_pyg"):
+        path += "_pyg"
+    downloading = not osp.isdir(path)
+    stale = [] if downloading else _stale_cache(name, path)
+    if stale:
+        import shutil
+        log.warning("%s: the raw files changed since %s was built (%s): rebuilding it", name,
+                    osp.join(path, "processed"), ", ".join(stale))
+        shutil.rmtree(osp.join(path, "processed"))
+    fresh = downloading or not osp.isdir(osp.join(path, "processed"))
     with ogb_safe_globals():
         try:
             dataset = Dataset(name=name, root=root)
             split_idx = dataset.get_idx_split()
         except Exception as e:  # pandas parser errors, gzip/EOF errors, unpickling errors, bad shapes
+            if downloading:
+                raise RuntimeError(
+                    f"{name}: downloading {meta['url']} failed ({type(e).__name__}: {e}); is this machine "
+                    f"offline? Download the archive elsewhere and unzip it under {osp.abspath(root)} (so that "
+                    f"{osp.join(osp.abspath(path), 'raw')} exists), then run with data.allow_download=false.") from e
             raise RuntimeError(
                 f"{name}: OGB could not read the data set under {osp.abspath(root)} ({type(e).__name__}: {e}). "
                 f"A raw file is probably corrupt or truncated; if a processed/ directory exists, delete it "
                 f"so that OGB re-processes the raw files.") from e
+    if fresh and not name.startswith("ogbg-"):
+        _check_edge_count(name, path, dataset)
+    if fresh or not osp.exists(osp.join(path, "processed", _RAW_STAMP)):
+        _write_stamp(path)
     return dataset, split_idx
 
 
