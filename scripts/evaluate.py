@@ -1,55 +1,8 @@
-"""Evaluates a checkpoint written by revgnn-train with multi-view inference.
+"""Deprecated: the console script ``revgnn-evaluate`` (:mod:`revgnn.cli.evaluate`) takes the same options."""
+import sys
 
-    .venv/bin/python scripts/evaluate.py outputs/proteins_revgnn_deep/<run>/best.pt --views 10 --parts 3
-
-The model and data are rebuilt from the config stored in the checkpoint (``--data-root`` points an OGB
-data set elsewhere). Prints the OGB metric on train / valid / test as JSON. Node-level data: ``V`` views x
-``K`` parts, logits averaged; graph-level data: batched graphs (views and parts do not apply).
-"""
-from __future__ import annotations
-
-import argparse
-import json
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoint", help="best.pt or last.pt of a revgnn-train run")
-    parser.add_argument("--views", type=int, default=None, help="views V (default: the run's trainer.eval_views)")
-    parser.add_argument("--parts", type=int, default=None, help="parts K per view (default: trainer.eval_parts)")
-    parser.add_argument("--seed", type=int, default=None,
-                        help="seed of the inference partitions (default: the one training used at the "
-                             "checkpoint's epoch, so the logged score is reproduced)")
-    parser.add_argument("--data-root", default=None, help="override data.root (OGB data sets)")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    args = parser.parse_args()
-
-    import torch
-    from hydra.utils import instantiate
-    from omegaconf import OmegaConf
-
-    from revgnn.engine.checkpoint import load_checkpoint
-    from revgnn.engine.loop import build_model, seed_stream
-    from revgnn.engine.tasks import make_task, shapes
-
-    ckpt = load_checkpoint(args.checkpoint)
-    cfg = OmegaConf.create(ckpt["config"])
-    if args.data_root is not None:
-        if "root" not in cfg.data:
-            parser.error(f"--data-root given but data set {cfg.data.get('name', cfg.data._target_)} has no root")
-        cfg.data.root = args.data_root
-    ds = instantiate(cfg.data)
-    model = build_model(cfg.model, shapes(ds))
-    model.load_state_dict(ckpt["model"])
-    model.to(args.device)
-    cfg.trainer.eval_views = views = args.views or cfg.trainer.eval_views
-    cfg.trainer.eval_parts = parts = args.parts or cfg.trainer.eval_parts
-    seed = args.seed if args.seed is not None else seed_stream(cfg.seed, ckpt["epoch"], 1)
-    task = make_task(ds, cfg.trainer)  # node level: multi-view inference; graph level: batched graphs
-    scores = task.evaluate(model, torch.Generator().manual_seed(seed), args.device)
-    print(json.dumps({"checkpoint": args.checkpoint, "epoch": ckpt["epoch"], "views": views, "parts": parts,
-                      "metric": task.metric, **scores}, indent=2))
-
+from revgnn.cli.evaluate import main
 
 if __name__ == "__main__":
+    print("scripts/evaluate.py is deprecated: use revgnn-evaluate (same options)", file=sys.stderr)
     main()

@@ -1,0 +1,238 @@
+"""``revgnn-reproduce``: runs an experiment over several seeds and writes a markdown table next to the
+paper's numbers.
+
+    revgnn-reproduce --experiment proteins_revgnn_deep --data-root data
+    revgnn-reproduce --experiment proteins_wt_revgnn --seeds 10 model.hidden_channels=80
+    revgnn-reproduce --smoke        # same pipeline, fake OGB graph, 1 epoch
+    revgnn-reproduce --launcher submitit_slurm --data-root /data hydra.launcher.partition=gpu   # on SLURM
+
+Without ``--launcher`` each seed is one ``python -m revgnn.train experiment=<name> seed=<s>`` process,
+one after the other, writing into ``<out>/seed_<s>``. With ``--launcher L`` the seeds are one Hydra
+sweep, ``revgnn.train -m hydra/launcher=L seed=0,...,n-1`` into ``<out>/sweep/<time>/``: ``submitit_slurm``
+submits one SLURM job per seed (``hydra.launcher.*`` overrides set partition, GPUs, time limit...),
+``submitit_local`` runs them as local processes (both need ``pip install "revgnn[cluster]"``). Either way
+each job's ``summary.json`` (best validation and the test score at that epoch) feeds the table: mean ±
+unbiased standard deviation over seeds, parameters, peak memory and time per epoch.
+
+A run that trained fewer epochs than the experiment's recipe (``trainer.epochs=...`` among the
+overrides, or ``--smoke``) says so in the table's title and beside each of its numbers.
+``--smoke`` writes a tiny raw ogbn-proteins directory, shrinks the model to 2 layers x 8 channels and
+runs 1 epoch per seed, so the whole path (OGB loader, training, multi-view evaluation, table) is checked
+in a minute.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+
+#: Paper test scores (Li et al., ICML 2021 and the cited reference implementations): (mean, std or None).
+PAPER = {
+    "proteins_revgnn_deep": ("RevGNN-Deep, test ROC-AUC", 87.74, 0.13),
+    "proteins_revgnn_wide": ("RevGNN-Wide, test ROC-AUC", 88.24, 0.15),
+    "proteins_resgnn_112": ("ResGNN-112x64, test ROC-AUC", 85.94, None),
+    "proteins_wt_revgnn": ("WT-RevGNN-112x224, test ROC-AUC", 85.28, None),
+    "proteins_deq_gnn": ("DEQ-GNN-224, test ROC-AUC", 85.84, None),
+    "products_revgnn_112": ("RevGNN-112 (PyG example), test accuracy", 83.07, 0.30),
+    "arxiv_revgat": ("RevGAT, test accuracy", 74.02, 0.18),
+    "molhiv_revgnn_graphnorm": ("RevGNN + GraphNorm, ogbg-molhiv test ROC-AUC", 78.62, None),
+    "molhiv_revgnn_batchnorm": ("RevGNN + BatchNorm, ogbg-molhiv test ROC-AUC", 77.82, None),
+}
+
+
+def _mean_std(values):
+    mean = statistics.mean(values)
+    std = statistics.stdev(values) if len(values) > 1 else float("nan")  # unbiased (n - 1)
+    return mean, std
+
+
+def _compose(experiment: str, overrides: Sequence[str] = ()):
+    from hydra import compose, initialize_config_dir
+    import revgnn.config  # noqa: F401  (registers the schemas)
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose(config_name="train", overrides=[f"experiment={experiment}", *overrides])
+
+
+def recipe_epochs(experiment: str) -> int:
+    """``trainer.epochs`` of the experiment as shipped (no overrides): the recipe a table is held to."""
+    return int(_compose(experiment).trainer.epochs)
+
+
+def _smoke_overrides(experiment: str, data_root: str) -> List[str]:
+    """Shrinks whichever size keys the experiment's model config has."""
+    cfg = _compose(experiment)
+    out = [f"data.root={data_root}", "trainer.epochs=1", "trainer.train_parts=2", "trainer.eval_views=2",
+           "trainer.eval_parts=2", "trainer.eval_every=1", "logger.progress_bar=false"]
+    for key, value in (("num_layers", 2), ("hidden_channels", 8), ("max_iter", 3), ("pretrain_depth", 2)):
+        if cfg.model.get(key) is not None:
+            out.append(f"model.{key}={value}")
+    return out
+
+
+def _epochs_label(epochs: Sequence[int], recipe: int) -> str:
+    lo, hi = min(epochs), max(epochs)
+    return f"{lo} of {recipe} epochs" if lo == hi else f"{lo}-{hi} of {recipe} epochs"
+
+
+def format_table(experiment: str, summaries: List[Dict], overrides: Sequence[str], recipe: int,
+                 smoke: bool = False, runs: Optional[str] = None) -> str:
+    """The markdown table of ``summaries`` (one per seed). When ``smoke`` or any seed trained fewer than
+    ``recipe`` epochs, the title says so and every number of this run carries the label."""
+    label, paper_mean, paper_std = PAPER[experiment]
+    epochs = [int(s["epochs"]) for s in summaries]
+    short = smoke or min(epochs) < recipe
+    tag = ""
+    if short:
+        tag = _epochs_label(epochs, recipe)
+        tag = f" ({'smoke, ' if smoke else ''}{tag})"
+    if smoke:
+        title = f"# {experiment} (smoke: fake data, tiny model, {_epochs_label(epochs, recipe)} — not a result)"
+    elif short:
+        title = f"# {experiment} (short run: {_epochs_label(epochs, recipe)} — not comparable to the paper)"
+    else:
+        title = f"# {experiment}"
+    valid = _mean_std([100 * s["highest_valid"] for s in summaries])
+    test = _mean_std([100 * s["final_test"] for s in summaries])
+    params = summaries[0]["num_parameters"]
+    memory = max(s["peak_memory_mb"] for s in summaries)
+    epoch_time = statistics.mean(s["epoch_time_s"] for s in summaries)
+    device = summaries[0]["device"]
+    paper = f"{paper_mean:.2f}" + (f" ± {paper_std:.2f}" if paper_std is not None else "")
+
+    def seed_entry(s: Dict) -> str:
+        entry = f"{s['seed']}: {100 * s['highest_valid']:.2f} / {100 * s['final_test']:.2f} / {s['best_epoch']}"
+        if short:
+            entry += f" ({'smoke, ' if smoke else ''}{int(s['epochs'])} of {recipe} epochs)"
+        return entry
+
+    lines = [
+        title,
+        "",
+        f"{len(summaries)} seeds; metric: {summaries[0]['metric']} × 100; mean ± unbiased std. "
+        f"Epochs per seed: {_epochs_label(epochs, recipe)} (the recipe's trainer.epochs: {recipe}). "
+        f"Extra overrides: `{' '.join(overrides) or 'none'}`.",
+    ]
+    if runs:
+        lines.append(f"Runs: `{runs}`.")
+    lines += [
+        "",
+        "| | valid | test | #params | peak memory (MB, " + device + ") | time / epoch (s) |",
+        "|---|---|---|---|---|---|",
+        f"| this run | {valid[0]:.2f} ± {valid[1]:.2f}{tag} | {test[0]:.2f} ± {test[1]:.2f}{tag} | "
+        f"{params:,}{tag} | {memory:.0f}{tag} | {epoch_time:.2f}{tag} |",
+        f"| paper ({label}) | | {paper} | | | |",
+        "",
+        "Per seed (valid / test / best epoch): " + ", ".join(seed_entry(s) for s in summaries),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _run_sequential(args, out: Path, seeds: int, overrides: List[str]) -> List[Dict]:
+    summaries = []
+    for seed in range(seeds):
+        run_dir = out / f"seed_{seed}"
+        cmd = [sys.executable, "-m", "revgnn.train", f"experiment={args.experiment}", f"seed={seed}",
+               f"output_dir={run_dir}", f"hydra.run.dir={run_dir}", *overrides]
+        print("$", " ".join(cmd), flush=True)
+        subprocess.run(cmd, check=True)
+        with open(run_dir / "summary.json") as f:
+            summaries.append(json.load(f))
+    return summaries
+
+
+def _run_sweep(args, out: Path, seeds: int, overrides: List[str]) -> tuple:
+    """All seeds as one Hydra multirun through ``--launcher``; the jobs' summaries, found by globbing
+    the sweep directory (whatever ``hydra.sweep.subdir`` names the job directories)."""
+    if args.launcher != "basic" and importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None:
+        raise SystemExit(f"revgnn-reproduce: --launcher {args.launcher} needs Hydra's submitit launcher: "
+                         'pip install "revgnn[cluster]" (or hydra-submitit-launcher)')
+    sweep_dir = (out / "sweep" / time.strftime("%Y-%m-%d_%H-%M-%S")).resolve()
+    cmd = [sys.executable, "-m", "revgnn.train", "-m", f"hydra/launcher={args.launcher}",
+           f"experiment={args.experiment}", "seed=" + ",".join(str(s) for s in range(seeds)),
+           f"hydra.sweep.dir={sweep_dir}", *overrides]
+    print("$", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+    by_seed: Dict[int, List[Dict]] = {}
+    for path in sorted(sweep_dir.rglob("summary.json")):
+        with open(path) as f:
+            s = json.load(f)
+        by_seed.setdefault(int(s["seed"]), []).append(s)
+    missing = [s for s in range(seeds) if s not in by_seed]
+    if missing:
+        raise SystemExit(f"revgnn-reproduce: no summary.json for seed(s) {missing} under {sweep_dir}")
+    several = {s: len(v) for s, v in by_seed.items() if len(v) > 1}
+    if several:
+        raise SystemExit(f"revgnn-reproduce: several runs per seed under {sweep_dir} ({several}); an override "
+                         "with a comma sweeps it as well: pass one value per key")
+    return [by_seed[s][0] for s in range(seeds)], sweep_dir
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="revgnn-reproduce", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--experiment", default="proteins_revgnn_deep", choices=sorted(PAPER))
+    parser.add_argument("--seeds", type=int, default=10, help="seeds 0 .. n-1 (default: 10)")
+    parser.add_argument("--data-root", default=None, help="directory holding ogbn_proteins/ (data.root)")
+    parser.add_argument("--out", default=None, help="output directory (default: reproduce/<experiment>)")
+    parser.add_argument("--smoke", action="store_true", help="1 epoch, 2 seeds, tiny model, fake OGB data")
+    parser.add_argument("--launcher", default=None,
+                        help="run the seeds as one Hydra sweep through hydra/launcher=LAUNCHER, e.g. "
+                             "submitit_slurm or submitit_local (default: one process per seed, in turn)")
+    parser.add_argument("overrides", nargs="*", help="extra Hydra overrides passed to every run "
+                                                     "(hydra.launcher.* ones configure the launcher)")
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    args = build_parser().parse_args(argv)
+    if args.seeds < 1:
+        raise SystemExit(f"revgnn-reproduce: --seeds must be >= 1, got {args.seeds}")
+    launcher_keys = [o for o in args.overrides if o.lstrip("+~").startswith("hydra.launcher.")]
+    if launcher_keys and not args.launcher:
+        raise SystemExit(f"revgnn-reproduce: {' '.join(launcher_keys)} given without --launcher")
+
+    out = Path(args.out or f"reproduce/{args.experiment}{'_smoke' if args.smoke else ''}")
+    out.mkdir(parents=True, exist_ok=True)
+    overrides = list(args.overrides)
+    seeds = args.seeds
+    if args.smoke:
+        from revgnn.data.fake_ogb import write_fake_ogbn
+        from revgnn.data.graphs import write_fake_ogbg
+        root = (out / "fake_ogb").resolve()
+        name = "ogbn-proteins" if args.experiment.startswith("proteins") else \
+            "ogbn-products" if args.experiment.startswith("products") else \
+            "ogbg-molhiv" if args.experiment.startswith("molhiv") else "ogbn-arxiv"
+        if not (root / name.replace("-", "_")).exists():
+            if name.startswith("ogbg"):
+                write_fake_ogbg(str(root), name, num_graphs=60)
+            else:
+                write_fake_ogbn(str(root), name, num_nodes=96, avg_degree=6)
+        overrides = _smoke_overrides(args.experiment, str(root)) + overrides
+        seeds = min(seeds, 2)
+    elif args.data_root:
+        overrides.append(f"data.root={args.data_root}")
+
+    if args.launcher:
+        summaries, runs = _run_sweep(args, out, seeds, overrides)
+    else:
+        summaries, runs = _run_sequential(args, out, seeds, overrides), out
+    table = format_table(args.experiment, summaries, overrides, recipe_epochs(args.experiment),
+                         smoke=args.smoke, runs=str(runs))
+    (out / "results.md").write_text(table)
+    print(table)
+    print(f"written to {out / 'results.md'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""Cluster launchers (hydra/launcher=slurm|local, Hydra's submitit plugin) and revgnn-reproduce's tables:
+a 2-seed sweep through the submitit local launcher end to end, the launcher configs' schema, and the
+labels of a table from a run shorter than its recipe."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+
+import revgnn.config  # noqa: F401  (registers the schemas)
+from revgnn.cli import reproduce
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG_DIR = str(REPO / "revgnn" / "configs")
+TINY = ["data.num_nodes=400", "data.window=5", "data.avg_degree=6", "data.max_hops=2", "model.num_layers=2",
+        "model.hidden_channels=8", "trainer.eval_parts=1", "trainer.epochs=1", "logger.progress_bar=false",
+        "logger.plot=false", "backend.num_threads=1"]
+
+pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="pip install '.[cluster]' (in .[dev])")
+
+
+def _launcher(*overrides):
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return compose(config_name="train", overrides=list(overrides), return_hydra_config=True).hydra.launcher
+
+
+def test_slurm_launcher_has_the_usual_keys_and_revgnn_defaults():
+    cfg = _launcher("hydra/launcher=slurm", "hydra.launcher.partition=gpu", "hydra.launcher.mem_gb=32")
+    assert cfg._target_.endswith("SlurmLauncher")
+    assert cfg.partition == "gpu" and cfg.mem_gb == 32 and cfg.gpus_per_node == 1
+    assert cfg.timeout_min > 60 and cfg.cpus_per_task >= 1 and cfg.max_num_timeout == 0
+    local = _launcher("hydra/launcher=local")
+    assert local._target_.endswith("LocalLauncher") and local.timeout_min == cfg.timeout_min
+    # the plugin's own nodes stay reachable under their names
+    assert _launcher("hydra/launcher=submitit_slurm")._target_.endswith("SlurmLauncher")
+
+
+@pytest.mark.parametrize("override", ["hydra.launcher.partiton=gpu", "hydra.launcher.timeout_min=soon"])
+def test_launcher_keys_are_checked(override):
+    with pytest.raises(ConfigCompositionException):
+        _launcher("hydra/launcher=slurm", override)
+
+
+@pytest.mark.slow
+def test_two_seed_sweep_through_submitit_local(tmp_path):
+    sweep = tmp_path / "sweep"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-m", "revgnn.train", "-m", "hydra/launcher=local", "seed=0,1", *TINY,
+                           f"hydra.sweep.dir={sweep}"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=420)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Submitit 'local' sweep output dir" in proc.stdout + proc.stderr
+    summaries = sorted(sweep.rglob("summary.json"))  # whatever hydra.sweep.subdir names the job dirs
+    assert len(summaries) == 2 and summaries[0].parent != summaries[1].parent
+    seeds = set()
+    for path in summaries:
+        summary = json.loads(path.read_text())
+        assert summary["status"] == "completed" and summary["epochs"] == 1
+        assert Path(summary["output_dir"]).resolve() == path.parent.resolve()
+        lines = (path.parent / "metrics.csv").read_text().splitlines()
+        assert lines[0].startswith("epoch,") and len(lines) == 2
+        assert (path.parent / "best.pt").exists() and (path.parent / ".hydra" / "config.yaml").exists()
+        seeds.add(summary["seed"])
+    assert seeds == {0, 1}
+    assert len(list((sweep / ".submitit").glob("*/*_log.out"))) == 2  # each job ran as a submitit job
+
+
+def _summary(seed, epochs, valid=0.8, test=0.79):
+    return {"seed": seed, "epochs": epochs, "best_epoch": epochs, "highest_valid": valid, "final_test": test,
+            "metric": "rocauc", "num_parameters": 20031384, "peak_memory_mb": 1000.0, "epoch_time_s": 40.0,
+            "device": "cpu"}
+
+
+def _this_run_cells(table):
+    row = next(line for line in table.splitlines() if line.startswith("| this run |"))
+    return [c.strip() for c in row.strip("|").split("|")][1:]
+
+
+def test_table_of_a_short_run_says_so_in_the_title_and_beside_each_number():
+    assert reproduce.recipe_epochs("proteins_revgnn_deep") == 2000
+    table = reproduce.format_table("proteins_revgnn_deep", [_summary(0, 50), _summary(1, 50, 0.81)],
+                                   ["trainer.epochs=50"], recipe=2000)
+    title = table.splitlines()[0]
+    assert "short run: 50 of 2000 epochs" in title and "not comparable" in title
+    cells = _this_run_cells(table)
+    assert len(cells) == 5 and all(c.endswith("(50 of 2000 epochs)") for c in cells), cells
+    per_seed = next(line for line in table.splitlines() if line.startswith("Per seed"))
+    assert per_seed.count("(50 of 2000 epochs)") == 2
+    assert "| 87.74 ± 0.13 |" in table  # the paper's row carries no label
+
+    smoke = reproduce.format_table("proteins_revgnn_deep", [_summary(0, 1)], [], recipe=2000, smoke=True)
+    assert "smoke" in smoke.splitlines()[0] and "1 of 2000 epochs" in smoke.splitlines()[0]
+    assert all("(smoke, 1 of 2000 epochs)" in c for c in _this_run_cells(smoke))
+
+    full = reproduce.format_table("proteins_revgnn_deep", [_summary(0, 2000), _summary(1, 2000)], [],
+                                  recipe=2000)
+    assert full.splitlines()[0] == "# proteins_revgnn_deep"
+    assert not any("epochs)" in c for c in _this_run_cells(full))
+
+
+def test_reproduce_with_a_launcher_runs_one_sweep_and_tables_every_seed(tmp_path, monkeypatch):
+    """``--launcher``: one ``revgnn.train -m`` over the seeds (the launcher's overrides passed on), and the
+    table gathers each job's summary from the sweep directory whatever the job directories are named."""
+    calls = []
+
+    def fake_run(cmd, check):
+        calls.append(cmd)
+        sweep = Path(next(c for c in cmd if c.startswith("hydra.sweep.dir=")).split("=", 1)[1])
+        for job, seed in enumerate((0, 1, 2)):
+            (sweep / f"{job}_seed={seed}").mkdir(parents=True)
+            (sweep / f"{job}_seed={seed}" / "summary.json").write_text(json.dumps(_summary(seed, 3)))
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(reproduce.subprocess, "run", fake_run)
+    out = tmp_path / "out"
+    reproduce.main(["--experiment", "proteins_revgnn_wide", "--seeds", "3", "--out", str(out),
+                    "--launcher", "slurm", "hydra.launcher.partition=gpu", "trainer.epochs=3"])
+    (cmd,) = calls
+    assert cmd[1:5] == ["-m", "revgnn.train", "-m", "hydra/launcher=slurm"]
+    assert "seed=0,1,2" in cmd and "hydra.launcher.partition=gpu" in cmd and "trainer.epochs=3" in cmd
+    table = (out / "results.md").read_text()
+    assert "3 seeds" in table and "short run: 3 of 2000 epochs" in table and "88.24 ± 0.15" in table
+
+    with pytest.raises(SystemExit, match="without --launcher"):
+        reproduce.main(["--out", str(out), "hydra.launcher.partition=gpu"])
