@@ -280,3 +280,26 @@ def test_cli_sigterm_exits_non_zero_with_a_resume_command_that_works(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["epochs"] == 3
+
+
+def test_deq_convergence_is_reported_per_epoch_not_per_step(tmp_path, caplog):
+    """DEQ-GNN with a budget too small to converge: one warning line per epoch (with its count)
+    instead of one per solve, and the convergence statistics in metrics.csv and summary.json."""
+    from conftest import compose_train
+    keep = [o for o in TINY if not o.startswith("model.")]
+    cfg = compose_train(tmp_path, *keep, "trainer.epochs=2", "trainer.train_parts=4", "model=deq_gnn",
+                        "model.hidden_channels=8", "model.max_iter=2", "model.tol=1e-12")
+    with caplog.at_level("WARNING", logger="revgnn.train"):
+        summary = train(cfg)
+    lines = [r.getMessage() for r in caplog.records if "DEQConvergenceWarning" in r.getMessage()]
+    # one line per warning site and epoch: forward (4 training + 2 evaluation solves), backward (4)
+    assert sorted(m.split(":")[0] for m in lines) == ["DEQConvergenceWarning x4 in epoch 1",
+                                                      "DEQConvergenceWarning x4 in epoch 2",
+                                                      "DEQConvergenceWarning x6 in epoch 1",
+                                                      "DEQConvergenceWarning x6 in epoch 2"], lines
+    rows = list(csv.DictReader(open(tmp_path / "metrics.csv")))
+    for key in ("deq_forward_steps_mean", "deq_forward_steps_max", "deq_forward_residual_max",
+                "deq_forward_converged", "deq_backward_steps_mean", "deq_backward_converged"):
+        assert all(r[key] != "" for r in rows), key
+        assert key in summary
+    assert float(rows[0]["deq_forward_steps_max"]) == 2 and float(rows[0]["deq_forward_converged"]) == 0.0

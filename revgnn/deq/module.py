@@ -124,6 +124,7 @@ class DEQ(nn.Module):
         self.stats: Dict[str, float] = {}
         self.traces: Dict[str, List[float]] = {}
         self._z_prev: Optional[Tensor] = None
+        self._solves: Dict[str, List[tuple]] = {"forward": [], "backward": []}
 
     def _check(self) -> None:
         check_solver_options(self.solver, self.solver_options)
@@ -197,6 +198,7 @@ class DEQ(nn.Module):
             res = rel_res if self.stop_mode == "rel" else abs_res
             self.stats = {"forward_steps": self.unroll_steps, "forward_residual": res,
                           "forward_abs_residual": abs_res, "forward_rel_residual": rel_res}
+            self._solves["forward"].append((self.unroll_steps, res, res <= self.tol))
             return z
 
         z_star = self.solve(*inputs, z0=z0).z
@@ -232,12 +234,30 @@ class DEQ(nn.Module):
             self.traces = {}
         self.stats.update(result.summary(prefix=f"{which}_"))
         self.traces[which] = result.trace
+        self._solves[which].append((result.steps, result.residual, result.converged))
         if not result.converged:
             warnings.warn(
                 f"DEQ {which} solve did not converge: {result.solver} stopped after {result.steps} "
                 f"evaluations at {result.stop_mode} residual {result.residual:.2e} > tol "
                 f"{result.tol:.1e}; returning the best iterate. Raise max_iter, change the solver, or "
                 "enable the contraction guarantee.", DEQConvergenceWarning, stacklevel=3)
+
+    def epoch_stats(self) -> Dict[str, float]:
+        r"""Convergence of the solves since the last call, and forgets them: for ``forward`` and
+        ``backward``, the mean and max function evaluations, the max final residual and the fraction
+        of solves that converged (``{which}_steps_mean``, ``_steps_max``, ``_residual_max``,
+        ``_converged``). The training loop logs it once per epoch (``metrics.csv``, TensorBoard,
+        ``summary.json``)."""
+        out: Dict[str, float] = {}
+        for which, solves in self._solves.items():
+            if solves:
+                steps = [s[0] for s in solves]
+                out[f"{which}_steps_mean"] = sum(steps) / len(steps)
+                out[f"{which}_steps_max"] = float(max(steps))
+                out[f"{which}_residual_max"] = max(float(s[1]) for s in solves)
+                out[f"{which}_converged"] = sum(bool(s[2]) for s in solves) / len(solves)
+            solves.clear()
+        return out
 
     def extra_repr(self) -> str:
         return (f"solver={self.solver}, max_iter={self.max_iter}, tol={self.tol:g}, "

@@ -26,6 +26,7 @@ import math
 import os
 import shlex
 import time
+import warnings
 from typing import Any, Dict, Optional
 
 import torch
@@ -131,13 +132,71 @@ def _train(cfg: DictConfig, backend: Backend) -> Dict[str, Any]:
                    # and checkpoint, and a resumed run's history holds the earlier process's peaks
                    "peak_memory_mb": round(max([peak_mb] + [r["peak_memory_mb"] for r in history]), 1),
                    "device": device.type, "bf16": use_bf16, "backend": backend.name,
-                   "world_size": backend.world_size, "status": status, "output_dir": out_dir}
+                   "world_size": backend.world_size, "status": status, "output_dir": out_dir,
+                   # the last epoch's model statistics (e.g. DEQ convergence), as in metrics.csv
+                   **{k: v for k, v in (history[-1] if history else {}).items() if k not in FIELDS}}
         if writer:
             atomic_write_text(json.dumps(summary, indent=2), os.path.join(out_dir, "summary.json"))
             write_metrics(history, os.path.join(out_dir, "metrics.csv"))
         return summary
 
     # ---- the loop -----------------------------------------------------------------------------
+    def run_epoch(epoch: int) -> Dict[str, Any]:
+        """Trains one epoch (from the saved position when resuming mid-epoch), evaluates when due,
+        saves; returns its metrics row."""
+        model.train()
+        if hasattr(model, "set_epoch"):  # models with an epoch schedule (DEQ-GNN's unrolled pretraining)
+            model.set_epoch(epoch - 1)
+        # the epoch's batches (partition, order of graphs) are a function of (seed, epoch) alone, the
+        # same on every worker; a run resumed mid-epoch skips the steps already taken
+        first = state["step"] if epoch == start_epoch + 1 else 0
+        partial = (state["partial"] if first else None) or {"loss_sum": 0.0, "count": 0, "time_s": 0.0}
+        loss_sum, count = partial["loss_sum"], partial["count"]
+        t0 = time.perf_counter() - partial["time_s"]
+        generator = torch.Generator().manual_seed(seed_stream(cfg.seed, epoch, 0))
+        for step in task.train_steps(generator, device, start=first):
+            loss, stopping = train_step(model, task, step, optimizer, flat, backend, autocast, tc.grad_clip, stop)
+            if not math.isfinite(loss):
+                raise FloatingPointError(
+                    f"loss is {loss} at epoch {epoch}, step {step.index}: training diverged (no update was "
+                    f"applied). Last good checkpoint: {_last_good(last_path, history)}. Try a lower optim.lr "
+                    f"or trainer.grad_clip.")
+            loss_sum, count = loss_sum + loss * step.total, count + step.total
+            if stopping:
+                save_last(epoch - 1, step.index + 1, {"loss_sum": loss_sum, "count": count,
+                                                      "time_s": time.perf_counter() - t0})
+                raise _interrupted(cfg, backend, stop, last_path, epoch, step.index)
+        epoch_time = time.perf_counter() - t0
+
+        row = {"epoch": epoch, "loss": loss_sum / max(count, 1), "train": "", "valid": "", "test": "",
+               "epoch_time_s": round(epoch_time, 4),
+               "peak_memory_mb": round(max(backend.gather(peak_memory_mb(device))), 1),
+               "lr": optimizer.param_groups[0]["lr"], **model_epoch_stats(model, backend)}
+        improved = False
+        if epoch % tc.eval_every == 0 or epoch == tc.epochs:
+            scores = task.evaluate(model, torch.Generator().manual_seed(seed_stream(cfg.seed, epoch, 1)),
+                                   device, autocast, backend.all_reduce)
+            model_epoch_stats(model, backend, gather=False)  # the evaluation's solves are not training's
+            row.update(scores)
+            improved = scores["valid"] > state["best"]["valid"]
+            if improved:
+                state["best"] = {"epoch": epoch, **scores}
+            best = state["best"]
+            log.info("epoch %d  loss %.4f  train %.4f  valid %.4f  test %.4f  (best valid %.4f @ %d)  %.1fs",
+                     epoch, row["loss"], scores["train"], scores["valid"], scores["test"], best["valid"],
+                     best["epoch"], epoch_time)
+        history.append(row)
+        save_last(epoch)  # pickled once; best.pt is a byte copy
+        if writer:
+            if improved:
+                atomic_copy(last_path, best_path)
+            write_metrics(history, os.path.join(out_dir, "metrics.csv"))
+            if tb is not None:
+                for key, value in row.items():
+                    if key not in ("epoch", "lr") and value != "":
+                        tb.add_scalar(key, value, epoch)
+        return row
+
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     bar = tqdm(range(start_epoch + 1, tc.epochs + 1), desc=cfg.name, initial=start_epoch, total=tc.epochs,
@@ -146,58 +205,12 @@ def _train(cfg: DictConfig, backend: Backend) -> Dict[str, Any]:
     try:
         with stop:
             for epoch in bar:
-                model.train()
-                if hasattr(model, "set_epoch"):  # models with an epoch schedule (DEQ-GNN's unrolled pretraining)
-                    model.set_epoch(epoch - 1)
-                # the epoch's batches (partition, order of graphs) are a function of (seed, epoch) alone,
-                # the same on every worker; a run resumed mid-epoch skips the steps already taken
-                first = state["step"] if epoch == start_epoch + 1 else 0
-                partial = state["partial"] if first else None
-                loss_sum, count, elapsed = (partial["loss_sum"], partial["count"], partial["time_s"]) \
-                    if partial else (0.0, 0, 0.0)
-                t0 = time.perf_counter()
-                generator = torch.Generator().manual_seed(seed_stream(cfg.seed, epoch, 0))
-                for step in task.train_steps(generator, device, start=first):
-                    loss, stopping = train_step(model, task, step, optimizer, flat, backend, autocast,
-                                                tc.grad_clip, stop)
-                    if not math.isfinite(loss):
-                        raise FloatingPointError(
-                            f"loss is {loss} at epoch {epoch}, step {step.index}: training diverged (no "
-                            f"update was applied). Last good checkpoint: {_last_good(last_path, history)}. "
-                            f"Try a lower optim.lr or trainer.grad_clip.")
-                    loss_sum, count = loss_sum + loss * step.total, count + step.total
-                    if stopping:
-                        save_last(epoch - 1, step.index + 1, {"loss_sum": loss_sum, "count": count,
-                                                              "time_s": elapsed + time.perf_counter() - t0})
-                        raise _interrupted(cfg, backend, stop, last_path, epoch, step.index)
-                epoch_time = elapsed + time.perf_counter() - t0
-
-                peak = max(backend.gather(peak_memory_mb(device)))
-                row = {"epoch": epoch, "loss": loss_sum / max(count, 1), "train": "", "valid": "", "test": "",
-                       "epoch_time_s": round(epoch_time, 4), "peak_memory_mb": round(peak, 1),
-                       "lr": optimizer.param_groups[0]["lr"]}
-                improved = False
-                if epoch % tc.eval_every == 0 or epoch == tc.epochs:
-                    scores = task.evaluate(model, torch.Generator().manual_seed(seed_stream(cfg.seed, epoch, 1)),
-                                           device, autocast, backend.all_reduce)
-                    row.update(scores)
-                    improved = scores["valid"] > state["best"]["valid"]
-                    if improved:
-                        state["best"] = {"epoch": epoch, **scores}
-                    best = state["best"]
-                    log.info("epoch %d  loss %.4f  train %.4f  valid %.4f  test %.4f  (best valid %.4f @ %d)  "
-                             "%.1fs", epoch, row["loss"], scores["train"], scores["valid"], scores["test"],
-                             best["valid"], best["epoch"], epoch_time)
-                history.append(row)
-                save_last(epoch)  # pickled once; best.pt is a byte copy
-                if writer:
-                    if improved:
-                        atomic_copy(last_path, best_path)
-                    write_metrics(history, os.path.join(out_dir, "metrics.csv"))
-                    if tb is not None:
-                        for key in ("loss", "train", "valid", "test", "epoch_time_s", "peak_memory_mb"):
-                            if row[key] != "":
-                                tb.add_scalar(key, row[key], epoch)
+                # an epoch's warnings (e.g. a DEQ solve per step that did not converge) are counted and
+                # logged once each at its end, instead of one line per step
+                with warnings.catch_warnings(record=True) as epoch_warnings:
+                    warnings.simplefilter("always")
+                    row = run_epoch(epoch)
+                log_warnings(epoch_warnings, epoch, writer)
                 bar.set_postfix(loss=f"{row['loss']:.4f}", valid=f"{state['best']['valid']:.4f}")
                 # a signal during evaluation or checkpointing: the epoch is saved, stop here
                 if float(backend.all_reduce(torch.tensor([float(stop.requested)], dtype=torch.float64))) > 0:
@@ -366,10 +379,41 @@ def resume_command(cfg: DictConfig, backend: Backend, last_path: str) -> str:
     return " ".join([backend.launch_prefix()] + [shlex.quote(o) for o in overrides])
 
 
+def model_epoch_stats(model, backend: Backend, gather: bool = True) -> Dict[str, float]:
+    """What the model's modules report per epoch (``epoch_stats()``, e.g. :class:`revgnn.nn.DEQ`'s
+    convergence), prefixed by the module's class name; over workers, ``*_max`` keys take the max and
+    the others the mean. With ``gather=False`` the statistics are only reset (no collective)."""
+    stats: Dict[str, float] = {}
+    for name, m in model.named_modules():
+        fn = getattr(m, "epoch_stats", None)
+        if callable(fn) and m is not model:
+            prefix = type(m).__name__.lower() + ("_" + name.replace(".", "_") if stats else "")
+            stats.update({f"{prefix}_{k}": v for k, v in fn().items()})
+    if not gather:
+        return {}
+    every = backend.gather(stats)
+    keys = sorted({k for s in every for k in s})
+    return {k: (max if k.endswith("_max") else lambda v: sum(v) / len(v))([s[k] for s in every if k in s])
+            for k in keys}
+
+
+def log_warnings(caught, epoch: int, writer: bool) -> None:
+    """Logs each distinct warning (category and place) of an epoch once, with its count."""
+    groups: Dict[tuple, list] = {}
+    for w in caught:
+        groups.setdefault((w.category, w.filename, w.lineno), []).append(w)
+    for (category, _, _), ws in groups.items():
+        if writer:
+            log.warning("%s%s in epoch %d: %s", category.__name__, f" x{len(ws)}" if len(ws) > 1 else "",
+                        epoch, ws[0].message)
+
+
 def write_metrics(history, path: str) -> None:
-    """``metrics.csv``: one row per epoch, rewritten whole (atomically) from the history."""
+    """``metrics.csv``: one row per epoch (the loop's fields, then any model statistics), rewritten
+    whole (atomically) from the history."""
+    extra = sorted({k for row in history for k in row if k not in FIELDS})
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=FIELDS, lineterminator="\n")
+    w = csv.DictWriter(buf, fieldnames=FIELDS + extra, lineterminator="\n", restval="")
     w.writeheader()
     w.writerows(history)
     atomic_write_text(buf.getvalue(), path)
