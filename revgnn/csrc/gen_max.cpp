@@ -394,21 +394,19 @@ std::vector<at::Tensor> forward(const at::Tensor& x, const at::Tensor& ptr, cons
   return {out, arg, tied};
 }
 
-// Returns grad_x [R, N, C] (or empty), grad_attr, grad_w [R, C, d], grad_b [R, C] (or empty).
-std::vector<at::Tensor> backward(const at::Tensor& grad, const at::Tensor& arg, const at::Tensor& tied,
-                                 const at::Tensor& x, const at::Tensor& ptr, const at::Tensor& src,
-                                 const c10::optional<at::Tensor>& attr, const c10::optional<at::Tensor>& wt,
-                                 const c10::optional<at::Tensor>& bias, int64_t R, bool need_x,
-                                 bool need_attr, bool need_w, bool need_b) {
-  check(x, ptr, src, attr, wt, bias);
-  TORCH_CHECK(grad.sizes() == x.sizes() && grad.is_contiguous() && grad.scalar_type() == x.scalar_type(),
-              "gen_max: grad must be contiguous and shaped like x");
+// The gradient buffers and the kernel's backward over N destinations, shared by both entry
+// points: grad_x [R, rows of x, C] (or empty), grad_attr, grad_w [R, C, d], grad_b [R, C] (or empty).
+std::vector<at::Tensor> run_backward(const at::Tensor& grad, const at::Tensor& arg, const at::Tensor& tied,
+                                     const at::Tensor& x, const at::Tensor& ptr, const at::Tensor& src,
+                                     const c10::optional<at::Tensor>& attr, const c10::optional<at::Tensor>& wt,
+                                     const c10::optional<at::Tensor>& bias, int64_t N, int64_t R, bool need_x,
+                                     bool need_attr, bool need_w, bool need_b) {
   TORCH_CHECK(R >= 1, "gen_max: need at least one buffer");
-  const int64_t N = x.size(0), C = x.size(1);
+  const int64_t C = x.size(1);
   const int mode = mode_of(attr, wt);
   const int64_t d = mode == kFactored ? attr->size(1) : 0;
   auto opts = x.options();
-  at::Tensor gx = need_x ? at::zeros({R, N, C}, opts) : at::Tensor();
+  at::Tensor gx = need_x ? at::zeros({R, x.size(0), C}, opts) : at::Tensor();
   at::Tensor ga = need_attr && mode != kNone ? at::zeros_like(*attr) : at::Tensor();
   at::Tensor gw = need_w && mode == kFactored ? at::zeros({R, C, d}, opts) : at::Tensor();
   at::Tensor gb = need_b && mode == kFactored && bias.has_value() ? at::zeros({R, C}, opts) : at::Tensor();
@@ -420,6 +418,19 @@ std::vector<at::Tensor> backward(const at::Tensor& grad, const at::Tensor& arg, 
                   p(gx), p(ga), p(gw), p(gb));
   });
   return {gx, ga, gw, gb};
+}
+
+// Returns grad_x [R, N, C] (or empty), grad_attr, grad_w [R, C, d], grad_b [R, C] (or empty).
+std::vector<at::Tensor> backward(const at::Tensor& grad, const at::Tensor& arg, const at::Tensor& tied,
+                                 const at::Tensor& x, const at::Tensor& ptr, const at::Tensor& src,
+                                 const c10::optional<at::Tensor>& attr, const c10::optional<at::Tensor>& wt,
+                                 const c10::optional<at::Tensor>& bias, int64_t R, bool need_x,
+                                 bool need_attr, bool need_w, bool need_b) {
+  check(x, ptr, src, attr, wt, bias);
+  TORCH_CHECK(grad.sizes() == x.sizes() && grad.is_contiguous() && grad.scalar_type() == x.scalar_type(),
+              "gen_max: grad must be contiguous and shaped like x");
+  return run_backward(grad, arg, tied, x, ptr, src, attr, wt, bias, x.size(0), R, need_x, need_attr, need_w,
+                      need_b);
 }
 
 // A shard of a distributed (SAR) graph: the sources are the rows of x (a fetched block, any
@@ -457,22 +468,7 @@ std::vector<at::Tensor> shard_backward(const at::Tensor& grad, const at::Tensor&
   TORCH_CHECK(arg.scalar_type() == at::kInt && arg.is_contiguous() && arg.numel() == N * C &&
               tied.scalar_type() == at::kByte && tied.is_contiguous() && tied.numel() == N,
               "gen_max: arg [N, C] int32 and tied [N] uint8 from shard_forward");
-  TORCH_CHECK(R >= 1, "gen_max: need at least one buffer");
-  const int mode = mode_of(attr, wt);
-  const int64_t d = mode == kFactored ? attr->size(1) : 0;
-  auto opts = x.options();
-  at::Tensor gx = need_x ? at::zeros({R, x.size(0), C}, opts) : at::Tensor();
-  at::Tensor ga = need_attr && mode != kNone ? at::zeros_like(*attr) : at::Tensor();
-  at::Tensor gw = need_w && mode == kFactored ? at::zeros({R, C, d}, opts) : at::Tensor();
-  at::Tensor gb = need_b && mode == kFactored && bias.has_value() ? at::zeros({R, C}, opts) : at::Tensor();
-  dispatch(x, mode, [&](auto tag, auto m) {
-    using T = decltype(tag);
-    auto p = [](at::Tensor& t) { return t.defined() ? t.data_ptr<T>() : nullptr; };
-    make<T, decltype(m)::value>(x, ptr, src, attr, wt, bias)
-        .backward(N, R, grad.data_ptr<T>(), arg.data_ptr<int32_t>(), tied.data_ptr<uint8_t>(),
-                  p(gx), p(ga), p(gw), p(gb));
-  });
-  return {gx, ga, gw, gb};
+  return run_backward(grad, arg, tied, x, ptr, src, attr, wt, bias, N, R, need_x, need_attr, need_w, need_b);
 }
 
 }  // namespace
