@@ -20,7 +20,8 @@ TINY = ["data.num_nodes=400", "data.window=5", "data.avg_degree=6", "data.max_ho
         "model.hidden_channels=8", "trainer.eval_parts=1", "trainer.epochs=1", "logger.progress_bar=false",
         "logger.plot=false", "backend.num_threads=1"]
 
-pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="pip install '.[cluster]' (in .[dev])")
+needs_submitit = pytest.mark.skipif(not reproduce.have_submitit(),
+                                    reason="Hydra's submitit launcher: pip install '.[cluster]' (part of .[dev])")
 
 
 def _launcher(*overrides):
@@ -28,6 +29,7 @@ def _launcher(*overrides):
         return compose(config_name="train", overrides=list(overrides), return_hydra_config=True).hydra.launcher
 
 
+@needs_submitit
 def test_slurm_launcher_has_the_usual_keys_and_revgnn_defaults():
     cfg = _launcher("hydra/launcher=slurm", "hydra.launcher.partition=gpu", "hydra.launcher.mem_gb=32")
     assert cfg._target_.endswith("SlurmLauncher")
@@ -39,12 +41,14 @@ def test_slurm_launcher_has_the_usual_keys_and_revgnn_defaults():
     assert _launcher("hydra/launcher=submitit_slurm")._target_.endswith("SlurmLauncher")
 
 
+@needs_submitit
 @pytest.mark.parametrize("override", ["hydra.launcher.partiton=gpu", "hydra.launcher.timeout_min=soon"])
 def test_launcher_keys_are_checked(override):
     with pytest.raises(ConfigCompositionException):
         _launcher("hydra/launcher=slurm", override)
 
 
+@needs_submitit
 @pytest.mark.slow
 def test_two_seed_sweep_through_submitit_local(tmp_path):
     sweep = tmp_path / "sweep"

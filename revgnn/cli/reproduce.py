@@ -150,10 +150,18 @@ def _run_sequential(args, out: Path, seeds: int, overrides: List[str]) -> List[D
     return summaries
 
 
+def have_submitit() -> bool:
+    """Whether Hydra's submitit launcher plugin (``revgnn[cluster]``) is installed."""
+    try:
+        return importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is not None
+    except ImportError:  # no hydra_plugins namespace at all
+        return False
+
+
 def _run_sweep(args, out: Path, seeds: int, overrides: List[str]) -> tuple:
     """All seeds as one Hydra multirun through ``--launcher``; the jobs' summaries, found by globbing
     the sweep directory (whatever ``hydra.sweep.subdir`` names the job directories)."""
-    if args.launcher != "basic" and importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None:
+    if args.launcher != "basic" and not have_submitit():
         raise SystemExit(f"revgnn-reproduce: --launcher {args.launcher} needs Hydra's submitit launcher: "
                          'pip install "revgnn[cluster]" (or hydra-submitit-launcher)')
     sweep_dir = (out / "sweep" / time.strftime("%Y-%m-%d_%H-%M-%S")).resolve()
