@@ -257,6 +257,9 @@ def test_partition_command(tmp_path):
     assert sorted(os.listdir(out)) == ['meta.json', 'part_0.pt', 'part_1.pt']
     meta = json.loads((out / 'meta.json').read_text())
     assert meta['method'] == 'random'
+    config = meta['dataset'].pop('config')  # what revgnn-train backend=sar checks its data group against
+    assert config['_target_'] == 'revgnn.data.synthetic.proteins_like'
+    assert config['num_nodes'] == 400
     assert meta['dataset'] == {'name': 'proteins_like',
                                'task': 'multilabel', 'num_classes': 112,
                                'evaluator': 'ogbn-proteins',
