@@ -39,8 +39,10 @@ if [ "${REVGNN_NO_SCATTER:-0}" != 1 ] && ! "$VENV/bin/python" -c "import torch_s
 fi
 
 # revgnn's own C++ kernels (revgnn/csrc: the fused GENConv max aggregation and LayerNorm+ReLU), compiled for this
-# CPU into torch's extension cache (~40 s once); without a compiler revgnn falls back to PyTorch.
-say "building revgnn's C++ kernels"
+# CPU into torch's extension cache ($TORCH_EXTENSIONS_DIR or ~/.cache/torch_extensions) under revgnn/<key>, one
+# directory per build configuration (torch, Python ABI, compiler, flags, CPU, source): another venv keeps its own
+# build (about a minute, once per environment); without a compiler revgnn falls back to PyTorch.
+say "building revgnn's C++ kernels (about a minute, once per environment)"
 "$VENV/bin/python" -m revgnn.nn.kernels >/dev/null \
   || say "WARNING: the C++ kernels did not build; GENConv max and LayerNorm+ReLU will use the slower PyTorch path"
 

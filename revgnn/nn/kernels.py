@@ -1,12 +1,27 @@
-"""Compiled CPU kernels (``revgnn/csrc``), built on first use and cached.
+"""Compiled CPU kernels (``revgnn/csrc``), built once per environment and cached.
 
 The C++ sources are compiled with :func:`torch.utils.cpp_extension.load`
 (needs a C++ compiler and ``ninja``; ``scripts/setup.sh`` builds them ahead of
-time) for the machine they run on (``-O3 -march=native``). The build lives in
-torch's extension cache (``$TORCH_EXTENSIONS_DIR``, default
-``~/.cache/torch_extensions``) under a name that includes a hash of the source
-and of this CPU's feature flags, so a cache shared between different machines
-never hands one a binary for another's instruction set.
+time) for the machine they run on (``-O3 -march=native``).
+
+**Cache layout.** Builds live under torch's extension root
+(``$TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``) in a
+directory keyed by everything that makes two binaries differ::
+
+    <root>/revgnn/torch<version>-<SOABI>-<hash>/<kernel>-<source hash>/
+
+where ``<hash>`` covers the torch version, git and CUDA/HIP build tags and C++
+ABI, the Python extension ABI (``EXT_SUFFIX``), the compiler (resolved path and
+``--version``), the compile and link flags and this CPU's feature flags (for
+``-march=native``), and ``<source hash>`` the kernel's source. Two virtual
+environments (another torch, another Python, another compiler) therefore get
+two directories and never rebuild each other's kernels; two environments with
+the same key share one build. A finished build is marked by ``built.json`` (the
+key, readable) and loaded straight from its ``.so`` afterwards, without running
+ninja or the compiler (where the compiler has gone since, a finished build of the same key but
+for the compiler is used). A build logs one line when it starts ("building revgnn
+C++ kernels, about a minute, once per environment") and one when it is done
+(logger ``revgnn.nn.kernels``; printed to stderr when logging is not set up).
 
 Where a kernel cannot be built, its accessor (:func:`gen_max`,
 :func:`layer_norm_relu`) returns :obj:`None` after one warning and callers fall
@@ -18,15 +33,31 @@ back to their PyTorch implementation (same function, slower).
 from __future__ import annotations
 
 import hashlib
+import importlib.util
+import json
+import logging
 import os
 import platform
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import time
 import warnings
 from functools import lru_cache
 from pathlib import Path
 from types import ModuleType
-from typing import Optional
+from typing import Dict, Optional
 
 SOURCE_DIR = Path(__file__).resolve().parent.parent / "csrc"
+CFLAGS = ("-O3", "-march=native", "-fopenmp", "-DNDEBUG")
+LDFLAGS = ("-fopenmp",)
+KERNELS = ("gen_max", "layer_norm_relu")
+MARKER = "built.json"
+_LAYOUT = "1"  # bump when the cache layout or the key's meaning changes
+
+log = logging.getLogger(__name__)
 
 
 def enabled() -> bool:
@@ -43,14 +74,133 @@ def _cpu_signature() -> str:
     return flags or platform.processor() or platform.machine()
 
 
-def _build(name: str, verbose: bool = False) -> ModuleType:
+def _compiler() -> str:
+    """The compiler torch's build will run (``$CXX`` or ``c++``): resolved path and version line."""
+    cxx = os.environ.get("CXX", "c++")
+    path = shutil.which(cxx)
+    if path is None:
+        return f"{cxx} (not found)"
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout
+        version = out.strip().splitlines()[0] if out.strip() else "?"
+    except (OSError, subprocess.SubprocessError):
+        version = "?"
+    return f"{os.path.realpath(path)} {version}"
+
+
+def _torch_parts() -> Dict[str, str]:
+    import torch
+
+    return {"torch": torch.__version__,
+            "torch_git": str(getattr(torch.version, "git_version", "")),
+            "torch_cuda": str(torch.version.cuda), "torch_hip": str(getattr(torch.version, "hip", None)),
+            "cxx11_abi": str(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", "?"))}
+
+
+@lru_cache(maxsize=None)
+def environment_key() -> Dict[str, str]:
+    """What makes a kernel binary built here differ from one built elsewhere (the source aside)."""
+    return {"layout": _LAYOUT, **_torch_parts(),
+            "python_abi": str(sysconfig.get_config_var("EXT_SUFFIX") or sys.implementation.cache_tag),
+            "compiler": _compiler(), "cflags": " ".join(CFLAGS), "ldflags": " ".join(LDFLAGS),
+            "cpu": hashlib.sha1(_cpu_signature().encode()).hexdigest()}
+
+
+def _digest(text: str, n: int = 12) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()[:n]
+
+
+def _source_hash(name: str) -> str:
+    return hashlib.sha1((SOURCE_DIR / f"{name}.cpp").read_bytes()).hexdigest()[:12]
+
+
+def cache_root() -> Path:
+    """``<torch extensions root>/revgnn``: ``$TORCH_EXTENSIONS_DIR`` or ``~/.cache/torch_extensions``."""
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if not root:
+        from torch.utils.cpp_extension import get_default_build_root
+        root = get_default_build_root()
+    return Path(root) / "revgnn"
+
+
+def environment_dir(key: Optional[Dict[str, str]] = None) -> Path:
+    """This environment's build directory: ``<cache_root>/torch<version>-<SOABI>-<hash>``."""
+    key = environment_key() if key is None else key
+    soabi = str(sysconfig.get_config_var("SOABI") or sys.implementation.cache_tag)
+    tag = re.sub(r"[^A-Za-z0-9._+-]", "_", f"torch{key['torch']}-{soabi}")
+    return cache_root() / f"{tag}-{_digest(json.dumps(key, sort_keys=True))}"
+
+
+def build_dir(name: str, key: Optional[Dict[str, str]] = None) -> Path:
+    """Where kernel ``name`` is (or will be) built for this environment."""
+    return environment_dir(key) / f"{name}-{_source_hash(name)}"
+
+
+def module_name(name: str, key: Optional[Dict[str, str]] = None) -> str:
+    """The extension's module name: unique per (environment key, source), so that two builds never
+    clash in ``sys.modules``."""
+    key = environment_key() if key is None else key
+    return f"revgnn_{name}_{_digest(json.dumps(key, sort_keys=True) + _source_hash(name))}"
+
+
+def _say(message: str) -> None:
+    if log.hasHandlers():
+        log.info(message)
+    else:  # logging not set up (plain Python API use): the line is still seen
+        print(f"[revgnn] {message}", file=sys.stderr, flush=True)
+
+
+def _import(name: str, path: Path) -> ModuleType:
+    import torch  # noqa: F401  (the extension needs libtorch loaded)
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _compile(name: str, directory: Path, module: str, verbose: bool) -> ModuleType:
+    """Runs torch's ninja build of kernel ``name`` in ``directory``; returns the loaded module."""
     from torch.utils.cpp_extension import load
 
-    source = SOURCE_DIR / f"{name}.cpp"
-    digest = hashlib.sha1(source.read_bytes() + _cpu_signature().encode()).hexdigest()[:12]
-    flags = ["-O3", "-march=native", "-fopenmp", "-DNDEBUG"]
-    return load(name=f"revgnn_{name}_{digest}", sources=[str(source)], extra_cflags=flags,
-                extra_ldflags=["-fopenmp"], verbose=verbose)
+    return load(name=module, sources=[str(SOURCE_DIR / f"{name}.cpp")], extra_cflags=list(CFLAGS),
+                extra_ldflags=list(LDFLAGS), build_directory=str(directory), verbose=verbose)
+
+
+def _build(name: str, verbose: bool = False) -> ModuleType:
+    """Kernel ``name`` for this environment: loaded from its cache directory when a finished build is
+    there, else built into it (one log line at the start, one at the end)."""
+    key = environment_key()
+    directory, module = build_dir(name, key), module_name(name, key)
+    library = directory / f"{module}.so"
+    if (directory / MARKER).is_file() and library.is_file():
+        try:
+            return _import(module, library)
+        except ImportError as err:  # e.g. a library it links was removed: build again
+            log.warning("revgnn: cached kernel %s did not load (%s); rebuilding", library, err)
+    if key["compiler"].endswith("(not found)"):  # no compiler now: a build made with one still serves
+        same = {k: v for k, v in key.items() if k != "compiler"}
+        for marker in sorted(environment_dir(key).parent.glob(f"*/{directory.name}/{MARKER}")):
+            try:
+                built = json.loads(marker.read_text())
+                other = {k: v for k, v in built.items() if k not in ("compiler", "kernel", "source")}
+                so = next(marker.parent.glob("revgnn_*.so"), None)
+                if other == same and so is not None:
+                    return _import(so.stem, so)
+            except (OSError, ValueError, ImportError):
+                continue
+        raise RuntimeError(f"no C++ compiler: {key['compiler']} (set CXX, or install g++)")
+    directory.mkdir(parents=True, exist_ok=True)
+    _say(f"building revgnn C++ kernels ({name}), about a minute, once per environment, into {directory}")
+    start = time.perf_counter()
+    result = _compile(name, directory, module, verbose)
+    tmp = directory / f".{MARKER}.{os.getpid()}"
+    tmp.write_text(json.dumps({**key, "kernel": name, "source": _source_hash(name)}, indent=1))
+    os.replace(tmp, directory / MARKER)
+    _say(f"built revgnn C++ kernel {name} in {time.perf_counter() - start:.0f} s")
+    return result
 
 
 @lru_cache(maxsize=None)
@@ -77,9 +227,9 @@ def layer_norm_relu() -> Optional[ModuleType]:
     return _load("layer_norm_relu")
 
 
-KERNELS = ("gen_max", "layer_norm_relu")
-
 if __name__ == "__main__":
+    log.addHandler(logging.StreamHandler())  # the build's start and end lines, on stderr
+    log.setLevel(logging.INFO)
     for kernel in KERNELS:
         module = _build(kernel, verbose=True)
         print(f"built {module.__name__} from {SOURCE_DIR / f'{kernel}.cpp'}: {module.__file__}")

@@ -1,4 +1,4 @@
-"""Start-up helpers for command-line entry points: the CPU allocator.
+"""Start-up helpers for command-line entry points: the CPU allocator and OpenMP's wait policy.
 
 Reversible training frees and re-allocates one activation-sized buffer per
 layer and step. glibc's malloc fragments under that pattern: measured here,
@@ -8,6 +8,13 @@ CPU launchers, our entry points therefore re-execute themselves once with
 tcmalloc preloaded when it is installed and not already active.
 
 Set ``REVGNN_ALLOCATOR=system`` to keep the default allocator.
+
+The same first call also sets ``GOMP_SPINCOUNT=1000`` (unless ``OMP_WAIT_POLICY``
+or ``GOMP_SPINCOUNT`` is set, or ``REVGNN_THREADS=torch``) before torch starts its
+OpenMP runtime, which reads it only then: OpenMP threads spin-waiting ~3 ms per
+wait (libgomp's default) made steps 4-30x slower when other processes shared
+the cores (see :mod:`revgnn.utils.threads`). It is set whether or not the
+re-execution happens.
 """
 from __future__ import annotations
 
@@ -39,12 +46,15 @@ def allocator() -> str:
 
 
 def use_tcmalloc() -> None:
-    """Re-executes the current command with tcmalloc preloaded, when possible.
+    """Re-executes the current command with tcmalloc preloaded, when possible; first sets
+    revgnn's OpenMP defaults in the environment (:func:`revgnn.utils.threads.openmp_env_defaults`).
 
-    No-op when tcmalloc is already preloaded, not installed, when
+    The re-execution is a no-op when tcmalloc is already preloaded, not installed, when
     ``REVGNN_ALLOCATOR=system``, or on non-Linux platforms. Call it first thing
-    in a ``main()``, before heavy imports.
+    in a ``main()``, before heavy imports (torch).
     """
+    from revgnn.utils.threads import openmp_env_defaults
+    openmp_env_defaults()  # os.environ: this process (torch not imported yet) and the re-exec
     if (sys.platform != "linux" or allocator() == "tcmalloc"
             or os.environ.get("REVGNN_ALLOCATOR", "tcmalloc") == "system"
             or os.environ.get("_REVGNN_REEXEC")):
