@@ -210,7 +210,7 @@ class BackendName(str, Enum):
 @dataclass
 class BackendConfig:
     """Execution backend (:mod:`revgnn.engine.backends`): device, numeric precision, CPU threads
-    (``null``: torch's default); for ``ddp`` and ``sar`` the peer timeout (every wait is bounded by
+    (``null``: the CPU affinity mask and cgroup quota, revgnn.utils.threads); for ``ddp`` and ``sar`` the peer timeout (every wait is bounded by
     it) and the torch.distributed backend (``null``: gloo on CPU, NCCL on CUDA); for ``sar`` the
     partition directory."""
     name: BackendName = BackendName.local
