@@ -3,6 +3,7 @@
 Submodules are imported lazily so that command-line entry points (``--help``)
 do not pay for importing PyTorch Geometric.
 """
+
 import importlib
 from typing import Any
 

@@ -14,6 +14,7 @@ fails at composition time with an error that names the key, instead of being sil
 
 This module imports neither torch nor PyG, so ``revgnn-train --help`` and ``--cfg job`` stay fast.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,14 +25,33 @@ from typing import Any, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-__all__ = ["TrainConfig", "TrainerConfig", "LoggerConfig", "BackendConfig", "ModelConfig",
-           "ProteinsLikeConfig", "OgbnConfig", "MolLikeConfig", "OgbgConfig", "AdamConfig", "Device",
-           "BackendName",
-           "Precision", "register_configs", "check_ranges"]
+__all__ = [
+    "TrainConfig",
+    "TrainerConfig",
+    "LoggerConfig",
+    "BackendConfig",
+    "ModelConfig",
+    "ProteinsLikeConfig",
+    "OgbnConfig",
+    "MolLikeConfig",
+    "OgbgConfig",
+    "AdamConfig",
+    "Device",
+    "BackendName",
+    "Precision",
+    "register_configs",
+    "check_ranges",
+]
 
 
-def ranged(default: Any, low: Optional[float] = None, high: Optional[float] = None, *,
-           low_open: bool = False, high_open: bool = False) -> Any:
+def ranged(
+    default: Any,
+    low: Optional[float] = None,
+    high: Optional[float] = None,
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> Any:
     """A schema field whose value must lie in ``[low, high]`` (``(`` / ``)`` where open); ``None``
     stays allowed for ``Optional`` fields. :func:`check_ranges` enforces it."""
     return field(default=default, metadata={"range": (low, high, low_open, high_open)})
@@ -53,14 +73,21 @@ def check_ranges(cfg: DictConfig, path: str = "") -> None:
             if too_low or too_high:
                 lo = "" if low is None else f"{'>' if low_open else '>='} {low}"
                 hi = "" if high is None else f"{'<' if high_open else '<='} {high}"
-                raise ValueError(f"{path}{f.name} must be {' and '.join(b for b in (lo, hi) if b)}, got {value}")
+                raise ValueError(
+                    f"{path}{f.name} must be {' and '.join(b for b in (lo, hi) if b)}, got {value}"
+                )
     for key in cfg:
-        if isinstance(key, str) and not OmegaConf.is_missing(cfg, key) and isinstance(cfg.get(key), DictConfig):
+        if (
+            isinstance(key, str)
+            and not OmegaConf.is_missing(cfg, key)
+            and isinstance(cfg.get(key), DictConfig)
+        ):
             check_ranges(cfg[key], f"{path}{key}.")
 
 
 class Device(str, Enum):
     """Where to train: ``auto`` picks CUDA when available."""
+
     auto = "auto"
     cpu = "cpu"
     cuda = "cuda"
@@ -68,6 +95,7 @@ class Device(str, Enum):
 
 class Precision(str, Enum):
     """``auto``: bf16 autocast on CUDA, fp32 on CPU. ``bf16`` on CPU is allowed but slow."""
+
     auto = "auto"
     fp32 = "fp32"
     bf16 = "bf16"
@@ -79,6 +107,7 @@ class ModelConfig:
 
     ``in_channels``, ``out_channels``, ``edge_channels`` and ``species_channels`` come from the data set.
     """
+
     _target_: str = "revgnn.models.create_model"
     name: str = MISSING
     conv: Optional[str] = None
@@ -96,6 +125,7 @@ class ModelConfig:
 @dataclass
 class ProteinsLikeConfig:
     """Arguments of :func:`revgnn.data.synthetic.proteins_like` (its docstring explains each)."""
+
     _target_: str = "revgnn.data.synthetic.proteins_like"
     num_nodes: int = ranged(6000, 1)
     avg_degree: int = ranged(16, 1)
@@ -114,6 +144,7 @@ class ProteinsLikeConfig:
 @dataclass
 class OgbnConfig:
     """Arguments of :func:`revgnn.data.ogbn.load_ogbn`."""
+
     _target_: str = "revgnn.data.ogbn.load_ogbn"
     name: str = MISSING
     root: str = "data"
@@ -122,8 +153,9 @@ class OgbnConfig:
 
 @dataclass
 class MolLikeConfig:
-    """Arguments of :func:`revgnn.data.graphs.mol_like` (its docstring explains each)."""
-    _target_: str = "revgnn.data.graphs.mol_like"
+    """Arguments of :func:`revgnn.data.graph_dataset.mol_like` (its docstring explains each)."""
+
+    _target_: str = "revgnn.data.graph_dataset.mol_like"
     num_graphs: int = ranged(2000, 1)
     min_nodes: int = ranged(12, 1)
     max_nodes: int = ranged(28, 1)
@@ -138,8 +170,9 @@ class MolLikeConfig:
 
 @dataclass
 class OgbgConfig:
-    """Arguments of :func:`revgnn.data.graphs.load_ogbg`."""
-    _target_: str = "revgnn.data.graphs.load_ogbg"
+    """Arguments of :func:`revgnn.data.graph_dataset.load_ogbg`."""
+
+    _target_: str = "revgnn.data.graph_dataset.load_ogbg"
     name: str = MISSING
     root: str = "data"
     allow_download: bool = False
@@ -149,6 +182,7 @@ class OgbgConfig:
 @dataclass
 class AdamConfig:
     """``torch.optim.Adam``, built partially and completed with the model's parameters."""
+
     _target_: str = "torch.optim.Adam"
     _partial_: bool = True
     lr: float = ranged(1e-3, 0, low_open=True)
@@ -180,6 +214,7 @@ class TrainerConfig:
     ``train_parts``, ``eval_views`` and ``eval_parts`` concern node-level data (one big graph); graph-level
     data sets (``data=mol_like``, ``data=ogbg_molhiv``) are batched by their own ``data.batch_size``.
     """
+
     epochs: int = ranged(100, 1)
     train_parts: int = ranged(10, 1)
     parts_per_step: Optional[int] = ranged(None, 1)
@@ -193,6 +228,7 @@ class TrainerConfig:
 @dataclass
 class LoggerConfig:
     """Outputs besides the always-written ``metrics.csv`` and ``summary.json``."""
+
     tensorboard: bool = False
     plot: bool = True
     progress_bar: bool = True
@@ -202,6 +238,7 @@ class BackendName(str, Enum):
     """``local``: one process. ``ddp``: data-parallel over the parts of each epoch's partition, one
     process per worker started by ``torchrun``. ``sar``: distributed full-graph training (SAR), one
     process per worker started by ``torchrun``, on a graph partitioned by ``revgnn-partition``."""
+
     local = "local"
     ddp = "ddp"
     sar = "sar"
@@ -210,9 +247,10 @@ class BackendName(str, Enum):
 @dataclass
 class BackendConfig:
     """Execution backend (:mod:`revgnn.engine.backends`): device, numeric precision, CPU threads
-    (``null``: the CPU affinity mask and cgroup quota, revgnn.utils.threads); for ``ddp`` and ``sar`` the peer timeout (every wait is bounded by
-    it) and the torch.distributed backend (``null``: gloo on CPU, NCCL on CUDA); for ``sar`` the
-    partition directory."""
+    (``null``: the CPU affinity mask and cgroup quota, revgnn.utils.threads); for ``ddp`` and ``sar``
+    the peer timeout (every wait is bounded by it) and the torch.distributed backend (``null``: gloo
+    on CPU, NCCL on CUDA); for ``sar`` the partition directory."""
+
     name: BackendName = BackendName.local
     device: Device = Device.auto
     precision: Precision = Precision.auto
@@ -225,6 +263,7 @@ class BackendConfig:
 @dataclass
 class TrainConfig:
     """The whole job. ``model``, ``data`` and ``optim`` are typed by their options' own schemas."""
+
     model: Any = MISSING
     data: Any = MISSING
     optim: Any = MISSING
@@ -267,12 +306,14 @@ def _job_dir(num: Any, overrides: Any) -> str:
     a sweeper plugin), path separators replaced, so every job of a sweep over any key gets its own,
     readable directory (the job's full overrides are in its ``.hydra/overrides.yaml``)."""
     import sys
+
     items = [str(o) for o in overrides]
     swept = _swept_keys(sys.argv[1:])
     chosen = [o for o in items if o.split("=", 1)[0].lstrip("+~") in swept] or items
     name = "_".join([str(num)] + ([",".join(chosen)] if chosen else [])).replace("/", "_")
     if len(name) > 120:  # file systems cap names at 255 bytes; keep it readable and unique
         import hashlib
+
         name = f"{name[:100]}..{hashlib.sha1(name.encode()).hexdigest()[:10]}"
     return name
 

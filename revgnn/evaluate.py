@@ -6,6 +6,7 @@ over the views. ``V = 1, K = 1`` is plain full-graph inference. Scores come from
 :class:`ogb.nodeproppred.Evaluator`, so they are the leaderboard's (ROC-AUC for proteins, accuracy
 for arxiv / products).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -14,8 +15,8 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from revgnn.data.graph import NodeDataset
-from revgnn.data.partition import partition_graph
+from revgnn.data.node_dataset import NodeDataset
+from revgnn.data.random_parts import partition_graph
 
 __all__ = ["as_edge_index", "predict", "Scorer"]
 
@@ -23,14 +24,21 @@ __all__ = ["as_edge_index", "predict", "Scorer"]
 def as_edge_index(edge_index: Tensor, num_nodes: int):
     """Wraps destination-sorted edges as a ``torch_geometric.EdgeIndex`` so PyG takes its segment path."""
     from torch_geometric import EdgeIndex
+
     return EdgeIndex(edge_index, sparse_size=(num_nodes, num_nodes), sort_order="col")
 
 
 @torch.no_grad()
-def predict(model: nn.Module, ds: NodeDataset, num_views: int = 1, num_parts: int = 1,
-            generator: Optional[torch.Generator] = None, device: torch.device | str = "cpu",
-            autocast: Optional[contextlib.AbstractContextManager] = None,
-            shard: Tuple[int, int] = (0, 1)) -> Tensor:
+def predict(
+    model: nn.Module,
+    ds: NodeDataset,
+    num_views: int = 1,
+    num_parts: int = 1,
+    generator: Optional[torch.Generator] = None,
+    device: torch.device | str = "cpu",
+    autocast: Optional[contextlib.AbstractContextManager] = None,
+    shard: Tuple[int, int] = (0, 1),
+) -> Tensor:
     """Per-node logits averaged over ``num_views`` random partitions into ``num_parts`` parts.
 
     Args:
@@ -81,6 +89,7 @@ class Scorer:
 
     def __init__(self, evaluator: str, task: str, ds: Optional[NodeDataset] = None):
         from ogb.nodeproppred import Evaluator
+
         self.ds, self.task = ds, task
         self.evaluator = Evaluator(evaluator)
         self.metric = self.evaluator.eval_metric

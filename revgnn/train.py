@@ -11,6 +11,7 @@
 This module's top level imports only Hydra and the config schemas: ``--help`` and ``--cfg job`` do not
 import torch or PyG.
 """
+
 from __future__ import annotations
 
 import logging
@@ -28,6 +29,7 @@ log = logging.getLogger("revgnn.train")
 def train(cfg: DictConfig) -> Dict[str, Any]:
     """Runs one training job (:func:`revgnn.engine.loop.train`); returns the summary."""
     from revgnn.engine.loop import train as run
+
     return run(cfg)
 
 
@@ -36,6 +38,7 @@ def main(cfg: DictConfig) -> float:
     """Hydra entry point; returns the best validation score for sweepers. On SIGINT / SIGTERM the
     loop saves ``last.pt`` and this exits with ``128 + signal`` after printing how to resume."""
     from revgnn.engine.interrupt import TrainingInterrupted
+
     try:
         return train(cfg)["highest_valid"]
     except TrainingInterrupted as e:
@@ -47,6 +50,7 @@ def cli() -> None:
     """``revgnn-train``: re-executes once with tcmalloc preloaded when it is installed (flat peak
     RSS in depth, faster steps; ``REVGNN_ALLOCATOR=system`` opts out), then runs :func:`main`."""
     from revgnn.utils.launch import use_tcmalloc
+
     use_tcmalloc()
     main()
 

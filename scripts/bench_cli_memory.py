@@ -28,6 +28,7 @@ may be shared. The table goes to ``bench_out/cli_memory.md``.
     python scripts/bench_cli_memory.py --depths 8,112,1001 --epochs 3
     python scripts/bench_cli_memory.py --nodes 2000            # smaller graph (data.num_nodes)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,9 +58,15 @@ def cli_path() -> str:
 
 
 def workload(args, depth: int, run_dir: Path) -> list:
-    overrides = [f"model={args.model}", f"model.num_layers={depth}", f"trainer.epochs={args.epochs}",
-                 f"trainer.eval_every={args.eval_every}", f"seed={args.seed}",
-                 f"backend.num_threads={args.threads}", "logger.progress_bar=false"]
+    overrides = [
+        f"model={args.model}",
+        f"model.num_layers={depth}",
+        f"trainer.epochs={args.epochs}",
+        f"trainer.eval_every={args.eval_every}",
+        f"seed={args.seed}",
+        f"backend.num_threads={args.threads}",
+        "logger.progress_bar=false",
+    ]
     if args.nodes:
         overrides.append(f"data.num_nodes={args.nodes}")
     overrides += args.override
@@ -92,8 +99,11 @@ def run_depth(args, depth: int, root: Path) -> dict:
     summary_path = run_dir / "summary.json"
     if summary_path.exists():
         summary = json.loads(summary_path.read_text())
-        row.update(params=summary["num_parameters"], peak_mb=summary["peak_memory_mb"],
-                   epoch_time_s=summary["epoch_time_s"])
+        row.update(
+            params=summary["num_parameters"],
+            peak_mb=summary["peak_memory_mb"],
+            epoch_time_s=summary["epoch_time_s"],
+        )
     else:  # fall back to the final log line: "... N params, ... peak M MB)"
         m = re.search(r"([\d,]+) params, .*peak (\d+) MB", text)
         if m is None:
@@ -105,9 +115,12 @@ def run_depth(args, depth: int, root: Path) -> dict:
 
 def table(rows: list) -> str:
     base = next((r for r in rows if "peak_mb" in r), None)
-    lines = ["| depth | params | 16 B/param (MB) | peak RSS (MB) | ratio vs " + (f"depth {base['depth']}" if base else "base")
-             + " | excess (MB) | excess - 16 B/param (MB) | process max RSS (MB) | ratio | wall (s) |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| depth | params | 16 B/param (MB) | peak RSS (MB) | ratio vs "
+        + (f"depth {base['depth']}" if base else "base")
+        + " | excess (MB) | excess - 16 B/param (MB) | process max RSS (MB) | ratio | wall (s) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['depth']} | failed: {r['error'][:200]!r} |||||||||")
@@ -115,10 +128,12 @@ def table(rows: list) -> str:
         state = 16 * r["params"] / 2**20
         excess = r["peak_mb"] - base["peak_mb"]
         extra = excess - (state - 16 * base["params"] / 2**20)
-        lines.append(f"| {r['depth']} | {r['params']:,} | {state:.1f} | {r['peak_mb']:.1f} | "
-                     f"{r['peak_mb'] / base['peak_mb']:.3f}x | {excess:+.1f} | {extra:+.1f} | "
-                     f"{r['process_max_rss_mb']:.1f} | "
-                     f"{r['process_max_rss_mb'] / base['process_max_rss_mb']:.3f}x | {r['wall_s']:.0f} |")
+        lines.append(
+            f"| {r['depth']} | {r['params']:,} | {state:.1f} | {r['peak_mb']:.1f} | "
+            f"{r['peak_mb'] / base['peak_mb']:.3f}x | {excess:+.1f} | {extra:+.1f} | "
+            f"{r['process_max_rss_mb']:.1f} | "
+            f"{r['process_max_rss_mb'] / base['process_max_rss_mb']:.3f}x | {r['wall_s']:.0f} |"
+        )
     return "\n".join(lines)
 
 
@@ -155,9 +170,14 @@ def breakdown_child(args, depth: int) -> None:
                 return fn(*a, **k)
             r0, p0 = rss(), peak()
             out = fn(*a, **k)
-            print(json.dumps(dict(phase=phase, rss_before=r0, rss_after=rss(), peak_before=p0,
-                                  peak_after=peak())), flush=True)
+            print(
+                json.dumps(
+                    dict(phase=phase, rss_before=r0, rss_after=rss(), peak_before=p0, peak_after=peak())
+                ),
+                flush=True,
+            )
             return out
+
         setattr(owner, name, wrapper)
 
     build = revgnn.engine.loop.build_model
@@ -165,10 +185,21 @@ def breakdown_child(args, depth: int) -> None:
     def build_model(*a, **k):
         r0, p0 = rss(), peak()
         model = build(*a, **k)
-        print(json.dumps(dict(phase="build_model", rss_before=r0, rss_after=rss(), peak_before=p0,
-                              peak_after=peak(), params=sum(p.numel() for p in model.parameters()),
-                              param_tensors=sum(1 for _ in model.parameters()),
-                              modules=sum(1 for _ in model.modules()))), flush=True)
+        print(
+            json.dumps(
+                dict(
+                    phase="build_model",
+                    rss_before=r0,
+                    rss_after=rss(),
+                    peak_before=p0,
+                    peak_after=peak(),
+                    params=sum(p.numel() for p in model.parameters()),
+                    param_tensors=sum(1 for _ in model.parameters()),
+                    modules=sum(1 for _ in model.modules()),
+                )
+            ),
+            flush=True,
+        )
         # an instance attribute, which nn.Module.__call__ finds; training steps only (evaluation's
         # forward passes belong to "evaluate")
         probe(model, "forward", "forward", when=lambda: model.training)
@@ -189,18 +220,42 @@ def breakdown_child(args, depth: int) -> None:
         summary = revgnn.engine.loop.train(cfg)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    print(json.dumps(dict(phase="end", peak_mb=summary["peak_memory_mb"], allocator=allocator(),
-                          threads=torch.get_num_threads())), flush=True)
+    print(
+        json.dumps(
+            dict(
+                phase="end",
+                peak_mb=summary["peak_memory_mb"],
+                allocator=allocator(),
+                threads=torch.get_num_threads(),
+            )
+        ),
+        flush=True,
+    )
 
 
 def run_breakdown(args, depth: int) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
     env.pop("_REVGNN_REEXEC", None)
-    cmd = [sys.executable, __file__, "--child-breakdown", str(depth), "--epochs", str(args.epochs),
-           "--eval-every", str(args.eval_every), "--model", args.model, "--seed", str(args.seed),
-           "--threads", str(args.threads), "--allocator", args.allocator,
-           *(["--nodes", str(args.nodes)] if args.nodes else []),
-           *[f"--override={o}" for o in args.override]]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child-breakdown",
+        str(depth),
+        "--epochs",
+        str(args.epochs),
+        "--eval-every",
+        str(args.eval_every),
+        "--model",
+        args.model,
+        "--seed",
+        str(args.seed),
+        "--threads",
+        str(args.threads),
+        "--allocator",
+        args.allocator,
+        *(["--nodes", str(args.nodes)] if args.nodes else []),
+        *[f"--override={o}" for o in args.override],
+    ]
     if args.allocator == "system":
         env["REVGNN_ALLOCATOR"] = "system"
         env.pop("LD_PRELOAD", None)
@@ -223,9 +278,11 @@ def breakdown_table(results: list) -> str:
     """Per phase: RSS growth of its first call (what it leaves allocated or cached) and the most any
     call raised the process's peak; the last column is the deepest run minus the first."""
     a, b = results[0], results[-1]
-    head = (f"| phase | depth {a['depth']}: RSS growth, first call (MB) | depth {a['depth']}: peak raised (MB) "
-            f"| depth {b['depth']}: RSS growth, first call (MB) | depth {b['depth']}: peak raised (MB) "
-            f"| peak raised, difference (MB) |")
+    head = (
+        f"| phase | depth {a['depth']}: RSS growth, first call (MB) | depth {a['depth']}: peak raised (MB) "
+        f"| depth {b['depth']}: RSS growth, first call (MB) | depth {b['depth']}: peak raised (MB) "
+        f"| peak raised, difference (MB) |"
+    )
     lines = [head, "|---|---:|---:|---:|---:|---:|"]
     for phase in PHASES:
         cells, raised = [], []
@@ -236,12 +293,15 @@ def breakdown_table(results: list) -> str:
             raised.append(up)
             cells += [f"{grow:+.1f}", f"{up:+.1f}"]
         lines.append(f"| {phase} | " + " | ".join(cells) + f" | {raised[1] - raised[0]:+.1f} |")
-    lines.append(f"| **peak RSS** | | {a['peak_mb']:.1f} | | {b['peak_mb']:.1f} | "
-                 f"{b['peak_mb'] - a['peak_mb']:+.1f} |")
+    lines.append(
+        f"| **peak RSS** | | {a['peak_mb']:.1f} | | {b['peak_mb']:.1f} | {b['peak_mb'] - a['peak_mb']:+.1f} |"
+    )
     facts = []
     for r in (a, b):
-        facts.append(f"depth {r['depth']}: {r['params']:,} parameters ({4 * r['params'] / 2**20:.1f} MB "
-                     f"float32) in {r['param_tensors']:,} tensors, {r['modules']:,} modules")
+        facts.append(
+            f"depth {r['depth']}: {r['params']:,} parameters ({4 * r['params'] / 2**20:.1f} MB "
+            f"float32) in {r['param_tensors']:,} tensors, {r['modules']:,} modules"
+        )
     return "\n".join(lines) + "\n\n" + "; ".join(facts) + "."
 
 
@@ -251,24 +311,37 @@ def main() -> None:
     parser.add_argument("--model", default="revgnn_small")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--eval-every", type=int, default=1)
-    parser.add_argument("--nodes", type=int, default=None,
-                        help="data.num_nodes (default: the data config's, 6000 for proteins_like)")
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        default=None,
+        help="data.num_nodes (default: the data config's, 6000 for proteins_like)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--allocator", choices=("default", "system"), default="default",
-                        help="default: whatever revgnn-train picks (tcmalloc when installed)")
-    parser.add_argument("--override", action="append", default=[],
-                        help="extra Hydra override for every run (repeatable)")
+    parser.add_argument(
+        "--allocator",
+        choices=("default", "system"),
+        default="default",
+        help="default: whatever revgnn-train picks (tcmalloc when installed)",
+    )
+    parser.add_argument(
+        "--override", action="append", default=[], help="extra Hydra override for every run (repeatable)"
+    )
     parser.add_argument("--out", default=str(REPO / "bench_out" / "cli_memory.md"))
     parser.add_argument("--keep", action="store_true", help="keep the run directories")
-    parser.add_argument("--breakdown", action="store_true",
-                        help="also run the training loop in-process at the first and last depth with "
-                             "probes around its phases (model build, forward, backward, clip, Adam "
-                             "step, evaluation, checkpoint) and tabulate their memory")
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="also run the training loop in-process at the first and last depth with "
+        "probes around its phases (model build, forward, backward, clip, Adam "
+        "step, evaluation, checkpoint) and tabulate their memory",
+    )
     parser.add_argument("--child-breakdown", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child_breakdown is not None:
         from revgnn.utils.launch import use_tcmalloc
+
         if args.allocator != "system":
             use_tcmalloc()  # as the CLI does (re-executes this child once)
         return breakdown_child(args, args.child_breakdown)
@@ -289,14 +362,22 @@ def main() -> None:
             shutil.rmtree(root, ignore_errors=True)
 
     import torch
+
     from revgnn.utils.launch import find_tcmalloc
-    alloc = "glibc malloc (REVGNN_ALLOCATOR=system)" if args.allocator == "system" else \
-        f"the CLI's default: {'tcmalloc (' + find_tcmalloc() + ')' if find_tcmalloc() else 'glibc malloc (no tcmalloc found)'}"
+
+    alloc = (
+        "glibc malloc (REVGNN_ALLOCATOR=system)"
+        if args.allocator == "system"
+        else "the CLI's default: "
+        + (f"tcmalloc ({find_tcmalloc()})" if find_tcmalloc() else "glibc malloc (no tcmalloc found)")
+    )
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                                text=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True
+        ).stdout.strip()
         commit += "+changes" if dirty else ""
     except OSError:
         commit = "?"
@@ -306,37 +387,42 @@ def main() -> None:
     breakdown = ""
     if args.breakdown and len(depths) > 1:
         results = [run_breakdown(args, d) for d in (depths[0], depths[-1])]
-        breakdown = "\n".join([
+        breakdown = "\n".join(
+            [
+                "",
+                "Where it goes (`--breakdown`): the same loop, `revgnn.train.train` with the same overrides, "
+                "run in one process per depth with probes around its phases (RSS growth: resident memory "
+                "the phase's first call left allocated or cached; peak raised: how far its calls pushed "
+                "ru_maxrss; phases in loop order, so a later phase raises the peak only by what earlier "
+                "ones' freed memory cannot cover):",
+                "",
+                breakdown_table(results),
+                "",
+            ]
+        )
+    report = "\n".join(
+        [
+            f"# Peak RSS of a CLI training run vs depth ({time.strftime('%Y-%m-%d')}, commit {commit}, "
+            f"torch {torch.__version__}, {os.cpu_count()} cores)",
             "",
-            "Where it goes (`--breakdown`): the same loop, `revgnn.train.train` with the same overrides, "
-            "run in one process per depth with probes around its phases (RSS growth: resident memory "
-            "the phase's first call left allocated or cached; peak raised: how far its calls pushed "
-            "ru_maxrss; phases in loop order, so a later phase raises the peak only by what earlier "
-            "ones' freed memory cannot cover):",
+            "Workload, one `revgnn-train` process per depth (only `model.num_layers` differs; "
+            f"`OMP_NUM_THREADS={args.threads}`; {nodes}):",
             "",
-            breakdown_table(results),
+            f"    {shown_cmd}",
             "",
-        ])
-    report = "\n".join([
-        f"# Peak RSS of a CLI training run vs depth ({time.strftime('%Y-%m-%d')}, commit {commit}, "
-        f"torch {torch.__version__}, {os.cpu_count()} cores)",
-        "",
-        "Workload, one `revgnn-train` process per depth (only `model.num_layers` differs; "
-        f"`OMP_NUM_THREADS={args.threads}`; {nodes}):",
-        "",
-        f"    {shown_cmd}",
-        "",
-        f"Allocator: {alloc}. peak RSS = `peak_memory_mb` of the run's summary.json (ru_maxrss); "
-        "16 B/param = parameters + gradients + Adam's exp_avg and exp_avg_sq in float32; "
-        "process max RSS = ru_maxrss of the child from wait4 (to process exit, learning-curve plot "
-        "included).",
-        "",
-        table(rows),
-        breakdown,
-        "",
-        f"Reproduce: `python scripts/bench_cli_memory.py {' '.join(shlex.quote(a) for a in sys.argv[1:])}`".rstrip(),
-        "",
-    ])
+            f"Allocator: {alloc}. peak RSS = `peak_memory_mb` of the run's summary.json (ru_maxrss); "
+            "16 B/param = parameters + gradients + Adam's exp_avg and exp_avg_sq in float32; "
+            "process max RSS = ru_maxrss of the child from wait4 (to process exit, learning-curve plot "
+            "included).",
+            "",
+            table(rows),
+            breakdown,
+            "",
+            "Reproduce: `python scripts/bench_cli_memory.py "
+            f"{' '.join(shlex.quote(a) for a in sys.argv[1:])}`".replace(" `", "`"),
+            "",
+        ]
+    )
     print()
     print(report)
     out = Path(args.out)

@@ -37,6 +37,7 @@ Configurations (``--configs``; ``--extra`` adds ``passive`` to ``fix_threads1``)
     python scripts/bench_contention.py --quick               # small sizes, to check the script
     python scripts/bench_contention.py --models deep --extra --out docs/bench/contention.md
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,7 +51,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 REPO = Path(__file__).resolve().parents[1]
 BEFORE = {"REVGNN_THREADS": "torch"}
@@ -72,12 +73,23 @@ CONFIGS: Dict[str, Dict] = {
 MAIN_CONFIGS = ["before", "threads1", "kernels0", "fix"]
 EXTRA_CONFIGS = ["passive", "spin10k", "blocktime0", "fix_threads1"]
 # what the parent's environment must not hand to the children (each child starts as a user would)
-_STRIP = ("REVGNN_ALLOCATOR", "OMP_WAIT_POLICY", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "GOMP_SPINCOUNT", "KMP_BLOCKTIME",
-          "REVGNN_THREADS", "REVGNN_KERNELS", "_REVGNN_REEXEC", "LD_PRELOAD")
+_STRIP = (
+    "REVGNN_ALLOCATOR",
+    "OMP_WAIT_POLICY",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "GOMP_SPINCOUNT",
+    "KMP_BLOCKTIME",
+    "REVGNN_THREADS",
+    "REVGNN_KERNELS",
+    "_REVGNN_REEXEC",
+    "LD_PRELOAD",
+)
 SPIN = "import time\nend = time.time() + {seconds}\nwhile time.time() < end:\n    pass\n"
 
 
 # ---- the competing load --------------------------------------------------------------------------
+
 
 class Load:
     """``per_core`` spinning processes per CPU of this process's affinity mask, each ending by itself
@@ -116,6 +128,7 @@ def _on_signal(signum, frame):
 
 # ---- one measured run (parent side) --------------------------------------------------------------
 
+
 def child_env(extra: Dict[str, str]) -> Dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _STRIP}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
@@ -125,15 +138,24 @@ def child_env(extra: Dict[str, str]) -> Dict[str, str]:
 
 def run_small(config: Dict, args, workdir: str) -> Dict:
     out_dir = os.path.join(workdir, "run")
-    cmd = [sys.executable, "-m", "revgnn.train", f"trainer.epochs={args.small_epochs}",
-           "trainer.eval_every=1000000", f"output_dir={out_dir}", "logger.plot=false",
-           "logger.progress_bar=false", "name=bench_contention"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "revgnn.train",
+        f"trainer.epochs={args.small_epochs}",
+        "trainer.eval_every=1000000",
+        f"output_dir={out_dir}",
+        "logger.plot=false",
+        "logger.progress_bar=false",
+        "name=bench_contention",
+    ]
     if config.get("threads"):
         cmd.append(f"backend.num_threads={config['threads']}")
     if args.quick:
         cmd += ["data.num_nodes=2000"]
-    proc = subprocess.run(cmd, cwd=workdir, env=child_env(config["env"]), capture_output=True,
-                          text=True, timeout=args.timeout)
+    proc = subprocess.run(
+        cmd, cwd=workdir, env=child_env(config["env"]), capture_output=True, text=True, timeout=args.timeout
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"revgnn.train failed ({proc.returncode}): {proc.stderr[-2000:]}")
     with open(os.path.join(out_dir, "metrics.csv")) as f:
@@ -143,12 +165,24 @@ def run_small(config: Dict, args, workdir: str) -> Dict:
 
 
 def run_deep(config: Dict, args, workdir: str) -> Dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--deep-layers", str(args.deep_layers),
-           "--deep-steps", str(args.deep_steps), "--nodes", str(args.nodes), "--edges", str(args.edges)]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        "--deep-layers",
+        str(args.deep_layers),
+        "--deep-steps",
+        str(args.deep_steps),
+        "--nodes",
+        str(args.nodes),
+        "--edges",
+        str(args.edges),
+    ]
     if config.get("threads"):
         cmd += ["--threads", str(config["threads"])]
-    proc = subprocess.run(cmd, cwd=workdir, env=child_env(config["env"]), capture_output=True, text=True,
-                          timeout=args.timeout)
+    proc = subprocess.run(
+        cmd, cwd=workdir, env=child_env(config["env"]), capture_output=True, text=True, timeout=args.timeout
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"deep child failed ({proc.returncode}): {proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -173,17 +207,21 @@ def measure(model: str, name: str, loaded: bool, args) -> Dict:
 
 # ---- the deep child ------------------------------------------------------------------------------
 
+
 def child(args) -> None:
     from revgnn.utils.launch import use_tcmalloc
+
     use_tcmalloc()  # as every entry point: tcmalloc re-exec, OpenMP wait policy before torch
 
     from revgnn.utils.threads import configure_threads
+
     settings = configure_threads(args.threads, warn=False)  # as Backend.start with backend.num_threads
 
     import torch
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench_step import proteins_subgraph
+
     from revgnn.models import create_model
     from revgnn.utils.flat import build_optimizer, optimizer_step
 
@@ -203,20 +241,31 @@ def child(args) -> None:
 
     warmup = step()
     times = [step() for _ in range(args.deep_steps)]
-    print(json.dumps({"time_s": statistics.median(times), "times": [warmup] + times,
-                      "threads": torch.get_num_threads(), "openmp_env": settings.openmp_env,
-                      "kernels": os.environ.get("REVGNN_KERNELS", "1")}))
+    print(
+        json.dumps(
+            {
+                "time_s": statistics.median(times),
+                "times": [warmup] + times,
+                "threads": torch.get_num_threads(),
+                "openmp_env": settings.openmp_env,
+                "kernels": os.environ.get("REVGNN_KERNELS", "1"),
+            }
+        )
+    )
 
 
 # ---- report --------------------------------------------------------------------------------------
+
 
 def fmt(t: float) -> str:
     return "—" if t != t else (f"{t:.3f}" if t < 10 else f"{t:.1f}")
 
 
 def table(results: Dict, models: List[str], configs: List[str]) -> str:
-    rows = ["| model | configuration | threads | idle s | loaded s | loaded / idle | idle / idle `before` |",
-            "|---|---|---|---|---|---|---|"]
+    rows = [
+        "| model | configuration | threads | idle s | loaded s | loaded / idle | idle / idle `before` |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for model in models:
         unit = "epoch (2 steps)" if model == "small" else "step"
         base = results.get((model, "before"), {}).get("idle", {}).get("time_s", float("nan"))
@@ -226,8 +275,10 @@ def table(results: Dict, models: List[str], configs: List[str]) -> str:
                 continue
             idle, loaded = r["idle"]["time_s"], r["loaded"]["time_s"]
             threads = r["idle"].get("threads", CONFIGS[name].get("threads", "default"))
-            rows.append(f"| {model} ({unit}) | `{name}` | {threads} | {fmt(idle)} | {fmt(loaded)} | "
-                        f"**{loaded / idle:.2f}×** | {idle / base:.2f} |")
+            rows.append(
+                f"| {model} ({unit}) | `{name}` | {threads} | {fmt(idle)} | {fmt(loaded)} | "
+                f"**{loaded / idle:.2f}×** | {idle / base:.2f} |"
+            )
     return "\n".join(rows)
 
 
@@ -237,15 +288,23 @@ def main() -> None:
     parser.add_argument("--configs", default=",".join(MAIN_CONFIGS))
     parser.add_argument("--extra", action="store_true", help=f"also {', '.join(EXTRA_CONFIGS)}")
     parser.add_argument("--load-per-core", type=int, default=1, help="spinning processes per CPU")
-    parser.add_argument("--small-epochs", type=int, default=8, help="small: epochs (the first is not counted)")
+    parser.add_argument(
+        "--small-epochs", type=int, default=8, help="small: epochs (the first is not counted)"
+    )
     parser.add_argument("--deep-layers", type=int, default=20)
     parser.add_argument("--deep-steps", type=int, default=3, help="deep: measured steps after one warm-up")
     parser.add_argument("--nodes", type=int, default=13_200)
     parser.add_argument("--edges", type=int, default=790_000)
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per measured run")
-    parser.add_argument("--repeat", type=int, default=1,
-                        help="rounds over the configurations (interleaved); the best is reported")
-    parser.add_argument("--quick", action="store_true", help="small sizes: checks the script, not the figures")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="rounds over the configurations (interleaved); the best is reported",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="small sizes: checks the script, not the figures"
+    )
     parser.add_argument("--out", default=None, help="also write the table (markdown) here")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=None, help=argparse.SUPPRESS)
@@ -263,22 +322,29 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _on_signal)
 
     ncpu = len(os.sched_getaffinity(0))
-    print(f"# {ncpu} CPUs, load average at start {os.getloadavg()[0]:.1f}; loaded = "
-          f"{args.load_per_core * ncpu} spinning processes", flush=True)
+    print(
+        f"# {ncpu} CPUs, load average at start {os.getloadavg()[0]:.1f}; loaded = "
+        f"{args.load_per_core * ncpu} spinning processes",
+        flush=True,
+    )
     runs: Dict = {}
     for model in models:
-        for rep in range(args.repeat):  # round robin: a drifting background load hits every configuration
+        for _rep in range(args.repeat):  # round robin: a drifting background load hits every configuration
             for name in configs:
                 for phase in ("idle", "loaded"):
                     r = measure(model, name, phase == "loaded", args)
                     runs.setdefault((model, name), {}).setdefault(phase, []).append(r)
-                    print(f"{model:5s} {name:12s} {phase:6s} {fmt(r['time_s']):>7s} s  "
-                          f"(wall {r['wall_s']:.0f} s, load avg {os.getloadavg()[0]:.1f}) "
-                          f"{json.dumps({k: v for k, v in r.items() if k not in ('time_s', 'wall_s')})}",
-                          flush=True)
+                    print(
+                        f"{model:5s} {name:12s} {phase:6s} {fmt(r['time_s']):>7s} s  "
+                        f"(wall {r['wall_s']:.0f} s, load avg {os.getloadavg()[0]:.1f}) "
+                        f"{json.dumps({k: v for k, v in r.items() if k not in ('time_s', 'wall_s')})}",
+                        flush=True,
+                    )
     # the best of the rounds: on a shared machine other jobs only ever add time
-    results = {key: {phase: {**rs[0], "time_s": min(r["time_s"] for r in rs)}
-                     for phase, rs in r2.items()} for key, r2 in runs.items()}
+    results = {
+        key: {phase: {**rs[0], "time_s": min(r["time_s"] for r in rs)} for phase, rs in r2.items()}
+        for key, r2 in runs.items()
+    }
     text = table(results, models, configs)
     print()
     print(text)

@@ -22,6 +22,7 @@ the 80-wide shared edge embedding in factored form):
     python scripts/bench_layers.py                       # both graphs, all blocks
     python scripts/bench_layers.py --graphs small --reps 3
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,18 @@ import time
 from pathlib import Path
 
 GRAPHS = {"proteins": (13_200, 790_000), "small": (2_000, 40_000)}
-BLOCKS = ("aggr_max", "aggr_max_torch", "gen_max", "gen_max_torch", "gen_max_pyg", "gen_softmax",
-          "gat", "sage", "gcn", "gin")
+BLOCKS = (
+    "aggr_max",
+    "aggr_max_torch",
+    "gen_max",
+    "gen_max_torch",
+    "gen_max_pyg",
+    "gen_softmax",
+    "gat",
+    "sage",
+    "gcn",
+    "gin",
+)
 
 
 def bandwidth(reps: int = 10, mib: int = 256) -> float:
@@ -87,9 +98,12 @@ def make(block: str, channels: int, hidden: int):
     if block.startswith(("gen", "aggr")):
         aggr = "softmax" if block == "gen_softmax" else "max"
         return GENBlock(channels, edge_channels=hidden, aggr=aggr, learn_t=aggr == "softmax")
-    return {"gat": lambda: GATBlock(channels, heads=2, edge_channels=hidden),
-            "sage": lambda: SAGEBlock(channels), "gcn": lambda: GCNBlock(channels),
-            "gin": lambda: GINBlock(channels)}[block]()
+    return {
+        "gat": lambda: GATBlock(channels, heads=2, edge_channels=hidden),
+        "sage": lambda: SAGEBlock(channels),
+        "gcn": lambda: GCNBlock(channels),
+        "gin": lambda: GINBlock(channels),
+    }[block]()
 
 
 def measure(block_name: str, nodes: int, edges: int, channels: int, hidden: int, reps: int):
@@ -106,10 +120,10 @@ def measure(block_name: str, nodes: int, edges: int, channels: int, hidden: int,
 
 def _measure(block_name: str, nodes: int, edges: int, channels: int, hidden: int, reps: int):
     import torch
-
     from bench_memory import build_graph  # the same generated, destination-sorted graph
+
     from revgnn.nn import LinearEdgeFeatures
-    from revgnn.nn.aggr import gen_max_aggregate
+    from revgnn.nn.gen_max import gen_max_aggregate
 
     torch.manual_seed(0)
     ei, raw = build_graph(nodes, edges)
@@ -156,9 +170,17 @@ def _measure(block_name: str, nodes: int, edges: int, channels: int, hidden: int
     # index and edges again, write grad_x and the edge-input gradient.
     min_fwd = 2 * node_bytes + edge_in + index
     min_fwd_bwd = min_fwd + 3 * node_bytes + 2 * edge_in + index
-    return dict(block=block_name, nodes=nodes, edges=edges, channels=channels,
-                fwd_s=f, fwd_bwd_s=fb, min_bytes_fwd=min_fwd, min_bytes_fwd_bwd=min_fwd_bwd,
-                min_flops_fwd_bwd=min_flops(block_name, nodes, edges, channels))
+    return dict(
+        block=block_name,
+        nodes=nodes,
+        edges=edges,
+        channels=channels,
+        fwd_s=f,
+        fwd_bwd_s=fb,
+        min_bytes_fwd=min_fwd,
+        min_bytes_fwd_bwd=min_fwd_bwd,
+        min_flops_fwd_bwd=min_flops(block_name, nodes, edges, channels),
+    )
 
 
 def main() -> None:
@@ -172,6 +194,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from revgnn.utils.launch import use_tcmalloc
+
     use_tcmalloc()
     import torch
 
@@ -184,30 +207,44 @@ def main() -> None:
             bound = row["min_bytes_fwd_bwd"] / bw
             flops = row["min_flops_fwd_bwd"]
             compute = flops / rate if flops else None
-            row.update(graph=graph, bandwidth_bound_s=bound, compute_bound_s=compute,
-                       bound_x=row["fwd_bwd_s"] / bound,
-                       roofline_x=row["fwd_bwd_s"] / max(bound, compute) if compute else None)
+            row.update(
+                graph=graph,
+                bandwidth_bound_s=bound,
+                compute_bound_s=compute,
+                bound_x=row["fwd_bwd_s"] / bound,
+                roofline_x=row["fwd_bwd_s"] / max(bound, compute) if compute else None,
+            )
             rows.append(row)
             print(json.dumps(row), flush=True)
-    lines = [f"copy bandwidth: {bw / 1e9:.1f} GB/s, fp32 matmul: {rate / 1e9:.0f} GFLOP/s "
-             f"({torch.get_num_threads()} threads); block width {args.channels}, edge embedding "
-             f"{args.hidden} (factored from 8-d)", "",
-             "| graph | block | fwd ms | fwd+bwd ms | min MB moved | bandwidth bound ms | x bandwidth bound "
-             "| min GFLOP | compute bound ms | x roofline |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"copy bandwidth: {bw / 1e9:.1f} GB/s, fp32 matmul: {rate / 1e9:.0f} GFLOP/s "
+        f"({torch.get_num_threads()} threads); block width {args.channels}, edge embedding "
+        f"{args.hidden} (factored from 8-d)",
+        "",
+        "| graph | block | fwd ms | fwd+bwd ms | min MB moved | bandwidth bound ms | x bandwidth bound "
+        "| min GFLOP | compute bound ms | x roofline |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         compute = r["compute_bound_s"]
-        flops = (f"{r['min_flops_fwd_bwd'] / 1e9:.2f} | {compute * 1e3:.2f} | {r['roofline_x']:.1f}"
-                 if compute else "- | - | -")
-        lines.append(f"| {r['graph']} | {r['block']} | {r['fwd_s'] * 1e3:.1f} | {r['fwd_bwd_s'] * 1e3:.1f} "
-                     f"| {r['min_bytes_fwd_bwd'] / 2**20:.0f} | {r['bandwidth_bound_s'] * 1e3:.2f} "
-                     f"| {r['bound_x']:.1f} | {flops} |")
+        flops = (
+            f"{r['min_flops_fwd_bwd'] / 1e9:.2f} | {compute * 1e3:.2f} | {r['roofline_x']:.1f}"
+            if compute
+            else "- | - | -"
+        )
+        lines.append(
+            f"| {r['graph']} | {r['block']} | {r['fwd_s'] * 1e3:.1f} | {r['fwd_bwd_s'] * 1e3:.1f} "
+            f"| {r['min_bytes_fwd_bwd'] / 2**20:.0f} | {r['bandwidth_bound_s'] * 1e3:.2f} "
+            f"| {r['bound_x']:.1f} | {flops} |"
+        )
     by = {(r["graph"], r["block"]): r for r in rows}
     for graph in args.graphs.split(","):
-        for a, b, what in (("gen_max", "gen_max_pyg", "GEN-max block, C++ kernel vs PyG GENConv"),
-                           ("gen_max_torch", "gen_max_pyg", "GEN-max block, PyTorch fallback vs PyG GENConv"),
-                           ("gen_max", "gen_max_torch", "GEN-max block, C++ kernel vs PyTorch fallback"),
-                           ("aggr_max", "aggr_max_torch", "aggregation alone, C++ kernel vs PyTorch fallback")):
+        for a, b, what in (
+            ("gen_max", "gen_max_pyg", "GEN-max block, C++ kernel vs PyG GENConv"),
+            ("gen_max_torch", "gen_max_pyg", "GEN-max block, PyTorch fallback vs PyG GENConv"),
+            ("gen_max", "gen_max_torch", "GEN-max block, C++ kernel vs PyTorch fallback"),
+            ("aggr_max", "aggr_max_torch", "aggregation alone, C++ kernel vs PyTorch fallback"),
+        ):
             ra, rb = by.get((graph, a)), by.get((graph, b))
             if ra and rb:
                 lines.append(f"\n{graph}: {what}, fwd+bwd: {ra['fwd_bwd_s'] / rb['fwd_bwd_s']:.2f}x")
@@ -224,6 +261,7 @@ def plot(rows, path: Path) -> None:
     """One panel per graph: forward + backward time of each block (log scale), with its
     bandwidth bound and, where counted, its compute bound."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -233,8 +271,15 @@ def plot(rows, path: Path) -> None:
         sel = [r for r in rows if r["graph"] == graph]
         ys = range(len(sel))
         ax.barh(ys, [r["fwd_bwd_s"] * 1e3 for r in sel], color="tab:blue", label="forward + backward")
-        ax.scatter([r["bandwidth_bound_s"] * 1e3 for r in sel], ys, marker="|", s=300, color="tab:red",
-                   label="bandwidth bound", zorder=3)
+        ax.scatter(
+            [r["bandwidth_bound_s"] * 1e3 for r in sel],
+            ys,
+            marker="|",
+            s=300,
+            color="tab:red",
+            label="bandwidth bound",
+            zorder=3,
+        )
         comp = [(r["compute_bound_s"] * 1e3, y) for r, y in zip(sel, ys) if r["compute_bound_s"]]
         if comp:
             ax.scatter(*zip(*comp), marker="|", s=300, color="tab:green", label="compute bound", zorder=3)
@@ -242,7 +287,9 @@ def plot(rows, path: Path) -> None:
         ax.invert_yaxis()
         ax.set_xscale("log")
         ax.set_xlabel("ms (log scale)")
-        ax.set_title(f"{graph}: {sel[0]['nodes']:,} nodes, {sel[0]['edges']:,} edges, {sel[0]['channels']} ch")
+        ax.set_title(
+            f"{graph}: {sel[0]['nodes']:,} nodes, {sel[0]['edges']:,} edges, {sel[0]['channels']} ch"
+        )
         ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -23,6 +23,7 @@ under bf16 autocast, with and without ``GroupAddRev(quantize=16)``, and (up to
     python scripts/bench_memory.py                        # full run (~20-30 min on 2 cores)
     python scripts/bench_memory.py --depths 8,64 --nodes 2000 --edges 20000   # quick look
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,6 +63,7 @@ def build_stack(impl: str, depth: int, channels: int):
         block = GENBlock(channels // 2, edge_channels=8, aggr="max")
         if impl == "pyg":
             from torch_geometric.nn import GroupAddRev as PyGGroupAddRev
+
             blocks.append(PyGGroupAddRev(block, num_groups=2))
         else:
             blocks.append(GroupAddRev(block, num_groups=2, disable=impl == "plain"))
@@ -109,11 +111,21 @@ def child(args) -> None:
         times.append(time.perf_counter() - t)
     if len(times) > 1:  # drop the warm-up unless it is the only step (very deep stacks)
         times = times[1:]
-    print(json.dumps(dict(impl=args.impl, depth=args.depth, allocator=allocator(),
-                          saved_bytes=saved_bytes, peak_rss=peak_rss_bytes(),
-                          setup_rss=setup_rss, step_s=statistics.median(times),
-                          param_bytes=sum(p.numel() * p.element_size() for p in stack.parameters()),
-                          threads=torch.get_num_threads())))
+    print(
+        json.dumps(
+            dict(
+                impl=args.impl,
+                depth=args.depth,
+                allocator=allocator(),
+                saved_bytes=saved_bytes,
+                peak_rss=peak_rss_bytes(),
+                setup_rss=setup_rss,
+                step_s=statistics.median(times),
+                param_bytes=sum(p.numel() * p.element_size() for p in stack.parameters()),
+                threads=torch.get_num_threads(),
+            )
+        )
+    )
 
 
 def drift(args) -> None:
@@ -134,8 +146,10 @@ def drift(args) -> None:
                 block.quantize = quantize
             start = stack[0]._grid(x)  # what an exact inverse returns: the input on the grid
             for precision in ("float32", "bf16 autocast"):
-                with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16,
-                                                      enabled=precision != "float32"):
+                with (
+                    torch.no_grad(),
+                    torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision != "float32"),
+                ):
                     h = x
                     for block in stack:
                         h = block(h, edge_index, Shared(edge_attr))
@@ -143,8 +157,14 @@ def drift(args) -> None:
                     for block in reversed(stack):
                         h = block.inverse(h, edge_index, Shared(edge_attr))
                 err = (h.float() - start).abs().max().item()
-                row = dict(depth=depth, precision=precision, quantize=quantize, max_abs_err=err,
-                           activation_max=scale, rel_to_input=err / x.abs().max().item())
+                row = dict(
+                    depth=depth,
+                    precision=precision,
+                    quantize=quantize,
+                    max_abs_err=err,
+                    activation_max=scale,
+                    rel_to_input=err / x.abs().max().item(),
+                )
                 if depth <= args.grad_depth_limit and precision != "float32":
                     row["input_grad_rel_err"] = bf16_grad_error(stack, x, edge_index, edge_attr)
                 results.append(row)
@@ -179,9 +199,23 @@ def spawn(args, impl: str, depth: int, alloc: str) -> dict:
     env = dict(os.environ, REVGNN_ALLOCATOR=alloc)
     env.pop("LD_PRELOAD", None) if alloc == "system" else None
     env.pop("_REVGNN_REEXEC", None)
-    cmd = [sys.executable, __file__, "--child", "--impl", impl, "--depth", str(depth),
-           "--nodes", str(args.nodes), "--edges", str(args.edges),
-           "--channels", str(args.channels), "--reps", str(args.reps if depth < 512 else 0)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        "--impl",
+        impl,
+        "--depth",
+        str(depth),
+        "--nodes",
+        str(args.nodes),
+        "--edges",
+        str(args.edges),
+        "--channels",
+        str(args.channels),
+        "--reps",
+        str(args.reps if depth < 512 else 0),
+    ]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if out.returncode != 0:
         return dict(impl=impl, depth=depth, allocator=alloc, error=out.stderr.strip()[-300:])
@@ -192,17 +226,28 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--depths", default="8,64,256,1001")
     parser.add_argument("--impls", default=",".join(IMPLS))
-    parser.add_argument("--allocators", default="tcmalloc",
-                        help="comma list of tcmalloc,system (default: the launcher's default)")
+    parser.add_argument(
+        "--allocators",
+        default="tcmalloc",
+        help="comma list of tcmalloc,system (default: the launcher's default)",
+    )
     parser.add_argument("--nodes", type=int, default=20_000)
     parser.add_argument("--edges", type=int, default=200_000)
     parser.add_argument("--channels", type=int, default=64)
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--plain-limit-gb", type=float, default=12.0,
-                        help="skip the plain stack where its projected saved bytes exceed this")
+    parser.add_argument(
+        "--plain-limit-gb",
+        type=float,
+        default=12.0,
+        help="skip the plain stack where its projected saved bytes exceed this",
+    )
     parser.add_argument("--drift-depths", default="10,100,1001")
-    parser.add_argument("--grad-depth-limit", type=int, default=100,
-                        help="also compare bf16 input gradients (reversible vs stored) up to this depth")
+    parser.add_argument(
+        "--grad-depth-limit",
+        type=int,
+        default=100,
+        help="also compare bf16 input gradients (reversible vs stored) up to this depth",
+    )
     parser.add_argument("--out", default="bench_out")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--drift", action="store_true", help=argparse.SUPPRESS)
@@ -212,6 +257,7 @@ def main() -> None:
     args.drift_depths = [int(d) for d in args.drift_depths.split(",") if d]
 
     from revgnn.utils.launch import use_tcmalloc
+
     if os.environ.get("REVGNN_ALLOCATOR", "tcmalloc") != "system":
         use_tcmalloc()
     if args.child:
@@ -238,11 +284,26 @@ def main() -> None:
                 print(json.dumps(row), flush=True)
     env = dict(os.environ)
     env.pop("_REVGNN_REEXEC", None)
-    drift_out = subprocess.run([sys.executable, __file__, "--drift", "--nodes", str(args.nodes),
-                                "--edges", str(args.edges), "--channels", str(args.channels),
-                                "--drift-depths", ",".join(map(str, args.drift_depths)),
-                                "--grad-depth-limit", str(args.grad_depth_limit)],
-                               capture_output=True, text=True, env=env)
+    drift_out = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--drift",
+            "--nodes",
+            str(args.nodes),
+            "--edges",
+            str(args.edges),
+            "--channels",
+            str(args.channels),
+            "--drift-depths",
+            ",".join(map(str, args.drift_depths)),
+            "--grad-depth-limit",
+            str(args.grad_depth_limit),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     drift_rows = json.loads(drift_out.stdout.strip().splitlines()[-1]) if drift_out.returncode == 0 else []
     report(rows, drift_rows, args)
 
@@ -253,45 +314,66 @@ def report(rows, drift_rows, args) -> None:
     (out / "memory.json").write_text(json.dumps(dict(rows=rows, drift=drift_rows), indent=1))
     ok = [r for r in rows if "error" not in r]
     get = {(r["impl"], r["depth"], r["allocator"]): r for r in ok}
-    lines = [f"graph: {args.nodes} nodes, {args.edges} edges, {args.channels} channels, "
-             f"2 groups of GENConv-max blocks, shared dropout 0.1", "",
-             "| allocator | depth | impl | saved MB | peak RSS MB | peak RSS - 2 x params MB | step s "
-             "| step / PyG | step / plain |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"graph: {args.nodes} nodes, {args.edges} edges, {args.channels} channels, "
+        f"2 groups of GENConv-max blocks, shared dropout 0.1",
+        "",
+        "| allocator | depth | impl | saved MB | peak RSS MB | peak RSS - 2 x params MB | step s "
+        "| step / PyG | step / plain |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in ok:
         pyg = get.get(("pyg", r["depth"], r["allocator"]))
         plain = get.get(("plain", r["depth"], r["allocator"]))
         ratio = lambda ref: f"{r['step_s'] / ref['step_s']:.2f}" if ref else "-"
         lean = (r["peak_rss"] - 2 * r["param_bytes"]) / 2**20 if "param_bytes" in r else float("nan")
-        lines.append(f"| {r['allocator']} | {r['depth']} | {r['impl']} | {r['saved_bytes'] / 2**20:.1f} "
-                     f"| {r['peak_rss'] / 2**20:.0f} | {lean:.0f} | {r['step_s']:.2f} | {ratio(pyg)} "
-                     f"| {ratio(plain)} |")
+        lines.append(
+            f"| {r['allocator']} | {r['depth']} | {r['impl']} | {r['saved_bytes'] / 2**20:.1f} "
+            f"| {r['peak_rss'] / 2**20:.0f} | {lean:.0f} | {r['step_s']:.2f} | {ratio(pyg)} "
+            f"| {ratio(plain)} |"
+        )
     lines.append("")
     for alloc in sorted({r["allocator"] for r in ok}):
         for impl in IMPLS:
             series = sorted((r["depth"], r) for r in ok if r["impl"] == impl and r["allocator"] == alloc)
             if len(series) >= 2:
                 (d0, r0), (d1, r1) = series[0], series[-1]
-                lines.append(f"- {alloc} {impl}: depth {d1} vs {d0}: saved bytes "
-                             f"{r1['saved_bytes'] / r0['saved_bytes']:.3f}x, peak RSS "
-                             f"{r1['peak_rss'] / r0['peak_rss']:.3f}x")
+                lines.append(
+                    f"- {alloc} {impl}: depth {d1} vs {d0}: saved bytes "
+                    f"{r1['saved_bytes'] / r0['saved_bytes']:.3f}x, peak RSS "
+                    f"{r1['peak_rss'] / r0['peak_rss']:.3f}x"
+                )
     for r in (r for r in rows if "error" in r):
         lines.append(f"- {r['allocator']} {r['impl']} depth {r['depth']}: failed ({r['error'][-120:]})")
     if drift_rows:
-        lines += ["", "reconstruction drift (invert the whole stack, eval mode; bf16 autocast on the CPU "
-                  "stands in for the GPU recipe):", ""]
-        lines += [f"- {d['depth']} layers, {d.get('precision', 'float32')}"
-                  f"{', quantize=%d' % d['quantize'] if d.get('quantize') else ''}: max |x_rec - x| = "
-                  f"{d['max_abs_err']:.2e} (activations up to {d['activation_max']:.1f})"
-                  + (f"; input gradient vs stored activations: rel err {d['input_grad_rel_err']:.1e}"
-                     if "input_grad_rel_err" in d else "") for d in drift_rows]
-        lines += ["", "(with quantize, x is the input rounded to the 2^-16 grid, which is what an exact "
-                  "inverse returns)"]
+        lines += [
+            "",
+            "reconstruction drift (invert the whole stack, eval mode; bf16 autocast on the CPU "
+            "stands in for the GPU recipe):",
+            "",
+        ]
+        lines += [
+            f"- {d['depth']} layers, {d.get('precision', 'float32')}"
+            f"{', quantize=%d' % d['quantize'] if d.get('quantize') else ''}: max |x_rec - x| = "
+            f"{d['max_abs_err']:.2e} (activations up to {d['activation_max']:.1f})"
+            + (
+                f"; input gradient vs stored activations: rel err {d['input_grad_rel_err']:.1e}"
+                if "input_grad_rel_err" in d
+                else ""
+            )
+            for d in drift_rows
+        ]
+        lines += [
+            "",
+            "(with quantize, x is the input rounded to the 2^-16 grid, which is what an exact "
+            "inverse returns)",
+        ]
     text = "\n".join(lines)
     (out / "memory.md").write_text(text + "\n")
     print("\n" + text)
 
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -10,6 +10,7 @@ parameters (element-wise optimisers update identically).
     python scripts/bench_optimizer.py
     python scripts/bench_optimizer.py --model revgnn_deep --num-layers 1001 --optim AdamW
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,6 +30,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from revgnn.utils.launch import use_tcmalloc
+
     use_tcmalloc()
 
     import torch
@@ -45,8 +47,9 @@ def main() -> None:
     def run(flat_params: bool):
         torch.manual_seed(0)
         model = create_model(args.model, **overrides)
-        optimizer, flat = build_optimizer(model, lambda ps: getattr(torch.optim, args.optim)(ps, lr=1e-3),
-                                          flat_params)
+        optimizer, flat = build_optimizer(
+            model, lambda ps: getattr(torch.optim, args.optim)(ps, lr=1e-3), flat_params
+        )
         params = optimizer.param_groups[0]["params"]
         gen = torch.Generator().manual_seed(1)
         for p in model.parameters():  # the same gradients on both sides
@@ -68,10 +71,22 @@ def main() -> None:
     ref, t_ref, n_ref = run(False)
     flat_model, t_flat, n_flat = run(True)
     equal = all(torch.equal(p, q) for p, q in zip(ref.parameters(), flat_model.parameters()))
-    print(json.dumps(dict(model=args.model, layers=args.num_layers, optim=args.optim,
-                          per_tensor_step_ms=round(t_ref * 1e3, 2), flat_step_ms=round(t_flat * 1e3, 2),
-                          ratio=round(t_flat / t_ref, 3), per_tensor_tensors=n_ref, flat_tensors=n_flat,
-                          bitwise_equal=equal, threads=torch.get_num_threads())))
+    print(
+        json.dumps(
+            dict(
+                model=args.model,
+                layers=args.num_layers,
+                optim=args.optim,
+                per_tensor_step_ms=round(t_ref * 1e3, 2),
+                flat_step_ms=round(t_flat * 1e3, 2),
+                ratio=round(t_flat / t_ref, 3),
+                per_tensor_tensors=n_ref,
+                flat_tensors=n_flat,
+                bitwise_equal=equal,
+                threads=torch.get_num_threads(),
+            )
+        )
+    )
 
 
 if __name__ == "__main__":

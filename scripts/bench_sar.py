@@ -54,6 +54,7 @@ or DDP parts per second) and the ratios on stdout, ``bench_sar.json`` and
     python scripts/bench_sar.py --quick                   # tiny smoke run
     python scripts/bench_sar.py --modes single sar --parts 1 4 --layers 32
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,13 +66,13 @@ from types import SimpleNamespace
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..'))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-TCMALLOC = '/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4'
-SHARED_CORES = ('all workers share this host\'s cores: epoch times of P > 1 '
-                'measure overhead, not multi-machine speed-up')
-QUICK = dict(nodes=3000, degree=10, layers=4, hidden=32, classes=8,
-             epochs=2, ddp_parts=4)
+TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
+SHARED_CORES = (
+    "all workers share this host's cores: epoch times of P > 1 measure overhead, not multi-machine speed-up"
+)
+QUICK = dict(nodes=3000, degree=10, layers=4, hidden=32, classes=8, epochs=2, ddp_parts=4)
 
 
 # ------------------------------------------------------------ naive baseline
@@ -81,7 +82,7 @@ class _Halo(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, graph, x):
-        blocks = [b for _, b in graph.ring(x, 'naive halo')]
+        blocks = [b for _, b in graph.ring(x, "naive halo")]
         ctx.graph = graph
         ctx.sizes = [b.size(0) for b in blocks]
         return torch.cat(blocks)
@@ -94,8 +95,7 @@ class _Halo(torch.autograd.Function):
         tag = graph._next_tag()
         for k in range(1, graph.world_size):
             q = (graph.rank - k) % graph.world_size
-            graph.return_grads(q, parts[k].contiguous(), grad_x, tag,
-                               'naive halo backward')
+            graph.return_grads(q, parts[k].contiguous(), grad_x, tag, "naive halo backward")
         return None, grad_x
 
 
@@ -124,8 +124,7 @@ def _naive_gen_conv_class():
             if not isinstance(edge_index, NaiveGraph):
                 return super().forward(x, edge_index, edge_attr, size)
             xh = _Halo.apply(edge_index.graph, x)
-            return super().forward((xh, x), edge_index.edge_index, edge_attr,
-                                   (xh.size(0), x.size(0)))
+            return super().forward((xh, x), edge_index.edge_index, edge_attr, (xh.size(0), x.size(0)))
 
     return NaiveGENConv
 
@@ -133,25 +132,33 @@ def _naive_gen_conv_class():
 # ---------------------------------------------------------------- data, task
 def make_dataset(args):
     """The random graph as a NodeDataset (edges sorted by destination)."""
-    from revgnn.data.graph import NodeDataset
+    from revgnn.data.node_dataset import NodeDataset
+
     g = torch.Generator().manual_seed(0)
     N = args.nodes
     ei = torch.randint(0, N, (2, N * args.degree), generator=g)
     perm = torch.randperm(N, generator=g)
     n_train, n_valid = int(0.8 * N), int(0.1 * N)
     return NodeDataset(
-        name=f'random-{N}', x=torch.randn(N, args.features, generator=g),
-        edge_index=ei, edge_attr=None,
+        name=f"random-{N}",
+        x=torch.randn(N, args.features, generator=g),
+        edge_index=ei,
+        edge_attr=None,
         y=(torch.randn(N, args.classes, generator=g) > 0).float(),
-        split_idx={'train': perm[:n_train],
-                   'valid': perm[n_train:n_train + n_valid],
-                   'test': perm[n_train + n_valid:]},
-        task='multilabel', num_classes=args.classes,
-        evaluator='ogbn-proteins').sorted_by_destination()
+        split_idx={
+            "train": perm[:n_train],
+            "valid": perm[n_train : n_train + n_valid],
+            "test": perm[n_train + n_valid :],
+        },
+        task="multilabel",
+        num_classes=args.classes,
+        evaluator="ogbn-proteins",
+    ).sorted_by_destination()
 
 
 def _load_dataset(path):
-    from revgnn.data.graph import NodeDataset
+    from revgnn.data.node_dataset import NodeDataset
+
     return NodeDataset(**torch.load(path, weights_only=True))
 
 
@@ -162,36 +169,45 @@ class FullGraphTask:
     def __init__(self, ds):
         from revgnn.engine.tasks import labelled_entries, shapes
         from revgnn.evaluate import as_edge_index
+
         self.x, self.y = ds.x, ds.y
         self.mask = torch.zeros(ds.num_nodes, dtype=torch.bool)
-        self.mask[ds.split_idx['train']] = True
+        self.mask[ds.split_idx["train"]] = True
         self.edge_index = as_edge_index(ds.edge_index, ds.num_nodes)
         self.count = int(labelled_entries(self.y[self.mask]).sum())
         self.task, self.shapes = ds.task, shapes(ds)
 
     def train_steps(self, generator, device, start=0):
         from revgnn.engine.tasks import Batch, Step
-        batch = Batch((self.x, self.edge_index, None), self.mask,
-                      self.y[self.mask], self.count)
+
+        batch = Batch((self.x, self.edge_index, None), self.mask, self.y[self.mask], self.count)
         yield Step(0, iter([batch]), self.count)
 
     def loss(self, logits, batch, total):
         from revgnn.engine.tasks import task_loss
-        return task_loss(logits[batch.select], batch.y, self.task,
-                         'sum') / total
+
+        return task_loss(logits[batch.select], batch.y, self.task, "sum") / total
 
 
 # ------------------------------------------------------------------- workers
 def _rss_peak_mb() -> float:
     from revgnn.utils.memory import peak_rss_bytes
+
     return peak_rss_bytes() / 2**20
 
 
 def _model(shapes, cfg):
     from revgnn.models.revgnn import RevGNN
+
     torch.manual_seed(0)  # the same initial parameters on every worker
-    return RevGNN(hidden_channels=cfg['hidden'], num_layers=cfg['layers'],
-                  num_groups=2, conv='gen', aggr='max', **shapes)
+    return RevGNN(
+        hidden_channels=cfg["hidden"],
+        num_layers=cfg["layers"],
+        num_groups=2,
+        conv="gen",
+        aggr="max",
+        **shapes,
+    )
 
 
 def _epochs(model, task, backend, cfg, barrier=None):
@@ -199,16 +215,16 @@ def _epochs(model, task, backend, cfg, barrier=None):
     (idle peak RSS, peak RSS, fastest epoch s)."""
     from revgnn.engine.loop import seed_stream, train_step
     from revgnn.utils.flat import build_optimizer
-    optimizer, flat = build_optimizer(
-        model, lambda ps: torch.optim.Adam(ps, lr=1e-3), True)
+
+    optimizer, flat = build_optimizer(model, lambda ps: torch.optim.Adam(ps, lr=1e-3), True)
     sync = barrier or (lambda: None)
     sync()
     base, times = _rss_peak_mb(), []
-    for epoch in range(1, cfg['epochs'] + 1):
+    for epoch in range(1, cfg["epochs"] + 1):
         gen = torch.Generator().manual_seed(seed_stream(0, epoch, 0))
         sync()
         t = time.perf_counter()
-        for step in task.train_steps(gen, 'cpu'):
+        for step in task.train_steps(gen, "cpu"):
             train_step(model, task, step, optimizer, flat, backend)
         sync()
         times.append(time.perf_counter() - t)
@@ -217,14 +233,20 @@ def _epochs(model, task, backend, cfg, barrier=None):
 
 def _single_worker(data_path, cfg, threads):
     from revgnn.engine.backends import LocalBackend
+
     torch.set_num_threads(threads)
     task = FullGraphTask(_load_dataset(data_path))
-    base, peak, epoch_s = _epochs(_model(task.shapes, cfg), task,
-                                  LocalBackend(None), cfg)
-    return dict(rank=0, base_rss_mb=base, peak_rss_mb=peak,
-                peak_above_base_mb=peak - base, epoch_s=epoch_s,
-                local_nodes=task.x.size(0),
-                local_edges=task.edge_index.size(1), halo_rows=0)
+    base, peak, epoch_s = _epochs(_model(task.shapes, cfg), task, LocalBackend(None), cfg)
+    return dict(
+        rank=0,
+        base_rss_mb=base,
+        peak_rss_mb=peak,
+        peak_above_base_mb=peak - base,
+        epoch_s=epoch_s,
+        local_nodes=task.x.size(0),
+        local_edges=task.edge_index.size(1),
+        halo_rows=0,
+    )
 
 
 def _sar_worker(rank, world_size, mode, part_dir, cfg):
@@ -232,18 +254,16 @@ def _sar_worker(rank, world_size, mode, part_dir, cfg):
     from torch_geometric.nn import GENConv
 
     from revgnn.distributed.convs import convert_to_sar
-    from revgnn.distributed.partition import load_meta, load_partition
     from revgnn.distributed.sar import SARGraph
+    from revgnn.distributed.sar_partition import load_meta, load_partition
     from revgnn.engine.backends import DDPBackend
     from revgnn.engine.sar import SARTask
 
-    graph = SARGraph(load_partition(part_dir, rank, world_size),
-                     timeout_s=600)
+    graph = SARGraph(load_partition(part_dir, rank, world_size), timeout_s=600)
     backend = DDPBackend(None)  # all_reduce / reduce_gradients over the group
-    task = SARTask(graph, load_meta(part_dir), backend.all_reduce,
-                   backend.gather, 'cpu')
+    task = SARTask(graph, load_meta(part_dir), backend.all_reduce, backend.gather, "cpu")
     model = _model(task.shapes, cfg)
-    if mode == 'sar':
+    if mode == "sar":
         convert_to_sar(model)  # RevGNN.forward takes the SARGraph as it is
     else:
         naive_cls = _naive_gen_conv_class()
@@ -252,10 +272,16 @@ def _sar_worker(rank, world_size, mode, part_dir, cfg):
                 m.__class__ = naive_cls
         task.graph = NaiveGraph(graph)  # the step's edge_index input
     base, peak, epoch_s = _epochs(model, task, backend, cfg, dist.barrier)
-    return dict(rank=rank, base_rss_mb=base, peak_rss_mb=peak,
-                peak_above_base_mb=peak - base, epoch_s=epoch_s,
-                local_nodes=graph.num_local, local_edges=graph.num_edges,
-                halo_rows=sum(graph.num_needed))
+    return dict(
+        rank=rank,
+        base_rss_mb=base,
+        peak_rss_mb=peak,
+        peak_above_base_mb=peak - base,
+        epoch_s=epoch_s,
+        local_nodes=graph.num_local,
+        local_edges=graph.num_edges,
+        halo_rows=sum(graph.num_needed),
+    )
 
 
 def _ddp_worker(rank, world_size, data_path, cfg):
@@ -266,17 +292,21 @@ def _ddp_worker(rank, world_size, data_path, cfg):
     from revgnn.engine.backends import DDPBackend
     from revgnn.engine.tasks import NodeTask
 
-    tc = OmegaConf.create(dict(train_parts=cfg['ddp_parts'],
-                               parts_per_step=world_size, eval_views=1,
-                               eval_parts=1))
+    tc = OmegaConf.create(
+        dict(train_parts=cfg["ddp_parts"], parts_per_step=world_size, eval_views=1, eval_parts=1)
+    )
     task = NodeTask(_load_dataset(data_path), tc, rank, world_size)
     model = _model(task.shapes, cfg)
     broadcast_parameters(model)
-    base, peak, epoch_s = _epochs(model, task, DDPBackend(None), cfg,
-                                  dist.barrier)
-    return dict(rank=rank, base_rss_mb=base, peak_rss_mb=peak,
-                peak_above_base_mb=peak - base, epoch_s=epoch_s,
-                parts_per_s=cfg['ddp_parts'] / epoch_s)
+    base, peak, epoch_s = _epochs(model, task, DDPBackend(None), cfg, dist.barrier)
+    return dict(
+        rank=rank,
+        base_rss_mb=base,
+        peak_rss_mb=peak,
+        peak_above_base_mb=peak - base,
+        epoch_s=epoch_s,
+        parts_per_s=cfg["ddp_parts"] / epoch_s,
+    )
 
 
 # ---------------------------------------------------------------------- main
@@ -284,101 +314,111 @@ def _row(mode, P, results):
     """One table row: the slowest epoch and the largest peaks of the workers."""
     bad = [(r.rank, r.exitcode) for r in results if r.exitcode]
     if bad:  # results came back; a worker then failed to exit cleanly
-        print(f'warning: {mode} P={P}: (rank, exit code) {bad}', flush=True)
+        print(f"warning: {mode} P={P}: (rank, exit code) {bad}", flush=True)
     vals = [r.value for r in results]
-    row = dict(mode=mode, P=P, epoch_s=max(v['epoch_s'] for v in vals),
-               peak_rss_mb=max(v['peak_rss_mb'] for v in vals),
-               peak_above_base_mb=max(v['peak_above_base_mb'] for v in vals),
-               workers=vals)
-    if mode == 'ddp':
-        row['parts_per_s'] = min(v['parts_per_s'] for v in vals)
+    row = dict(
+        mode=mode,
+        P=P,
+        epoch_s=max(v["epoch_s"] for v in vals),
+        peak_rss_mb=max(v["peak_rss_mb"] for v in vals),
+        peak_above_base_mb=max(v["peak_above_base_mb"] for v in vals),
+        workers=vals,
+    )
+    if mode == "ddp":
+        row["parts_per_s"] = min(v["parts_per_s"] for v in vals)
     else:
-        row['local_edges'] = max(v['local_edges'] for v in vals)
+        row["local_edges"] = max(v["local_edges"] for v in vals)
     return row
 
 
 def _print_row(r):
-    extra = f"{r['parts_per_s']:>9.2f} parts/s" if r['mode'] == 'ddp' \
-        else f"{r['local_edges']:>9d} edges"
-    print(f"{r['mode']:6} {r['P']:>2} {r['epoch_s']:8.2f} "
-          f"{r['peak_rss_mb']:9.0f} {r['peak_above_base_mb']:11.0f}  {extra}",
-          flush=True)
+    extra = f"{r['parts_per_s']:>9.2f} parts/s" if r["mode"] == "ddp" else f"{r['local_edges']:>9d} edges"
+    print(
+        f"{r['mode']:6} {r['P']:>2} {r['epoch_s']:8.2f} "
+        f"{r['peak_rss_mb']:9.0f} {r['peak_above_base_mb']:11.0f}  {extra}",
+        flush=True,
+    )
 
 
 def ratios(rows):
     """The issue's figures (and the naive baseline's side by side)."""
-    at = {(r['mode'], r['P']): r for r in rows}
+    at = {(r["mode"], r["P"]): r for r in rows}
     out = {}
 
     def put(name, a, b, key):
         if a in at and b in at and at[b][key] > 0:
             out[name] = at[a][key] / at[b][key]
 
-    put('sar_p1_over_single_epoch', ('sar', 1), ('single', 1), 'epoch_s')
-    put('naive_p1_over_single_epoch', ('naive', 1), ('single', 1), 'epoch_s')
-    for mode in ('sar', 'naive'):
-        put(f'{mode}_p4_over_p1_above_idle', (mode, 4), (mode, 1),
-            'peak_above_base_mb')
-        put(f'{mode}_p4_over_p1_rss', (mode, 4), (mode, 1), 'peak_rss_mb')
-    put('ddp_w2_over_w1_parts_per_s', ('ddp', 2), ('ddp', 1), 'parts_per_s')
+    put("sar_p1_over_single_epoch", ("sar", 1), ("single", 1), "epoch_s")
+    put("naive_p1_over_single_epoch", ("naive", 1), ("single", 1), "epoch_s")
+    for mode in ("sar", "naive"):
+        put(f"{mode}_p4_over_p1_above_idle", (mode, 4), (mode, 1), "peak_above_base_mb")
+        put(f"{mode}_p4_over_p1_rss", (mode, 4), (mode, 1), "peak_rss_mb")
+    put("ddp_w2_over_w1_parts_per_s", ("ddp", 2), ("ddp", 1), "parts_per_s")
     return out
 
 
 def _print_ratios(rat):
     def f(key):
-        return f'{rat[key]:7.3f}' if key in rat else f"{'-':>7}"
+        return f"{rat[key]:7.3f}" if key in rat else f"{'-':>7}"
+
     print(f"\n{'ratio':44} {'sar':>7} {'naive':>7}  goal", flush=True)
-    print(f"{'epoch time P=1 / single':44} {f('sar_p1_over_single_epoch')} "
-          f"{f('naive_p1_over_single_epoch')}  sar <= 1.2")
-    print(f"{'per-worker peak above idle P=4 / P=1':44} "
-          f"{f('sar_p4_over_p1_above_idle')} "
-          f"{f('naive_p4_over_p1_above_idle')}  sar <= 0.35")
-    print(f"{'per-worker peak RSS (total) P=4 / P=1':44} "
-          f"{f('sar_p4_over_p1_rss')} {f('naive_p4_over_p1_rss')}")
-    print(f"{'DDP parts/s, 2 workers / 1 worker':44} "
-          f"{f('ddp_w2_over_w1_parts_per_s')}")
+    print(
+        f"{'epoch time P=1 / single':44} {f('sar_p1_over_single_epoch')} "
+        f"{f('naive_p1_over_single_epoch')}  sar <= 1.2"
+    )
+    print(
+        f"{'per-worker peak above idle P=4 / P=1':44} "
+        f"{f('sar_p4_over_p1_above_idle')} "
+        f"{f('naive_p4_over_p1_above_idle')}  sar <= 0.35"
+    )
+    print(
+        f"{'per-worker peak RSS (total) P=4 / P=1':44} {f('sar_p4_over_p1_rss')} {f('naive_p4_over_p1_rss')}"
+    )
+    print(f"{'DDP parts/s, 2 workers / 1 worker':44} {f('ddp_w2_over_w1_parts_per_s')}")
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument('--nodes', type=int, default=100_000)
-    p.add_argument('--degree', type=int, default=20,
-                   help='average in-degree of the random graph')
-    p.add_argument('--features', type=int, default=16)
-    p.add_argument('--classes', type=int, default=112,
-                   help='binary tasks (multilabel, as ogbn-proteins)')
-    p.add_argument('--hidden', type=int, default=64)
-    p.add_argument('--layers', type=int, default=16)
-    p.add_argument('--epochs', type=int, default=2,
-                   help='epochs per run; the fastest is reported (the first '
-                   'includes one-off warm-up)')
-    p.add_argument('--modes', nargs='+', default=['single', 'sar', 'naive',
-                                                   'ddp'],
-                   choices=['single', 'sar', 'naive', 'ddp'])
-    p.add_argument('--parts', type=int, nargs='+', default=[1, 2, 4],
-                   help='SAR / naive workers P')
-    p.add_argument('--method', default='random', choices=['random', 'metis'],
-                   help='node partition of SAR / naive')
-    p.add_argument('--ddp-workers', type=int, nargs='+', default=[1, 2])
-    p.add_argument('--ddp-parts', type=int, default=10,
-                   help='DDP: random parts per epoch (trainer.train_parts)')
-    p.add_argument('--threads', type=int, default=0,
-                   help='intra-op threads per worker (0: cores / workers)')
-    p.add_argument('--out', default='bench_out/sar')
-    p.add_argument('--quick', action='store_true',
-                   help=f'tiny smoke run: defaults {QUICK}')
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--nodes", type=int, default=100_000)
+    p.add_argument("--degree", type=int, default=20, help="average in-degree of the random graph")
+    p.add_argument("--features", type=int, default=16)
+    p.add_argument("--classes", type=int, default=112, help="binary tasks (multilabel, as ogbn-proteins)")
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--layers", type=int, default=16)
+    p.add_argument(
+        "--epochs",
+        type=int,
+        default=2,
+        help="epochs per run; the fastest is reported (the first includes one-off warm-up)",
+    )
+    p.add_argument(
+        "--modes",
+        nargs="+",
+        default=["single", "sar", "naive", "ddp"],
+        choices=["single", "sar", "naive", "ddp"],
+    )
+    p.add_argument("--parts", type=int, nargs="+", default=[1, 2, 4], help="SAR / naive workers P")
+    p.add_argument(
+        "--method", default="random", choices=["random", "metis"], help="node partition of SAR / naive"
+    )
+    p.add_argument("--ddp-workers", type=int, nargs="+", default=[1, 2])
+    p.add_argument(
+        "--ddp-parts", type=int, default=10, help="DDP: random parts per epoch (trainer.train_parts)"
+    )
+    p.add_argument("--threads", type=int, default=0, help="intra-op threads per worker (0: cores / workers)")
+    p.add_argument("--out", default="bench_out/sar")
+    p.add_argument("--quick", action="store_true", help=f"tiny smoke run: defaults {QUICK}")
     args = p.parse_args(argv)
     if args.quick:  # explicit flags still win
         p.set_defaults(**QUICK)
         args = p.parse_args(argv)
 
     from revgnn.distributed.launch import run_workers
-    from revgnn.distributed.partition import partition_dataset
+    from revgnn.distributed.sar_partition import partition_dataset
 
-    if os.path.exists(TCMALLOC) and 'tcmalloc' not in os.environ.get(
-            'LD_PRELOAD', ''):
-        os.environ['LD_PRELOAD'] = TCMALLOC  # inherited by spawned workers
+    if os.path.exists(TCMALLOC) and "tcmalloc" not in os.environ.get("LD_PRELOAD", ""):
+        os.environ["LD_PRELOAD"] = TCMALLOC  # inherited by spawned workers
     cores = len(os.sched_getaffinity(0))
 
     def threads(workers):
@@ -386,53 +426,65 @@ def main(argv=None) -> int:
 
     os.makedirs(args.out, exist_ok=True)
     ds = make_dataset(args)
-    data_path = os.path.join(args.out, 'graph.pt')
-    torch.save({k: getattr(ds, k) for k in (
-        'name', 'x', 'edge_index', 'edge_attr', 'y', 'split_idx', 'task',
-        'num_classes', 'evaluator')}, data_path)
-    cfg = dict(hidden=args.hidden, layers=args.layers, epochs=args.epochs,
-               ddp_parts=args.ddp_parts)
-    print(f'graph: {ds.num_nodes} nodes, {ds.num_edges} edges, '
-          f'{args.classes} tasks; RevGNN {args.layers} layers x '
-          f'{args.hidden}, GENConv max, 2 groups; {cores} cores, '
-          f'{args.method} partition for sar/naive\n({SHARED_CORES})\n',
-          flush=True)
-    print(f"{'mode':6} {'P':>2} {'epoch s':>8} {'peak MB':>9} "
-          f"{'above idle':>11}  {'per worker':>9}", flush=True)
+    data_path = os.path.join(args.out, "graph.pt")
+    torch.save(
+        {
+            k: getattr(ds, k)
+            for k in (
+                "name",
+                "x",
+                "edge_index",
+                "edge_attr",
+                "y",
+                "split_idx",
+                "task",
+                "num_classes",
+                "evaluator",
+            )
+        },
+        data_path,
+    )
+    cfg = dict(hidden=args.hidden, layers=args.layers, epochs=args.epochs, ddp_parts=args.ddp_parts)
+    print(
+        f"graph: {ds.num_nodes} nodes, {ds.num_edges} edges, "
+        f"{args.classes} tasks; RevGNN {args.layers} layers x "
+        f"{args.hidden}, GENConv max, 2 groups; {cores} cores, "
+        f"{args.method} partition for sar/naive\n({SHARED_CORES})\n",
+        flush=True,
+    )
+    print(
+        f"{'mode':6} {'P':>2} {'epoch s':>8} {'peak MB':>9} {'above idle':>11}  {'per worker':>9}", flush=True
+    )
     rows = []
     bounds = dict(timeout_s=1200, wall_s=3600)
 
-    if 'single' in args.modes:
+    if "single" in args.modes:
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor
-        with ProcessPoolExecutor(1, mp_context=mp.get_context('spawn')) as ex:
+
+        with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as ex:
             val = ex.submit(_single_worker, data_path, cfg, threads(1)).result()
-        rows.append(_row('single', 1, [SimpleNamespace(rank=0, exitcode=0,
-                                                       value=val)]))
+        rows.append(_row("single", 1, [SimpleNamespace(rank=0, exitcode=0, value=val)]))
         _print_row(rows[-1])
-    for P in args.parts if {'sar', 'naive'} & set(args.modes) else []:
-        part_dir = os.path.join(args.out, f'parts{P}')
+    for P in args.parts if {"sar", "naive"} & set(args.modes) else []:
+        part_dir = os.path.join(args.out, f"parts{P}")
         partition_dataset(ds, part_dir, P, args.method)
-        for mode in [m for m in ('sar', 'naive') if m in args.modes]:
-            res = run_workers(_sar_worker, P, mode, part_dir, cfg,
-                              threads=threads(P), **bounds)
+        for mode in [m for m in ("sar", "naive") if m in args.modes]:
+            res = run_workers(_sar_worker, P, mode, part_dir, cfg, threads=threads(P), **bounds)
             rows.append(_row(mode, P, res))
             _print_row(rows[-1])
-    for W in args.ddp_workers if 'ddp' in args.modes else []:
-        res = run_workers(_ddp_worker, W, data_path, cfg, threads=threads(W),
-                          **bounds)
-        rows.append(_row('ddp', W, res))
+    for W in args.ddp_workers if "ddp" in args.modes else []:
+        res = run_workers(_ddp_worker, W, data_path, cfg, threads=threads(W), **bounds)
+        rows.append(_row("ddp", W, res))
         _print_row(rows[-1])
 
     rat = ratios(rows)
     _print_ratios(rat)
-    summary = {'args': vars(args), 'cores': cores, 'note': SHARED_CORES,
-               'rows': rows, 'ratios': rat}
-    with open(os.path.join(args.out, 'bench_sar.json'), 'w') as f:
+    summary = {"args": vars(args), "cores": cores, "note": SHARED_CORES, "rows": rows, "ratios": rat}
+    with open(os.path.join(args.out, "bench_sar.json"), "w") as f:
         json.dump(summary, f, indent=2)
-    _plot(rows, args, os.path.join(args.out, 'bench_sar.png'))
-    print(f'\n({SHARED_CORES})\nwrote {args.out}/bench_sar.json and '
-          f'bench_sar.png', flush=True)
+    _plot(rows, args, os.path.join(args.out, "bench_sar.png"))
+    print(f"\n({SHARED_CORES})\nwrote {args.out}/bench_sar.json and bench_sar.png", flush=True)
     return 0
 
 
@@ -440,46 +492,54 @@ def replot(json_path: str) -> None:
     """Redraws the PNG next to a bench_sar.json."""
     with open(json_path) as f:
         summary = json.load(f)
-    _plot(summary['rows'], argparse.Namespace(**summary['args']),
-          json_path.replace('.json', '.png'))
+    _plot(summary["rows"], argparse.Namespace(**summary["args"]), json_path.replace(".json", ".png"))
 
 
 def _plot(rows, args, path):
     import matplotlib
-    matplotlib.use('Agg')
+
+    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(1, 3, figsize=(15, 4))
-    single = [r for r in rows if r['mode'] == 'single']
-    for mode, style, color in (('sar', 'o-', 'tab:blue'),
-                               ('naive', 's--', 'tab:orange')):
-        rs = sorted((r for r in rows if r['mode'] == mode),
-                    key=lambda r: r['P'])
+    single = [r for r in rows if r["mode"] == "single"]
+    for mode, style, color in (("sar", "o-", "tab:blue"), ("naive", "s--", "tab:orange")):
+        rs = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["P"])
         if not rs:
             continue
-        ps = [r['P'] for r in rs]
-        ax[0].plot(ps, [r['peak_above_base_mb'] for r in rs], style,
-                   color=color, label=f'{mode} (above idle)')
-        ax[0].plot(ps, [r['peak_rss_mb'] for r in rs], style, alpha=0.35,
-                   color=color, label=f'{mode} (total RSS)')
-        ax[1].plot(ps, [r['epoch_s'] for r in rs], style, color=color,
-                   label=mode)
+        ps = [r["P"] for r in rs]
+        ax[0].plot(
+            ps, [r["peak_above_base_mb"] for r in rs], style, color=color, label=f"{mode} (above idle)"
+        )
+        ax[0].plot(
+            ps, [r["peak_rss_mb"] for r in rs], style, alpha=0.35, color=color, label=f"{mode} (total RSS)"
+        )
+        ax[1].plot(ps, [r["epoch_s"] for r in rs], style, color=color, label=mode)
     for r in single:
-        ax[0].axhline(r['peak_above_base_mb'], color='k', ls=':',
-                      label='one process (above idle)')
-        ax[1].axhline(r['epoch_s'], color='k', ls=':', label='one process')
-        ax[1].axhline(1.2 * r['epoch_s'], color='tab:red', ls=':', lw=0.8,
-                      label='1.2x one process (goal at P=1)')
-    ddp = sorted((r for r in rows if r['mode'] == 'ddp'), key=lambda r: r['P'])
-    ax[2].bar([str(r['P']) for r in ddp], [r['parts_per_s'] for r in ddp],
-              color='tab:green')
-    ax[0].set(xlabel='workers P', ylabel='per-worker peak memory (MB)',
-              title=f'RevGNN {args.layers}x{args.hidden}, {args.nodes} nodes, '
-              f'{args.nodes * args.degree} edges', xticks=args.parts)
-    ax[1].set(xlabel='workers P', ylabel='epoch time (s)',
-              title='epoch time (workers share this host)',
-              xticks=args.parts)
-    ax[2].set(xlabel='DDP workers', ylabel='parts (sub-graph steps) / s',
-              title=f'DDP, {args.ddp_parts} parts per epoch (shared host)')
+        ax[0].axhline(r["peak_above_base_mb"], color="k", ls=":", label="one process (above idle)")
+        ax[1].axhline(r["epoch_s"], color="k", ls=":", label="one process")
+        ax[1].axhline(
+            1.2 * r["epoch_s"], color="tab:red", ls=":", lw=0.8, label="1.2x one process (goal at P=1)"
+        )
+    ddp = sorted((r for r in rows if r["mode"] == "ddp"), key=lambda r: r["P"])
+    ax[2].bar([str(r["P"]) for r in ddp], [r["parts_per_s"] for r in ddp], color="tab:green")
+    ax[0].set(
+        xlabel="workers P",
+        ylabel="per-worker peak memory (MB)",
+        title=f"RevGNN {args.layers}x{args.hidden}, {args.nodes} nodes, {args.nodes * args.degree} edges",
+        xticks=args.parts,
+    )
+    ax[1].set(
+        xlabel="workers P",
+        ylabel="epoch time (s)",
+        title="epoch time (workers share this host)",
+        xticks=args.parts,
+    )
+    ax[2].set(
+        xlabel="DDP workers",
+        ylabel="parts (sub-graph steps) / s",
+        title=f"DDP, {args.ddp_parts} parts per epoch (shared host)",
+    )
     for a in ax:
         a.grid(alpha=0.3)
     for a in ax[:2]:
@@ -490,5 +550,5 @@ def _plot(rows, args, path):
     plt.close(fig)
 
 
-if __name__ == '__main__':
+if __name__ == "__main__":
     sys.exit(main())

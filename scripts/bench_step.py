@@ -14,6 +14,7 @@ as extrapolated.
     python scripts/bench_step.py --model revgnn_deep --num-layers 20          # CPU, scaled
     python scripts/bench_step.py --model revgnn_deep --device cuda            # full 1001 layers
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,20 +41,26 @@ def proteins_subgraph(nodes: int, edges: int, device, seed: int = 0):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="revgnn_deep")
-    parser.add_argument("--num-layers", type=int, default=None,
-                        help="override the depth (default: the model's own)")
+    parser.add_argument(
+        "--num-layers", type=int, default=None, help="override the depth (default: the model's own)"
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--nodes", type=int, default=13_200)
     parser.add_argument("--edges", type=int, default=790_000)
     parser.add_argument("--steps", type=int, default=2, help="measured steps after one warm-up")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast (GPU recipe)")
-    parser.add_argument("--quantize", type=int, default=None,
-                        help="GroupAddRev(quantize=q): exact coupling (e.g. 16)")
-    parser.add_argument("--per-tensor", action="store_true",
-                        help="Adam over each parameter tensor (default: one flat buffer, as revgnn-train)")
+    parser.add_argument(
+        "--quantize", type=int, default=None, help="GroupAddRev(quantize=q): exact coupling (e.g. 16)"
+    )
+    parser.add_argument(
+        "--per-tensor",
+        action="store_true",
+        help="Adam over each parameter tensor (default: one flat buffer, as revgnn-train)",
+    )
     args = parser.parse_args()
 
     from revgnn.utils.launch import use_tcmalloc
+
     use_tcmalloc()
 
     import torch
@@ -70,8 +77,9 @@ def main() -> None:
     with torch.device("meta"):  # the registered depth, without allocating the full model
         full_depth = getattr(create_model(args.model), "num_layers", None)
     x, edge_index, edge_attr, y = proteins_subgraph(args.nodes, args.edges, device)
-    optimizer, flat = build_optimizer(model, lambda ps: torch.optim.Adam(ps, lr=1e-3),
-                                      flat=not args.per_tensor)
+    optimizer, flat = build_optimizer(
+        model, lambda ps: torch.optim.Adam(ps, lr=1e-3), flat=not args.per_tensor
+    )
     loss_fn = torch.nn.BCEWithLogitsLoss()
 
     def step() -> float:
@@ -93,11 +101,20 @@ def main() -> None:
         torch.cuda.reset_peak_memory_stats(device)
     times = [step() for _ in range(args.steps)] or [warmup]
     depth = getattr(model, "num_layers", None)
-    result = dict(model=args.model, depth=depth, params=count_parameters(model),
-                  device=str(device), nodes=args.nodes, edges=args.edges, bf16=args.bf16,
-                  quantize=args.quantize, flat_params=flat is not None,
-                  step_s=statistics.median(times), warmup_s=warmup,
-                  threads=torch.get_num_threads())
+    result = dict(
+        model=args.model,
+        depth=depth,
+        params=count_parameters(model),
+        device=str(device),
+        nodes=args.nodes,
+        edges=args.edges,
+        bf16=args.bf16,
+        quantize=args.quantize,
+        flat_params=flat is not None,
+        step_s=statistics.median(times),
+        warmup_s=warmup,
+        threads=torch.get_num_threads(),
+    )
     if device.type == "cuda":
         result["peak_gpu_bytes"] = torch.cuda.max_memory_allocated(device)
     result["peak_rss_bytes"] = peak_rss_bytes()

@@ -5,6 +5,7 @@ Environment A is this one (its build is copied from the user's cache when there,
 environment B differs by its torch version and is built once, into its own directory. Switching back
 and forth rebuilds nothing, B still loads after its compiler is gone, and a fresh process of A loads
 without a build."""
+
 import logging
 import os
 import shutil
@@ -26,11 +27,13 @@ def main(root: Path, name: str) -> None:
     def counting(name, directory, module, verbose):
         builds.append(directory)
         return compile_(name, directory, module, verbose)
+
     kernels._compile = counting
 
     class Record(logging.Handler):
         def emit(self, record):
             messages.append(record.getMessage())
+
     kernels.log.addHandler(Record())
     kernels.log.setLevel(logging.INFO)
 
@@ -75,8 +78,14 @@ def main(root: Path, name: str) -> None:
 
     # a fresh process of environment A starts without a build and without a log line of one
     code = f"from revgnn.nn import kernels; print(kernels.{name}().__file__)"
-    proc = subprocess.run([sys.executable, "-c", code], env=dict(os.environ), capture_output=True,
-                          text=True, timeout=120, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     assert proc.stdout.strip().startswith(str(dir_a)) and "building" not in proc.stderr, proc
     assert snapshot(dir_a) == files_a
     print("scenario passed")

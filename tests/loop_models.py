@@ -4,6 +4,7 @@ Each factory takes the model config's keys (``name`` picks the zoo model, e.g. `
 is used as ``model._target_=loop_models.<factory>``; ``at_call`` and ``only_rank`` may also come from
 the environment (``LOOP_MODELS_AT_CALL``, ``LOOP_MODELS_RANK``) for runs started as a command.
 """
+
 import os
 import signal
 
@@ -15,6 +16,7 @@ from revgnn.models import create_model
 
 def _rank() -> int:
     import torch.distributed as dist
+
     return dist.get_rank() if dist.is_initialized() else 0
 
 
@@ -50,6 +52,7 @@ def signal_at(name, at_call=None, only_rank=None, signum=signal.SIGTERM, **kwarg
         if not sent[0]:
             sent[0] = True
             os.kill(os.getpid(), signum)
+
     return _on_call(create_model(name, **kwargs), at_call, only_rank, pre=send)
 
 
@@ -85,6 +88,9 @@ def epoch_recorder(name, **kwargs):
 def float64(name, **kwargs):
     """The zoo model in float64, its floating-point inputs cast to float64 (for exactness tests)."""
     model = create_model(name, **kwargs).double()
-    model.register_forward_pre_hook(lambda m, args: tuple(
-        a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args))
+    model.register_forward_pre_hook(
+        lambda m, args: tuple(
+            a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args
+        )
+    )
     return model

@@ -1,4 +1,5 @@
 """Every config composes against its schema, and every experiment's model and data instantiate."""
+
 import os
 import subprocess
 import sys
@@ -9,14 +10,12 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
-from omegaconf.errors import ConfigKeyError, ValidationError
 
 import revgnn.config  # noqa: F401
-from revgnn.data.fake_ogb import write_fake_ogbn
-from revgnn.data.graphs import write_fake_ogbg
-from revgnn.evaluate import as_edge_index
 from revgnn.engine.loop import build_model
 from revgnn.engine.tasks import make_task, shapes
+from revgnn.evaluate import as_edge_index
+from revgnn.testing.fake_ogb import write_fake_ogbg, write_fake_ogbn
 
 CONFIG_DIR = str(Path(revgnn.config.__file__).parent / "configs")
 REPO = Path(__file__).resolve().parents[1]
@@ -35,8 +34,14 @@ def test_top_level_configs_symlink_points_at_package_configs():
 
 
 def test_paper_experiments_exist():
-    assert {"proteins_revgnn_deep", "proteins_revgnn_wide", "proteins_resgnn_112", "proteins_wt_revgnn",
-            "products_revgnn_112", "arxiv_revgat"} <= set(EXPERIMENTS)
+    assert {
+        "proteins_revgnn_deep",
+        "proteins_revgnn_wide",
+        "proteins_resgnn_112",
+        "proteins_wt_revgnn",
+        "products_revgnn_112",
+        "arxiv_revgat",
+    } <= set(EXPERIMENTS)
 
 
 @pytest.fixture(scope="module")
@@ -63,16 +68,21 @@ def test_experiment_instantiates_model_and_data(experiment, fake_ogb_root, monke
         cfg.data.root = fake_ogb_root
     _tiny_model(cfg)
     from revgnn.models import list_models
+
     if cfg.model.name not in list_models():
-        pytest.xfail(f"model {cfg.model.name!r} is not registered: revgnn/models/__init__.py must import "
-                     f"its module")
+        pytest.xfail(
+            f"model {cfg.model.name!r} is not registered: revgnn/models/__init__.py must import its module"
+        )
     from hydra.utils import instantiate
+
     ds = instantiate(cfg.data)
     model = build_model(cfg.model, shapes(ds))
     model.eval()
     with torch.no_grad():
         if hasattr(ds, "graphs"):  # graph-level data: one batch of graphs, one output row per graph
-            batch = next(iter(next(iter(make_task(ds, cfg.trainer).train_steps(torch.Generator(), "cpu"))).batches))
+            batch = next(
+                iter(next(iter(make_task(ds, cfg.trainer).train_steps(torch.Generator(), "cpu"))).batches)
+            )
             out = model(*batch.inputs)
             assert out.shape == (batch.y.size(0), ds.num_classes)
         else:
@@ -85,35 +95,44 @@ def test_experiment_instantiates_model_and_data(experiment, fake_ogb_root, monke
 
 @pytest.mark.parametrize("model", MODELS)
 def test_every_model_config_builds_on_proteins_like(model):
-    cfg = _compose([f"model={model}", "data.num_nodes=400", "data.window=5", "data.avg_degree=6",
-                    "data.max_hops=2"])
+    cfg = _compose(
+        [f"model={model}", "data.num_nodes=400", "data.window=5", "data.avg_degree=6", "data.max_hops=2"]
+    )
     _tiny_model(cfg)
     from revgnn.models import list_models
+
     if cfg.model.name not in list_models():
-        pytest.xfail(f"model {cfg.model.name!r} is not registered: revgnn/models/__init__.py must import "
-                     f"its module")
+        pytest.xfail(
+            f"model {cfg.model.name!r} is not registered: revgnn/models/__init__.py must import its module"
+        )
     if cfg.model.name.startswith("revgnn_mol"):
         pytest.skip("graph-level model: built on graph data in test_experiment_* and tests/test_graph_*.py")
     from hydra.utils import instantiate
+
     ds = instantiate(cfg.data)
     out = build_model(cfg.model, shapes(ds))(ds.x, as_edge_index(ds.edge_index, ds.num_nodes), ds.edge_attr)
     assert out.shape == (400, 112)
 
 
-@pytest.mark.parametrize("override,key", [
-    ("trainer.epoch=3", "epoch"),                 # typo in a fixed group
-    ("data.num_nodse=10", "num_nodse"),           # typo in a data option's schema
-    ("optim.learning_rate=0.1", "learning_rate"),
-    ("model.num_layer=3", "num_layer"),
-])
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("trainer.epoch=3", "epoch"),  # typo in a fixed group
+        ("data.num_nodse=10", "num_nodse"),  # typo in a data option's schema
+        ("optim.learning_rate=0.1", "learning_rate"),
+        ("model.num_layer=3", "num_layer"),
+    ],
+)
 def test_typos_are_errors_naming_the_key(override, key):
     with pytest.raises(ConfigCompositionException) as err:
         _compose([override])
     assert key in str(err.value) + str(err.value.__cause__)
 
 
-@pytest.mark.parametrize("override,key", [
-    ("trainer.epochs=many", "epochs"), ("backend.device=tpu", "device"), ("data.seed=1.5", "seed")])
+@pytest.mark.parametrize(
+    "override,key",
+    [("trainer.epochs=many", "epochs"), ("backend.device=tpu", "device"), ("data.seed=1.5", "seed")],
+)
 def test_wrong_types_are_errors_naming_the_key(override, key):
     with pytest.raises(ConfigCompositionException) as err:
         _compose([override])
@@ -124,18 +143,27 @@ def test_unknown_model_override_in_free_yaml_is_rejected_by_registry():
     cfg = _compose(["data.num_nodes=400", "data.window=5", "data.avg_degree=6"])
     kwargs = OmegaConf.to_container(cfg.model)
     kwargs["num_layerz"] = 3  # a model YAML without the schema still cannot sneak a typo through
-    from hydra.utils import instantiate
     from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
     with pytest.raises((TypeError, InstantiationException), match="num_layerz"):
         instantiate(kwargs, in_channels=16, out_channels=112, edge_channels=8, species_channels=8)
 
 
 def _run(args, cwd):
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    code = ("import sys, runpy; sys.argv = ['revgnn-train'] + sys.argv[1:]; "
-            "runpy.run_module('revgnn.train', run_name='__main__')")
-    return subprocess.run([sys.executable, "-X", "importtime", "-c", code, *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
+    code = (
+        "import sys, runpy; sys.argv = ['revgnn-train'] + sys.argv[1:]; "
+        "runpy.run_module('revgnn.train', run_name='__main__')"
+    )
+    return subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", code, *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.mark.parametrize("args", [["--help"], ["--cfg", "job", "experiment=proteins_revgnn_deep"]])

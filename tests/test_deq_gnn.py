@@ -1,8 +1,9 @@
 """DEQ-GNN: parameter counts, the paper map, fixed dropout mask, contraction, pretraining schedule."""
+
 import pytest
 import torch
 
-from revgnn.deq import DEQ, SOLVERS, get_solver
+from revgnn.deq import SOLVERS, get_solver
 from revgnn.models import count_parameters, create_model
 from revgnn.models.deq_gnn import DEQGNN, DEQGNNLayer, deq_gnn  # noqa: F401  (registers deq_gnn)
 
@@ -68,8 +69,12 @@ def test_three_solvers_agree_on_the_layer():
     # The untrained paper map is not a contraction here: plain iteration oscillates (rel. residual
     # 0.28 after 300 steps) while damping 0.5 converges; Anderson and Broyden need no damping.
     options = {"fixed_point": {"damping": 0.5}}
-    results = {s: get_solver(s)(lambda z: layer(z, x, ei), torch.zeros_like(x), tol=1e-10,
-                                max_iter=400, **options.get(s, {})) for s in SOLVERS}
+    results = {
+        s: get_solver(s)(
+            lambda z: layer(z, x, ei), torch.zeros_like(x), tol=1e-10, max_iter=400, **options.get(s, {})
+        )
+        for s in SOLVERS
+    }
     for name, r in results.items():
         assert r.converged, (name, r)
         fz = layer(r.z, x, ei)  # independent residual check

@@ -1,4 +1,5 @@
 """DEQ module: implicit gradient exactness, unroll convergence, memory, warm start, errors."""
+
 import warnings
 
 import pytest
@@ -41,7 +42,7 @@ def inject(n, d_in=3, z_dim=5, seed=1):
 
 def loss_fn(z):
     w = torch.linspace(-1, 1, z.numel(), dtype=z.dtype).view_as(z)
-    return (w * z).sum() + 0.5 * (z ** 2).sum()
+    return (w * z).sum() + 0.5 * (z**2).sum()
 
 
 def grads(model, x, A, z0):
@@ -102,8 +103,12 @@ def test_phantom_gradient_is_close_to_implicit():
     A = make_graph()
     x, z0 = inject(A.shape[0])
     g_impl = grads(DEQ(GraphMap(), tol=1e-12, max_iter=300), x, A, z0)
-    g_ph = grads(DEQ(GraphMap(), tol=1e-12, max_iter=300, backward="phantom", phantom_steps=8,
-                     phantom_damping=1.0), x, A, z0)
+    g_ph = grads(
+        DEQ(GraphMap(), tol=1e-12, max_iter=300, backward="phantom", phantom_steps=8, phantom_damping=1.0),
+        x,
+        A,
+        z0,
+    )
     cos = torch.nn.functional.cosine_similarity(g_impl, g_ph, dim=0).item()
     assert cos > 0.99, cos
 
@@ -138,8 +143,10 @@ def test_saved_bytes_do_not_depend_on_iterations(backward):
         one_eval = saved_bytes(lambda: GraphMap()(z0.requires_grad_(), x, A))[0]
         assert sizes[0] < one_eval
     # the measure itself sees depth: unrolling saves more for more steps
-    unrolled = [saved_bytes(lambda: DEQ(GraphMap(), backward="unroll", unroll_steps=k)(x, A, z0=z0))[0]
-                for k in (5, 50)]
+    unrolled = [
+        saved_bytes(lambda: DEQ(GraphMap(), backward="unroll", unroll_steps=k)(x, A, z0=z0))[0]
+        for k in (5, 50)
+    ]
     assert unrolled[1] > 5 * unrolled[0]
 
 
@@ -211,7 +218,7 @@ def test_output_can_be_modified_in_place():
     out = deq(x, A, z0=z0)
     out.mul_(1.0)
     loss_fn(out).backward()
-    assert torch.allclose(torch.cat([p.grad.flatten() for p in deq.f.parameters()]), ref[:-x.numel()])
+    assert torch.allclose(torch.cat([p.grad.flatten() for p in deq.f.parameters()]), ref[: -x.numel()])
 
 
 def test_configuration_errors():
@@ -232,4 +239,5 @@ def test_module_docstring_example():
     import doctest
 
     import revgnn.deq as mod
+
     assert doctest.testmod(mod).failed == 0

@@ -1,11 +1,19 @@
 """Root solvers: agreement, independent residual check, options, non-convergence, NaN, fallbacks."""
+
 import math
 
 import pytest
 import torch
 
-from revgnn.deq import (SOLVERS, SolverDivergenceError, anderson, broyden, check_solver_options,
-                        fixed_point, get_solver)
+from revgnn.deq import (
+    SOLVERS,
+    SolverDivergenceError,
+    anderson,
+    broyden,
+    check_solver_options,
+    fixed_point,
+    get_solver,
+)
 
 
 def graph_map(n=30, d=6, kappa=0.9, seed=0, dtype=torch.float64):
@@ -119,4 +127,5 @@ def test_docstring_examples():
     import doctest
 
     import revgnn.deq.solvers as mod
+
     assert doctest.testmod(mod).failed == 0

@@ -1,4 +1,5 @@
 """FlatParameters: one buffer for all parameters gives the same model, gradients and updates."""
+
 import copy
 import io
 
@@ -12,8 +13,16 @@ from revgnn.utils.flat import FlatParameters
 
 def _model():
     torch.manual_seed(0)
-    model = create_model("revgnn_small", num_layers=3, hidden_channels=16, num_groups=2, dropout=0.0,
-                         in_channels=8, out_channels=4, edge_channels=8).double()
+    model = create_model(
+        "revgnn_small",
+        num_layers=3,
+        hidden_channels=16,
+        num_groups=2,
+        dropout=0.0,
+        in_channels=8,
+        out_channels=4,
+        edge_channels=8,
+    ).double()
     # a parameter that never receives a gradient (unused in forward)
     model.register_parameter("unused", nn.Parameter(torch.randn(5, dtype=torch.float64)))
     return model
@@ -74,11 +83,15 @@ def _assert_flat_steps_equal_per_tensor(make_opt, steps):
     return model, opt
 
 
-@pytest.mark.parametrize("make_opt", [
-    lambda ps: torch.optim.Adam(ps, lr=1e-2),
-    lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1),
-    lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9, weight_decay=1e-3),
-], ids=["adam", "adamw", "sgd-momentum"])
+@pytest.mark.parametrize(
+    "make_opt",
+    [
+        lambda ps: torch.optim.Adam(ps, lr=1e-2),
+        lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1),
+        lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9, weight_decay=1e-3),
+    ],
+    ids=["adam", "adamw", "sgd-momentum"],
+)
 def test_flat_updates_are_bitwise_those_of_per_tensor_optimiser(make_opt):
     """Element-wise rules give bitwise the same parameters after several steps; a parameter with
     no gradient is treated as zero gradient, as zero_grad(set_to_none=False) does."""
@@ -155,6 +168,7 @@ def test_saved_tensor_count_ignores_flattened_parameters():
     """SavedTensorBytes leaves parameters out; views of the flat buffer saved by ops (weight.t())
     are parameters too, so flattening does not change the count."""
     from revgnn.utils import SavedTensorBytes
+
     counts = []
     for flatten in (False, True):
         model = _model()
@@ -227,6 +241,7 @@ def test_large_models_are_chunked_for_the_optimiser(monkeypatch):
     """The optimiser sees chunks of at most CHUNK_BYTES (its temporaries stay that small), which
     tile the buffer; the update is still bitwise the per-tensor one."""
     import revgnn.utils.flat as flat_module
+
     monkeypatch.setattr(flat_module, "CHUNK_BYTES", 1024)
     model, opt = _assert_flat_steps_equal_per_tensor(lambda ps: torch.optim.Adam(ps, lr=1e-2), steps=3)
     params = opt.param_groups[0]["params"]

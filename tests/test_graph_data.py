@@ -1,15 +1,17 @@
 """Graph-level data: the generated mol_like set and the real OGB loader on a fake raw ogbg-molhiv."""
+
 import os
 
 import numpy as np
 import pytest
 import torch
 
-from revgnn.data.graphs import GraphDataset, load_ogbg, mol_like, write_fake_ogbg
-from revgnn.models import create_model
+from revgnn.data.graph_dataset import GraphDataset, load_ogbg, mol_like
 from revgnn.engine.tasks import GraphTask
+from revgnn.models import create_model
+from revgnn.testing.fake_ogb import write_fake_ogbg
 
-ATOM_DIMS = [119, 5, 12, 12, 10, 6, 6, 2, 2]   # ogb.utils.features.get_atom_feature_dims()
+ATOM_DIMS = [119, 5, 12, 12, 10, 6, 6, 2, 2]  # ogb.utils.features.get_atom_feature_dims()
 BOND_DIMS = [5, 6, 2]
 
 
@@ -53,8 +55,14 @@ def test_mol_like_schema_and_label_rule(mols):
 
 
 def test_mol_like_is_deterministic_and_seeded():
-    a, b, c = mol_like(num_graphs=20, seed=3), mol_like(num_graphs=20, seed=3), mol_like(num_graphs=20, seed=4)
-    assert all(torch.equal(x.x, y.x) and torch.equal(x.edge_index, y.edge_index) for x, y in zip(a.graphs, b.graphs))
+    a, b, c = (
+        mol_like(num_graphs=20, seed=3),
+        mol_like(num_graphs=20, seed=3),
+        mol_like(num_graphs=20, seed=4),
+    )
+    assert all(
+        torch.equal(x.x, y.x) and torch.equal(x.edge_index, y.edge_index) for x, y in zip(a.graphs, b.graphs)
+    )
     assert not all(x.num_nodes == y.num_nodes and torch.equal(x.x, y.x) for x, y in zip(a.graphs, c.graphs))
     with pytest.raises(ValueError, match="hetero_atoms"):
         mol_like(num_graphs=2, min_nodes=3, hetero_atoms=2)
@@ -77,10 +85,13 @@ def test_loader_batches_and_model_output(mols):
 
 def test_nan_labels_are_ignored_by_the_loss():
     from revgnn.engine.tasks import task_loss
+
     logits = torch.tensor([[0.3, -1.0], [2.0, 0.5]], requires_grad=True)
     y = torch.tensor([[1.0, float("nan")], [0.0, 1.0]])
     loss = task_loss(logits, y, "multilabel")
-    ref = torch.nn.functional.binary_cross_entropy_with_logits(logits[[0, 1, 1], [0, 0, 1]], y[[0, 1, 1], [0, 0, 1]])
+    ref = torch.nn.functional.binary_cross_entropy_with_logits(
+        logits[[0, 1, 1], [0, 0, 1]], y[[0, 1, 1], [0, 0, 1]]
+    )
     assert torch.allclose(loss, ref)
     loss.backward()
     assert logits.grad[0, 1] == 0
@@ -90,11 +101,15 @@ def test_fake_ogbg_molhiv_loads_through_real_ogb_code(tmp_path, monkeypatch):
     monkeypatch.setattr("builtins.input", lambda *a: pytest.fail("OGB prompted"))
     path = write_fake_ogbg(str(tmp_path), num_graphs=30, seed=2)
     assert sorted(os.listdir(os.path.join(path, "raw"))) == sorted(
-        f"{f}.csv.gz" for f in ("edge", "edge-feat", "node-feat", "graph-label", "num-node-list",
-                                "num-edge-list"))
+        f"{f}.csv.gz"
+        for f in ("edge", "edge-feat", "node-feat", "graph-label", "num-node-list", "num-edge-list")
+    )
     assert sorted(os.listdir(os.path.join(path, "split", "scaffold"))) == [
-        "test.csv.gz", "train.csv.gz", "valid.csv.gz"]
-    for attempt in range(2):  # first: processes raw (and writes the release marker); then: processed file
+        "test.csv.gz",
+        "train.csv.gz",
+        "valid.csv.gz",
+    ]
+    for _attempt in range(2):  # first: processes raw (and writes the release marker); then: processed file
         ds = load_ogbg("ogbg-molhiv", root=str(tmp_path), batch_size=8)
         assert os.path.exists(os.path.join(path, "RELEASE_v1.txt"))
         assert os.path.exists(os.path.join(path, "processed", "geometric_data_processed.pt"))
@@ -131,11 +146,18 @@ def test_ogbg_missing_and_corrupt_data_are_clear_errors(tmp_path, monkeypatch):
 def test_ogb_encoder_shape_errors():
     with pytest.raises(ValueError, match="encoder='ogb'.*9 atom"):
         create_model("revgnn_mol_small", in_channels=16, edge_channels=8)
-    model = create_model("revgnn_mol_small", encoder="linear", in_channels=16, edge_channels=8,
-                         num_layers=2, readout="attention")
+    model = create_model(
+        "revgnn_mol_small",
+        encoder="linear",
+        in_channels=16,
+        edge_channels=8,
+        num_layers=2,
+        readout="attention",
+    )
     x, ei, ea = torch.randn(12, 16), torch.randint(0, 12, (2, 30)), torch.randn(30, 8)
     assert model(x, ei, ea, torch.arange(12) // 4).shape == (3, 1)
     with pytest.raises(ValueError, match="readout"):
         create_model("revgnn_mol_small", readout="median")
-    np.testing.assert_equal(create_model("revgnn_mol_small")(x[:, :9].long().abs() % 2, ei,
-                                                              (ea[:, :3] > 0).long()).shape, (1, 1))
+    np.testing.assert_equal(
+        create_model("revgnn_mol_small")(x[:, :9].long().abs() % 2, ei, (ea[:, :3] > 0).long()).shape, (1, 1)
+    )

@@ -4,6 +4,7 @@ Reversible (memory-free) and plain (``disable=True`` / ``reversible=False``) run
 round-off: outputs, gradients of inputs, edge features and every parameter; BatchNorm's running
 statistics after several optimiser steps.
 """
+
 import pytest
 import torch
 from torch import nn
@@ -47,9 +48,16 @@ def graphs():
 def stack_grads(norm, disable, graphs, depth=20):
     x, edge_index, edge_attr, batch = graphs
     torch.manual_seed(1)
-    stack = nn.ModuleList([
-        GroupAddRev(GENBlock(8, edge_channels=16, aggr="softmax", learn_t=True, norm=norm),
-                    num_groups=2, disable=disable) for _ in range(depth)]).double()
+    stack = nn.ModuleList(
+        [
+            GroupAddRev(
+                GENBlock(8, edge_channels=16, aggr="softmax", learn_t=True, norm=norm),
+                num_groups=2,
+                disable=disable,
+            )
+            for _ in range(depth)
+        ]
+    ).double()
     torch.manual_seed(5)
     x = x.clone().requires_grad_()
     ea = edge_attr.clone().requires_grad_()
@@ -88,8 +96,12 @@ def mol_batch(seed, num_graphs=4, nodes=8, edges=16):
     n = num_graphs * nodes
     x = torch.stack([torch.randint(0, 2, (n,), generator=g) for _ in range(9)], dim=1)
     offset = torch.randint(0, num_graphs, (edges * num_graphs,), generator=g) * nodes
-    ei = torch.stack([torch.randint(0, nodes, offset.shape, generator=g) + offset,
-                      torch.randint(0, nodes, offset.shape, generator=g) + offset])
+    ei = torch.stack(
+        [
+            torch.randint(0, nodes, offset.shape, generator=g) + offset,
+            torch.randint(0, nodes, offset.shape, generator=g) + offset,
+        ]
+    )
     ea = torch.stack([torch.randint(0, 2, (ei.size(1),), generator=g) for _ in range(3)], dim=1)
     y = torch.randint(0, 2, (num_graphs, 1), generator=g).double()
     return x, ei, ea, torch.arange(n) // nodes, y
@@ -97,12 +109,20 @@ def mol_batch(seed, num_graphs=4, nodes=8, edges=16):
 
 def mol_model(norm, reversible, **kw):
     torch.manual_seed(3)
-    return create_model("revgnn_mol_small", hidden_channels=16, num_layers=6, dropout=0.2, norm=norm,
-                        reversible=reversible, **kw).double()
+    return create_model(
+        "revgnn_mol_small",
+        hidden_channels=16,
+        num_layers=6,
+        dropout=0.2,
+        norm=norm,
+        reversible=reversible,
+        **kw,
+    ).double()
 
 
-@pytest.mark.parametrize("norm,readout", [("graph", "mean"), ("batch", "attention"), ("layer", "sum"),
-                                          (None, "max")])
+@pytest.mark.parametrize(
+    "norm,readout", [("graph", "mean"), ("batch", "attention"), ("layer", "sum"), (None, "max")]
+)
 def test_graph_model_reversible_matches_plain(norm, readout):
     x, ei, ea, batch, y = mol_batch(0)
     res = []
@@ -153,6 +173,7 @@ def test_batchnorm_running_stats_equal_plain_after_steps():
 def test_graph_model_saved_bytes_flat_in_depth(norm):
     """The GraphNorm / BatchNorm reversible model stores no per-layer activations for backward."""
     from revgnn.utils import SavedTensorBytes
+
     x, ei, ea, batch, y = mol_batch(0)
 
     def saved(depth):

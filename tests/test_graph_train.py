@@ -1,4 +1,5 @@
 """Graph-level training through the one loop (revgnn-train): CLI smoke run, exact resume, configs."""
+
 import json
 from pathlib import Path
 
@@ -11,8 +12,15 @@ from revgnn.engine.checkpoint import load_checkpoint
 from revgnn.train import train
 
 CONFIG_DIR = str(Path(revgnn.config.__file__).parent / "configs")
-TINY = ["experiment=mol_like_revgnn", "data.num_graphs=120", "data.batch_size=16", "model.num_layers=3",
-        "model.hidden_channels=16", "logger.progress_bar=false", "logger.plot=false"]
+TINY = [
+    "experiment=mol_like_revgnn",
+    "data.num_graphs=120",
+    "data.batch_size=16",
+    "model.num_layers=3",
+    "model.hidden_channels=16",
+    "logger.progress_bar=false",
+    "logger.plot=false",
+]
 
 
 def _cfg(tmp_path, *overrides):
@@ -36,8 +44,9 @@ def test_graph_training_resumes_exactly(tmp_path):
     """3 epochs in one go == 2 epochs, then resume for 1 more (shuffling is a function of seed and epoch)."""
     full = train(_cfg(tmp_path / "full", "trainer.epochs=3"))
     train(_cfg(tmp_path / "part", "trainer.epochs=2"))
-    resumed = train(_cfg(tmp_path / "resumed", "trainer.epochs=3",
-                         f"ckpt_path={tmp_path / 'part' / 'last.pt'}"))
+    resumed = train(
+        _cfg(tmp_path / "resumed", "trainer.epochs=3", f"ckpt_path={tmp_path / 'part' / 'last.pt'}")
+    )
     assert resumed["highest_valid"] == full["highest_valid"] and resumed["final_test"] == full["final_test"]
     a = load_checkpoint(str(tmp_path / "full" / "last.pt"))["model"]
     b = load_checkpoint(str(tmp_path / "resumed" / "last.pt"))["model"]
@@ -45,18 +54,28 @@ def test_graph_training_resumes_exactly(tmp_path):
         assert torch.equal(a[key], b[key]), key
 
 
-@pytest.mark.parametrize("experiment,norm,params", [("molhiv_revgnn_graphnorm", "graph", 745_999),
-                                                    ("molhiv_revgnn_batchnorm", "batch", 743_951)])
+@pytest.mark.parametrize(
+    "experiment,norm,params",
+    [("molhiv_revgnn_graphnorm", "graph", 745_999), ("molhiv_revgnn_batchnorm", "batch", 743_951)],
+)
 def test_molhiv_experiments_have_the_paper_model(experiment, norm, params):
-    from revgnn.data.graphs import GraphDataset
-    from revgnn.models import count_parameters
+    from revgnn.data.graph_dataset import GraphDataset
     from revgnn.engine.loop import build_model
     from revgnn.engine.tasks import shapes as data_shapes
+    from revgnn.models import count_parameters
+
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = compose(config_name="train", overrides=[f"experiment={experiment}"])
-    assert cfg.data._target_ == "revgnn.data.graphs.load_ogbg" and cfg.data.name == "ogbg-molhiv"
+    assert cfg.data._target_ == "revgnn.data.graph_dataset.load_ogbg" and cfg.data.name == "ogbg-molhiv"
     assert cfg.model.norm == norm and cfg.data.batch_size == 32 and cfg.trainer.epochs == 300
-    shapes = GraphDataset(name="ogbg-molhiv", graphs=[], split_idx={k: torch.zeros(0, dtype=torch.long)
-                          for k in ("train", "valid", "test")}, task="multilabel", num_classes=1,
-                          evaluator="ogbg-molhiv", in_channels=9, edge_channels=3)
+    shapes = GraphDataset(
+        name="ogbg-molhiv",
+        graphs=[],
+        split_idx={k: torch.zeros(0, dtype=torch.long) for k in ("train", "valid", "test")},
+        task="multilabel",
+        num_classes=1,
+        evaluator="ogbg-molhiv",
+        in_channels=9,
+        edge_channels=3,
+    )
     assert count_parameters(build_model(cfg.model, data_shapes(shapes))) == params

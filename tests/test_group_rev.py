@@ -1,11 +1,22 @@
 """Exactness, memory and error behaviour of revgnn.nn.GroupAddRev and WeightTied."""
+
 import pytest
 import torch
 import torch_geometric.typing
 from torch import nn
 
-from revgnn.nn import (GATBlock, GCNBlock, GENBlock, GINBlock, GroupAddRev, PerGroup,
-                       SAGEBlock, Shared, SharedDropout, WeightTied)
+from revgnn.nn import (
+    GATBlock,
+    GCNBlock,
+    GENBlock,
+    GINBlock,
+    GroupAddRev,
+    PerGroup,
+    SAGEBlock,
+    Shared,
+    SharedDropout,
+    WeightTied,
+)
 from revgnn.utils import SavedTensorBytes
 
 N, E = 24, 96
@@ -35,8 +46,9 @@ BLOCK_FACTORIES = {
 
 def make_stack(factory, depth, disable, groups=2, channels=8, seed=1, **kw):
     torch.manual_seed(seed)
-    return nn.ModuleList([GroupAddRev(factory(channels), num_groups=groups, disable=disable, **kw)
-                          for _ in range(depth)]).double()
+    return nn.ModuleList(
+        [GroupAddRev(factory(channels), num_groups=groups, disable=disable, **kw) for _ in range(depth)]
+    ).double()
 
 
 def run_stack(stack, x, edge_index, edge_attr=None, p=0.2, seed=5, loss_fn=None):
@@ -135,8 +147,9 @@ def test_keep_every_bounds_reconstruction_and_stays_exact(graph):
     res = []
     for disable, keep in ((False, 4), (True, 0)):
         torch.manual_seed(3)
-        tied = WeightTied(GroupAddRev(GENBlock(8), num_groups=2, disable=disable), 20,
-                          keep_every=keep).double()
+        tied = WeightTied(
+            GroupAddRev(GENBlock(8), num_groups=2, disable=disable), 20, keep_every=keep
+        ).double()
         xx = x.clone().requires_grad_()
         tied(xx, graph).square().sum().backward()
         res.append([xx.grad] + [p.grad for p in tied.parameters()])
@@ -167,6 +180,7 @@ def test_saved_bytes_do_not_grow_with_depth(graph):
 
 def test_plain_stack_saved_bytes_grow(graph):
     """Sanity check of the measure: the disabled (plain) stack stores activations."""
+
     def plain(depth):
         stack = make_stack(BLOCK_FACTORIES["gen_max"], depth, True, channels=16)
         x = torch.randn(N, 32, dtype=torch.float64, requires_grad=True)
@@ -175,6 +189,7 @@ def test_plain_stack_saved_bytes_grow(graph):
             for block in stack:
                 h = block(h, graph)
         return saved.bytes
+
     assert plain(40) > 5 * plain(4)
 
 
@@ -283,8 +298,9 @@ def test_batchnorm_running_stats_updated_once(graph):
         for step in range(3):
             run_stack(stack, x + step, graph, p=0.0)
         bns = [m for m in stack.modules() if isinstance(m, nn.BatchNorm1d)]
-        stats.append([(m.running_mean.clone(), m.running_var.clone(), int(m.num_batches_tracked))
-                      for m in bns])
+        stats.append(
+            [(m.running_mean.clone(), m.running_var.clone(), int(m.num_batches_tracked)) for m in bns]
+        )
     for (m1, v1, n1), (m2, v2, n2) in zip(*stats):
         assert n1 == n2 == 3
         assert rel_err(m1, m2) <= 1e-12 and rel_err(v1, v2) <= 1e-12
@@ -378,8 +394,9 @@ def test_autocast_recomputation_matches_plain(graph):
     res = []
     for disable in (False, True):
         torch.manual_seed(1)
-        stack = nn.ModuleList([GroupAddRev(GENBlock(8, edge_channels=16), num_groups=2,
-                                           disable=disable) for _ in range(8)])
+        stack = nn.ModuleList(
+            [GroupAddRev(GENBlock(8, edge_channels=16), num_groups=2, disable=disable) for _ in range(8)]
+        )
         res.append(bf16_autocast_grads(stack, x, ea, graph))
     for a, b in zip(*res):
         assert rel_err(a.float(), b.float()) <= 1e-5  # 1e-1 without re-entering autocast
@@ -413,7 +430,7 @@ def test_quantize_makes_inversion_bit_exact_and_keeps_gradients(graph):
             for block in reversed(stack):
                 h = block.inverse(h, graph, Shared(ea))
         assert torch.equal(h, stack[0]._grid(x))
-        assert (h - x).abs().max() <= 2.0 ** -17
+        assert (h - x).abs().max() <= 2.0**-17
     outs = []
     for disable in (False, True):
         q_stack = make_stack(factory, 40, disable, quantize=16)
@@ -430,8 +447,10 @@ def test_quantize_under_bf16_autocast_gradients_match_stored(graph):
     factory = BLOCK_FACTORIES["gen_max"]
     x = torch.randn(N, 16)
     ea = torch.randn(E, 16)
-    res = [bf16_autocast_grads(make_stack(factory, 60, disable, quantize=16).float(), x, ea, graph)
-           for disable in (False, True)]
+    res = [
+        bf16_autocast_grads(make_stack(factory, 60, disable, quantize=16).float(), x, ea, graph)
+        for disable in (False, True)
+    ]
     for a, b in zip(*res):
         assert rel_err(a.float(), b.float()) <= 1e-5
 

@@ -2,6 +2,7 @@
 build into two directories, neither rebuilds the other, and a finished build loads without the
 compiler. One real build (the second key's layer_norm_relu, ~40 s); the default key's build is
 copied from the user's cache when it is there (``python -m revgnn.nn.kernels`` makes it)."""
+
 import os
 import shutil
 import subprocess
@@ -21,8 +22,13 @@ def test_key_parts_give_distinct_directories(monkeypatch, tmp_path):
     key = kernels.environment_key()
     assert kernels.build_dir(NAME).parent.parent == tmp_path / "revgnn"
     dirs = {kernels.build_dir(NAME, key)}
-    for part, value in [("torch", "0.0.0+other"), ("python_abi", ".cpython-39-x86_64-linux-gnu.so"),
-                        ("compiler", "/usr/bin/clang++ clang 1.0"), ("cflags", "-O0"), ("cpu", "other")]:
+    for part, value in [
+        ("torch", "0.0.0+other"),
+        ("python_abi", ".cpython-39-x86_64-linux-gnu.so"),
+        ("compiler", "/usr/bin/clang++ clang 1.0"),
+        ("cflags", "-O0"),
+        ("cpu", "other"),
+    ]:
         other = {**key, part: value}
         dirs.add(kernels.build_dir(NAME, other))
         assert kernels.module_name(NAME, other) != kernels.module_name(NAME, key)
@@ -40,8 +46,9 @@ def test_two_environments_never_rebuild_each_other(tmp_path):
     if shutil.which(os.environ.get("CXX", "c++")) is None:
         pytest.skip("no C++ compiler")
     script = Path(__file__).with_name("kernel_cache_scenario.py")
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path), NAME], capture_output=True,
-                          text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path), NAME], capture_output=True, text=True, timeout=900
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "scenario passed" in proc.stdout
 
@@ -54,6 +61,7 @@ def test_failed_build_falls_back_with_one_warning(tmp_path, monkeypatch):
 
     def fail(name, directory, module, verbose):
         raise RuntimeError("Error building extension 'x'\nninja: build stopped: subcommand failed.")
+
     monkeypatch.setattr(kernels, "_compile", fail)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

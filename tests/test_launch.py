@@ -1,4 +1,5 @@
 """The entry-point launcher preloads tcmalloc (flat peak RSS) when it is installed."""
+
 import os
 import subprocess
 import sys
@@ -7,15 +8,13 @@ import pytest
 
 from revgnn.utils.launch import find_tcmalloc
 
-CODE = ("from revgnn.utils.launch import use_tcmalloc, allocator; use_tcmalloc(); "
-        "print(allocator())")
+CODE = "from revgnn.utils.launch import use_tcmalloc, allocator; use_tcmalloc(); print(allocator())"
 
 
 def run(env_extra):
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "_REVGNN_REEXEC")}
     env.update(env_extra)
-    out = subprocess.run([sys.executable, "-c", CODE], env=env, capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run([sys.executable, "-c", CODE], env=env, capture_output=True, text=True, check=True)
     return out.stdout.strip()
 
 

@@ -1,6 +1,7 @@
 """Cluster launchers (hydra/launcher=slurm|local, Hydra's submitit plugin) and revgnn-reproduce's tables:
 a 2-seed sweep through the submitit local launcher end to end, the launcher configs' schema, and the
 labels of a table from a run shorter than its recipe."""
+
 import json
 import os
 import subprocess
@@ -16,17 +17,31 @@ from revgnn.cli import reproduce
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_DIR = str(REPO / "revgnn" / "configs")
-TINY = ["data.num_nodes=400", "data.window=5", "data.avg_degree=6", "data.max_hops=2", "model.num_layers=2",
-        "model.hidden_channels=8", "trainer.eval_parts=1", "trainer.epochs=1", "logger.progress_bar=false",
-        "logger.plot=false", "backend.num_threads=1"]
+TINY = [
+    "data.num_nodes=400",
+    "data.window=5",
+    "data.avg_degree=6",
+    "data.max_hops=2",
+    "model.num_layers=2",
+    "model.hidden_channels=8",
+    "trainer.eval_parts=1",
+    "trainer.epochs=1",
+    "logger.progress_bar=false",
+    "logger.plot=false",
+    "backend.num_threads=1",
+]
 
-needs_submitit = pytest.mark.skipif(not reproduce.have_submitit(),
-                                    reason="Hydra's submitit launcher: pip install '.[cluster]' (part of .[dev])")
+needs_submitit = pytest.mark.skipif(
+    not reproduce.have_submitit(),
+    reason="Hydra's submitit launcher: pip install '.[cluster]' (part of .[dev])",
+)
 
 
 def _launcher(*overrides):
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        return compose(config_name="train", overrides=list(overrides), return_hydra_config=True).hydra.launcher
+        return compose(
+            config_name="train", overrides=list(overrides), return_hydra_config=True
+        ).hydra.launcher
 
 
 @needs_submitit
@@ -53,9 +68,23 @@ def test_launcher_keys_are_checked(override):
 def test_two_seed_sweep_through_submitit_local(tmp_path):
     sweep = tmp_path / "sweep"
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, "-m", "revgnn.train", "-m", "hydra/launcher=local", "seed=0,1", *TINY,
-                           f"hydra.sweep.dir={sweep}"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=420)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "revgnn.train",
+            "-m",
+            "hydra/launcher=local",
+            "seed=0,1",
+            *TINY,
+            f"hydra.sweep.dir={sweep}",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=420,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Submitit 'local' sweep output dir" in proc.stdout + proc.stderr
     summaries = sorted(sweep.rglob("summary.json"))  # whatever hydra.sweep.subdir names the job dirs
@@ -74,9 +103,18 @@ def test_two_seed_sweep_through_submitit_local(tmp_path):
 
 
 def _summary(seed, epochs, valid=0.8, test=0.79):
-    return {"seed": seed, "epochs": epochs, "best_epoch": epochs, "highest_valid": valid, "final_test": test,
-            "metric": "rocauc", "num_parameters": 20031384, "peak_memory_mb": 1000.0, "epoch_time_s": 40.0,
-            "device": "cpu"}
+    return {
+        "seed": seed,
+        "epochs": epochs,
+        "best_epoch": epochs,
+        "highest_valid": valid,
+        "final_test": test,
+        "metric": "rocauc",
+        "num_parameters": 20031384,
+        "peak_memory_mb": 1000.0,
+        "epoch_time_s": 40.0,
+        "device": "cpu",
+    }
 
 
 def _this_run_cells(table):
@@ -86,8 +124,9 @@ def _this_run_cells(table):
 
 def test_table_of_a_short_run_says_so_in_the_title_and_beside_each_number():
     assert reproduce.recipe_epochs("proteins_revgnn_deep") == 2000
-    table = reproduce.format_table("proteins_revgnn_deep", [_summary(0, 50), _summary(1, 50, 0.81)],
-                                   ["trainer.epochs=50"], recipe=2000)
+    table = reproduce.format_table(
+        "proteins_revgnn_deep", [_summary(0, 50), _summary(1, 50, 0.81)], ["trainer.epochs=50"], recipe=2000
+    )
     title = table.splitlines()[0]
     assert "short run: 50 of 2000 epochs" in title and "not comparable" in title
     cells = _this_run_cells(table)
@@ -100,8 +139,9 @@ def test_table_of_a_short_run_says_so_in_the_title_and_beside_each_number():
     assert "smoke" in smoke.splitlines()[0] and "1 of 2000 epochs" in smoke.splitlines()[0]
     assert all("(smoke, 1 of 2000 epochs)" in c for c in _this_run_cells(smoke))
 
-    full = reproduce.format_table("proteins_revgnn_deep", [_summary(0, 2000), _summary(1, 2000)], [],
-                                  recipe=2000)
+    full = reproduce.format_table(
+        "proteins_revgnn_deep", [_summary(0, 2000), _summary(1, 2000)], [], recipe=2000
+    )
     assert full.splitlines()[0] == "# proteins_revgnn_deep"
     assert not any("epochs)" in c for c in _this_run_cells(full))
 
@@ -121,8 +161,20 @@ def test_reproduce_with_a_launcher_runs_one_sweep_and_tables_every_seed(tmp_path
 
     monkeypatch.setattr(reproduce.subprocess, "run", fake_run)
     out = tmp_path / "out"
-    reproduce.main(["--experiment", "proteins_revgnn_wide", "--seeds", "3", "--out", str(out),
-                    "--launcher", "slurm", "hydra.launcher.partition=gpu", "trainer.epochs=3"])
+    reproduce.main(
+        [
+            "--experiment",
+            "proteins_revgnn_wide",
+            "--seeds",
+            "3",
+            "--out",
+            str(out),
+            "--launcher",
+            "slurm",
+            "hydra.launcher.partition=gpu",
+            "trainer.epochs=3",
+        ]
+    )
     (cmd,) = calls
     assert cmd[1:5] == ["-m", "revgnn.train", "-m", "hydra/launcher=slurm"]
     assert "seed=0,1,2" in cmd and "hydra.launcher.partition=gpu" in cmd and "trainer.epochs=3" in cmd

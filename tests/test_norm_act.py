@@ -1,14 +1,15 @@
 """Fused LayerNorm -> ReLU (-> mask): equal to PyTorch's three ops, forward and backward."""
+
 import pytest
 import torch
 import torch.nn.functional as F
+from test_aggr import require_kernel
 from torch import nn
 from torch_geometric.nn import GENConv
 
 from revgnn.nn import kernels
 from revgnn.nn.norm_act import LayerNormReLU, layer_norm_relu, sequential_forward
 from revgnn.utils import SavedTensorBytes
-from test_aggr import require_kernel
 
 
 @pytest.fixture(autouse=True)
@@ -40,7 +41,7 @@ def test_matches_layer_norm_relu_mask(dtype, tol, masked, strided, c):
     n = 700
     norm = _norm(c, dtype)
     wide = torch.randn(n, 2 * c + 1, dtype=dtype) * 3 + 1
-    x = (wide[:, c:2 * c] if strided else wide[:, :c].contiguous()).requires_grad_()
+    x = (wide[:, c : 2 * c] if strided else wide[:, :c].contiguous()).requires_grad_()
     mask = None
     if masked:
         m = (torch.rand(n, 2 * c, dtype=dtype) > 0.3).to(dtype) / 0.7
@@ -61,7 +62,8 @@ def test_gradcheck():
     x = torch.randn(30, 11, dtype=torch.float64, requires_grad=True)
     mask = (torch.rand(30, 11, dtype=torch.float64) > 0.5).double() * 2
     assert torch.autograd.gradcheck(
-        lambda x, w, b: LayerNormReLU.apply(x, w, b, 1e-5, mask), (x, norm.weight, norm.bias))
+        lambda x, w, b: LayerNormReLU.apply(x, w, b, 1e-5, mask), (x, norm.weight, norm.bias)
+    )
 
 
 def test_thread_count_does_not_change_results():
@@ -118,6 +120,7 @@ def test_mask_with_grad_double_backward_subclass_and_hooks_are_not_silently_wron
     class Shifted(nn.LayerNorm):
         def forward(self, h):
             return super().forward(h) + 1.0
+
     seq = nn.Sequential(Shifted(8), nn.ReLU()).double()
     torch.testing.assert_close(sequential_forward(seq, x), seq(x), rtol=0, atol=0)
     seq = nn.Sequential(nn.LayerNorm(8), nn.ReLU()).double()

@@ -1,12 +1,12 @@
 """The real OGB loading path on tiny raw directories: no prompt, no download, clear errors."""
-import gzip
+
 import os
 
 import pytest
 import torch
 
-from revgnn.data.fake_ogb import write_fake_ogbn
 from revgnn.data.ogbn import load_ogbn
+from revgnn.testing.fake_ogb import write_fake_ogbn
 
 
 @pytest.fixture(autouse=True)
@@ -14,6 +14,7 @@ def _no_stdin(monkeypatch):
     # OGB's update prompt would raise here instead of blocking: the loader must never reach it.
     def refuse(*args):
         raise AssertionError(f"OGB prompted: {args}")
+
     monkeypatch.setattr("builtins.input", refuse)
 
 
@@ -90,10 +91,12 @@ def test_changed_raw_files_rebuild_the_stale_cache(tmp_path, caplog):
 def test_edge_file_shorter_than_its_count_is_refused(tmp_path):
     import numpy as np
     import pandas as pd
+
     path = write_fake_ogbn(str(tmp_path), "ogbn-proteins", num_nodes=40, avg_degree=4)
     edges = pd.read_csv(os.path.join(path, "raw", "edge.csv.gz"), header=None).values
-    pd.DataFrame(np.asarray(edges[:-5])).to_csv(os.path.join(path, "raw", "edge.csv.gz"), header=False,
-                                                index=False, compression="gzip")
+    pd.DataFrame(np.asarray(edges[:-5])).to_csv(
+        os.path.join(path, "raw", "edge.csv.gz"), header=False, index=False, compression="gzip"
+    )
     with pytest.raises(ValueError, match=r"holds 75 edges but num-edge-list.csv.gz says 80"):
         load_ogbn("ogbn-proteins", str(tmp_path))
     assert not os.path.exists(os.path.join(path, "processed"))  # no corrupt cache left behind
@@ -106,6 +109,7 @@ def test_failed_download_says_so(tmp_path, monkeypatch):
 
     def offline(url):
         raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+
     monkeypatch.setattr(dataset_pyg, "decide_download", offline)
     with pytest.raises(RuntimeError, match=r"downloading .*proteins\.zip failed.*offline.*by hand|unzip it"):
         load_ogbn("ogbn-proteins", str(tmp_path / "fresh"), allow_download=True)

@@ -7,6 +7,7 @@ whose dependencies come from this venv's site-packages through a ``.pth`` line (
 repository: ``revgnn-train`` (one short epoch), ``revgnn-evaluate`` of its ``best.pt`` and the
 ``--help`` of ``revgnn-reproduce``.
 """
+
 import json
 import os
 import shutil
@@ -19,14 +20,25 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = ["data.num_nodes=400", "data.window=5", "data.avg_degree=6", "data.max_hops=2", "model.num_layers=2",
-        "model.hidden_channels=8", "trainer.eval_parts=1", "trainer.epochs=1", "logger.progress_bar=false",
-        "logger.plot=false", "backend.num_threads=1"]
+TINY = [
+    "data.num_nodes=400",
+    "data.window=5",
+    "data.avg_degree=6",
+    "data.max_hops=2",
+    "model.num_layers=2",
+    "model.hidden_channels=8",
+    "trainer.eval_parts=1",
+    "trainer.epochs=1",
+    "logger.progress_bar=false",
+    "logger.plot=false",
+    "backend.num_threads=1",
+]
 
 
 def _run(cmd, cwd, env, timeout=300):
-    proc = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    proc = subprocess.run(
+        [str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
     assert proc.returncode == 0, f"{cmd}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
     return proc
 
@@ -42,13 +54,33 @@ def test_wheel_installs_and_its_console_scripts_train_and_evaluate(tmp_path):
         shutil.copy2(REPO / name, src / name)
     shutil.copytree(REPO / "revgnn", src / "revgnn", ignore=shutil.ignore_patterns("__pycache__", "*.so"))
     wheels = tmp_path / "wheels"
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
-          "-w", wheels, src], cwd=tmp_path, env=env)
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-q",
+            "-w",
+            wheels,
+            src,
+        ],
+        cwd=tmp_path,
+        env=env,
+    )
     (wheel,) = wheels.glob("revgnn-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for shipped in ("revgnn/configs/train.yaml", "revgnn/configs/hydra/launcher/slurm.yaml",
-                    "revgnn/configs/hydra/launcher/local.yaml", "revgnn/csrc/gen_max.cpp",
-                    "revgnn/cli/evaluate.py", "revgnn/cli/reproduce.py"):
+    for shipped in (
+        "revgnn/configs/train.yaml",
+        "revgnn/configs/hydra/launcher/slurm.yaml",
+        "revgnn/configs/hydra/launcher/local.yaml",
+        "revgnn/csrc/gen_max.cpp",
+        "revgnn/cli/evaluate.py",
+        "revgnn/cli/reproduce.py",
+    ):
         assert shipped in names, f"{shipped} missing from {wheel.name}"
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     scripts = zipfile.ZipFile(wheel).read(entry_points).decode()
@@ -59,14 +91,27 @@ def test_wheel_installs_and_its_console_scripts_train_and_evaluate(tmp_path):
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", venv], cwd=tmp_path, env=env)
     python = venv / "bin" / "python"
-    _run([sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index", "-q", wheel],
-         cwd=tmp_path, env=env)
-    site = _run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                cwd=tmp_path, env=env).stdout.strip()
+    _run(
+        [sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index", "-q", wheel],
+        cwd=tmp_path,
+        env=env,
+    )
+    site = _run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=tmp_path, env=env
+    ).stdout.strip()
     (Path(site) / "_revgnn_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    where = json.loads(_run([python, "-c", "import json, revgnn, importlib.metadata as m; print(json.dumps("
-                                           "[revgnn.__file__, str(m.distribution('revgnn').locate_file(''))]))"],
-                            cwd=tmp_path, env=env).stdout)
+    where = json.loads(
+        _run(
+            [
+                python,
+                "-c",
+                "import json, revgnn, importlib.metadata as m; print(json.dumps("
+                "[revgnn.__file__, str(m.distribution('revgnn').locate_file(''))]))",
+            ],
+            cwd=tmp_path,
+            env=env,
+        ).stdout
+    )
     for path in where:
         assert Path(path).resolve().is_relative_to(venv.resolve()), f"revgnn not from the wheel: {where}"
 
@@ -79,7 +124,7 @@ def test_wheel_installs_and_its_console_scripts_train_and_evaluate(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["epochs"] == 1
     proc = _run([venv / "bin" / "revgnn-evaluate", run_dir / "best.pt"], cwd=elsewhere, env=env)
-    result = json.loads(proc.stdout[proc.stdout.index("{"):])
+    result = json.loads(proc.stdout[proc.stdout.index("{") :])
     assert result["epoch"] == 1 and result["metric"] == summary["metric"]
     # same checkpoint, same views / parts and seed as training's evaluation -> the logged score
     assert abs(result["valid"] - summary["highest_valid"]) < 1e-6

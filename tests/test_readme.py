@@ -1,4 +1,5 @@
 """The README's example of using the blocks in one's own model runs as written."""
+
 import re
 from pathlib import Path
 

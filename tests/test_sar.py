@@ -4,13 +4,14 @@ single-process PyG model on the full graph, float64, elementwise.
 One spawn per world size runs every check, since starting workers (importing
 torch + PyG) dominates the cost on small machines.
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
 
 from revgnn.distributed.launch import run_workers
-from revgnn.distributed.partition import build_partitions
+from revgnn.distributed.sar_partition import build_partitions
 
 RTOL = 1e-9
 N, E, F_IN, F_EDGE = 48, 260, 8, 6
@@ -32,62 +33,67 @@ def make_parts(world_size: int, kind: str) -> torch.Tensor:
     """Node assignments: 'metis', 'random', 'unbalanced' (30/12/6 split)
     or 'empty' (part 1 owns no node, so every shard from it is empty)."""
     ei, _, _ = make_graph()
-    if kind == 'unbalanced':
+    if kind == "unbalanced":
         parts = torch.zeros(N, dtype=torch.long)
         parts[30:42], parts[42:] = 1, 2
-        return parts[torch.randperm(N, generator=torch.Generator()
-                                    .manual_seed(1))]
-    if kind == 'empty':
+        return parts[torch.randperm(N, generator=torch.Generator().manual_seed(1))]
+    if kind == "empty":
         g = torch.Generator().manual_seed(2)
-        parts = torch.randint(0, world_size - 1, (N, ), generator=g)
+        parts = torch.randint(0, world_size - 1, (N,), generator=g)
         return torch.where(parts >= 1, parts + 1, parts)
-    from revgnn.distributed.partition import partition_nodes
+    from revgnn.distributed.sar_partition import partition_nodes
+
     return partition_nodes(ei, N, world_size, method=kind, seed=0)
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     if a.shape != b.shape:
-        raise AssertionError(f'shape {tuple(a.shape)} vs {tuple(b.shape)}')
+        raise AssertionError(f"shape {tuple(a.shape)} vs {tuple(b.shape)}")
     scale = b.abs().max().item() if b.numel() else 0.0
-    return (a - b).abs().max().item() / max(scale, 1e-30) if a.numel() else 0.
+    return (a - b).abs().max().item() / max(scale, 1e-30) if a.numel() else 0.0
 
 
 def _conv_models():
     """(name, constructor, uses_edge_attr) for every aggregation kind."""
-    from torch_geometric.nn import (GATConv, GCNConv, GENConv, GINConv,
-                                    SAGEConv)
     from torch.nn import BatchNorm1d, Linear, ReLU, Sequential
+    from torch_geometric.nn import GATConv, GCNConv, GENConv, GINConv, SAGEConv
 
     return [
-        ('sum/GIN', lambda: GINConv(Sequential(Linear(F_IN, 16), ReLU(),
-                                               Linear(16, 8)), train_eps=True),
-         False),
+        (
+            "sum/GIN",
+            lambda: GINConv(Sequential(Linear(F_IN, 16), ReLU(), Linear(16, 8)), train_eps=True),
+            False,
+        ),
         # no bias before BatchNorm: its exact gradient is 0, so only
         # rounding noise would be compared
-        ('sum/GIN-batchnorm', lambda: GINConv(Sequential(
-            Linear(F_IN, 16, bias=False), BatchNorm1d(16), ReLU(),
-            Linear(16, 8))),
-         False),
-        ('softmax/GEN-batchnorm', lambda: GENConv(F_IN, F_IN,
-                                                  aggr='softmax',
-                                                  norm='batch'), False),
-        ('sum/GCN', lambda: GCNConv(F_IN, 8), False),
-        ('mean/SAGE', lambda: SAGEConv(F_IN, 8, aggr='mean'), False),
-        ('max/SAGE', lambda: SAGEConv(F_IN, 8, aggr='max'), False),
-        ('max/ties', TieMax, False),
-        ('max/GEN', lambda: GENConv(F_IN, 8, aggr='max', edge_dim=F_EDGE,
-                                    norm='layer', bias=True), True),
-        ('softmax/GEN', lambda: GENConv(F_IN, 8, aggr='softmax', learn_t=True,
-                                        t=0.7, edge_dim=F_EDGE, norm='layer',
-                                        bias=True), True),
-        ('softmax/GEN-nolearn', lambda: GENConv(F_IN, F_IN, aggr='softmax',
-                                                t=1.3, norm='layer'), False),
-        ('softmax_sg/GEN-msgnorm', lambda: GENConv(
-            F_IN, 8, aggr='softmax_sg', t=0.5, msg_norm=True,
-            learn_msg_scale=True, norm='layer'), False),
-        ('GAT', lambda: GATConv(F_IN, 5, heads=3, edge_dim=F_EDGE), True),
-        ('GAT-mean-heads', lambda: GATConv(F_IN, 4, heads=2, concat=False,
-                                           add_self_loops=False), False),
+        (
+            "sum/GIN-batchnorm",
+            lambda: GINConv(Sequential(Linear(F_IN, 16, bias=False), BatchNorm1d(16), ReLU(), Linear(16, 8))),
+            False,
+        ),
+        ("softmax/GEN-batchnorm", lambda: GENConv(F_IN, F_IN, aggr="softmax", norm="batch"), False),
+        ("sum/GCN", lambda: GCNConv(F_IN, 8), False),
+        ("mean/SAGE", lambda: SAGEConv(F_IN, 8, aggr="mean"), False),
+        ("max/SAGE", lambda: SAGEConv(F_IN, 8, aggr="max"), False),
+        ("max/ties", TieMax, False),
+        ("max/GEN", lambda: GENConv(F_IN, 8, aggr="max", edge_dim=F_EDGE, norm="layer", bias=True), True),
+        (
+            "softmax/GEN",
+            lambda: GENConv(
+                F_IN, 8, aggr="softmax", learn_t=True, t=0.7, edge_dim=F_EDGE, norm="layer", bias=True
+            ),
+            True,
+        ),
+        ("softmax/GEN-nolearn", lambda: GENConv(F_IN, F_IN, aggr="softmax", t=1.3, norm="layer"), False),
+        (
+            "softmax_sg/GEN-msgnorm",
+            lambda: GENConv(
+                F_IN, 8, aggr="softmax_sg", t=0.5, msg_norm=True, learn_msg_scale=True, norm="layer"
+            ),
+            False,
+        ),
+        ("GAT", lambda: GATConv(F_IN, 5, heads=3, edge_dim=F_EDGE), True),
+        ("GAT-mean-heads", lambda: GATConv(F_IN, 4, heads=2, concat=False, add_self_loops=False), False),
     ]
 
 
@@ -99,19 +105,20 @@ class TieMax(torch.nn.Module):
     def __init__(self):
         super().__init__()
         from torch_geometric.nn import SAGEConv
-        self.conv = SAGEConv(F_IN, 8, aggr='max')
+
+        self.conv = SAGEConv(F_IN, 8, aggr="max")
 
     def forward(self, x, edge_index):
         return self.conv(torch.floor(2 * x) + (x - x.detach()), edge_index)
 
 
-def _compare_model(name, build, uses_edges, graph, part, forward_ref,
-                   forward_sar, out_dim_seed=7):
+def _compare_model(name, build, uses_edges, graph, part, forward_ref, forward_sar, out_dim_seed=7):
     """Runs the reference on the full graph and SAR on the local part;
     returns a list of (name, what, rel err)."""
     import torch.distributed as dist
 
     from revgnn.distributed.comm import all_reduce_gradients
+
     ei, x_full, ea_full = make_graph()
     torch.manual_seed(1234)
     ref = build().double()
@@ -119,13 +126,13 @@ def _compare_model(name, build, uses_edges, graph, part, forward_ref,
     sar = build().double()
     sar.load_state_dict(ref.state_dict())
     from revgnn.distributed.convs import convert_to_sar
+
     convert_to_sar(sar)
 
     x_ref = x_full.clone().requires_grad_()
     ea_ref = ea_full.clone().requires_grad_()
     out_ref = forward_ref(ref, x_ref, ei, ea_ref if uses_edges else None)
-    w = torch.randn(out_ref.shape, generator=torch.Generator().manual_seed(
-        out_dim_seed), dtype=torch.float64)
+    w = torch.randn(out_ref.shape, generator=torch.Generator().manual_seed(out_dim_seed), dtype=torch.float64)
     (out_ref * w).sum().backward()
 
     nid, eid = graph.node_ids, graph.edge_ids
@@ -136,18 +143,18 @@ def _compare_model(name, build, uses_edges, graph, part, forward_ref,
     params = list(sar.parameters())
     if dist.is_initialized():
         all_reduce_gradients(params)
-    errs = [(name, 'output', rel_err(out, out_ref[nid])),
-            (name, 'grad x', rel_err(x_loc.grad, x_ref.grad[nid]))]
+    errs = [
+        (name, "output", rel_err(out, out_ref[nid])),
+        (name, "grad x", rel_err(x_loc.grad, x_ref.grad[nid])),
+    ]
     if uses_edges:
-        errs.append((name, 'grad edge_attr',
-                     rel_err(ea_loc.grad, ea_ref.grad[eid])))
+        errs.append((name, "grad edge_attr", rel_err(ea_loc.grad, ea_ref.grad[eid])))
     for (pn, p_ref), p in zip(ref.named_parameters(), params):
-        g_ref = p_ref.grad if p_ref.grad is not None else torch.zeros_like(
-            p_ref)
-        errs.append((name, f'grad {pn}', rel_err(p.grad, g_ref)))
+        g_ref = p_ref.grad if p_ref.grad is not None else torch.zeros_like(p_ref)
+        errs.append((name, f"grad {pn}", rel_err(p.grad, g_ref)))
     for (bn, b_ref), b in zip(ref.named_buffers(), sar.buffers()):
         if b.is_floating_point():  # BatchNorm running statistics
-            errs.append((name, f'buffer {bn}', rel_err(b, b_ref)))
+            errs.append((name, f"buffer {bn}", rel_err(b, b_ref)))
     return errs
 
 
@@ -162,17 +169,18 @@ class RevStack(torch.nn.Module):
     Linear encoders -> L x GroupAddRev(GENBlock, 2 groups) -> LayerNorm ->
     Linear. (The zoo's RevGNN is exercised by the runner test.)"""
 
-    def __init__(self, num_layers, aggr='max', learn_t=False,
-                 weight_tied=False, hidden=8, conv='gen', **block_kwargs):
+    def __init__(
+        self, num_layers, aggr="max", learn_t=False, weight_tied=False, hidden=8, conv="gen", **block_kwargs
+    ):
         super().__init__()
         from revgnn.nn import GENBlock, GroupAddRev, WeightTied, make_block
+
         self.enc = torch.nn.Linear(F_IN, hidden)
         self.edge_enc = torch.nn.Linear(F_EDGE, hidden)
 
         def block():
-            if conv == 'gen':
-                inner = GENBlock(hidden // 2, edge_channels=hidden,
-                                 aggr=aggr, learn_t=learn_t)
+            if conv == "gen":
+                inner = GENBlock(hidden // 2, edge_channels=hidden, aggr=aggr, learn_t=learn_t)
             else:
                 inner = make_block(conv, hidden // 2, **block_kwargs)
             return GroupAddRev(inner, num_groups=2)
@@ -181,13 +189,13 @@ class RevStack(torch.nn.Module):
         if weight_tied:
             self.layers = WeightTied(block(), num_layers)
         else:
-            self.layers = torch.nn.ModuleList(
-                [block() for _ in range(num_layers)])
+            self.layers = torch.nn.ModuleList([block() for _ in range(num_layers)])
         self.norm = torch.nn.LayerNorm(hidden)
         self.head = torch.nn.Linear(hidden, 3)
 
     def forward(self, x, edge_index, edge_attr=None):
         from revgnn.nn import Shared
+
         h = self.enc(x)
         e = Shared(None if edge_attr is None else self.edge_enc(edge_attr))
         if self.weight_tied:
@@ -199,26 +207,24 @@ class RevStack(torch.nn.Module):
 
 
 def _rev_model():
-    return RevStack(20, aggr='max')
+    return RevStack(20, aggr="max")
 
 
 def _rev_model_softmax():
-    return RevStack(6, aggr='softmax', learn_t=True)
+    return RevStack(6, aggr="softmax", learn_t=True)
 
 
 def _wt_rev_model():
-    return RevStack(5, aggr='max', weight_tied=True)
+    return RevStack(5, aggr="max", weight_tied=True)
 
 
 def _block_stacks():
     """Reversible stacks of the core's other blocks (3 layers each)."""
     return [
-        ('RevStack-GAT', lambda: RevStack(3, conv='gat', heads=2,
-                                          edge_channels=8), True),
-        ('RevStack-GCN-batchnorm', lambda: RevStack(3, conv='gcn',
-                                                    norm='batch'), False),
-        ('RevStack-SAGE', lambda: RevStack(3, conv='sage'), False),
-        ('RevStack-GIN', lambda: RevStack(3, conv='gin'), False),
+        ("RevStack-GAT", lambda: RevStack(3, conv="gat", heads=2, edge_channels=8), True),
+        ("RevStack-GCN-batchnorm", lambda: RevStack(3, conv="gcn", norm="batch"), False),
+        ("RevStack-SAGE", lambda: RevStack(3, conv="sage"), False),
+        ("RevStack-GIN", lambda: RevStack(3, conv="gin"), False),
     ]
 
 
@@ -234,25 +240,23 @@ def _check_train_step(graph):
     from revgnn.engine.loop import train_step
     from revgnn.engine.sar import SARTask
     from revgnn.utils.flat import build_optimizer
+
     ei, x, ea = make_graph()
-    y = (torch.randn(N, 3, generator=torch.Generator().manual_seed(3)) > 0
-         ).double()
+    y = (torch.randn(N, 3, generator=torch.Generator().manual_seed(3)) > 0).double()
     train = torch.arange(N) % 3 != 0
     torch.manual_seed(99)
     ref = _rev_model_softmax()
     before = [p.detach().clone() for p in ref.parameters()]
     ref_state = {k: v.clone() for k, v in ref.state_dict().items()}
     opt = torch.optim.SGD(ref.parameters(), lr=0.5)
-    loss_ref = torch.nn.functional.binary_cross_entropy_with_logits(
-        ref(x, ei, ea)[train], y[train])
+    loss_ref = torch.nn.functional.binary_cross_entropy_with_logits(ref(x, ei, ea)[train], y[train])
     loss_ref.backward()
     opt.step()
     backend = DDPBackend(None) if dist.is_initialized() else LocalBackend(None)
     nid = graph.node_ids
-    graph.node_data = {'x': x[nid], 'y': y[nid], 'train_mask': train[nid]}
-    meta = {'dataset': {'name': 'test', 'task': 'multilabel',
-                        'evaluator': 'ogbn-proteins', 'num_classes': 3}}
-    task = SARTask(graph, meta, backend.all_reduce, backend.gather, 'cpu')
+    graph.node_data = {"x": x[nid], "y": y[nid], "train_mask": train[nid]}
+    meta = {"dataset": {"name": "test", "task": "multilabel", "evaluator": "ogbn-proteins", "num_classes": 3}}
+    task = SARTask(graph, meta, backend.all_reduce, backend.gather, "cpu")
     task.edge_attr = ea[graph.edge_ids]
     errs = []
     for flat in (False, True):
@@ -261,45 +265,43 @@ def _check_train_step(graph):
         convert_to_sar(sar)
         if dist.is_initialized():
             broadcast_parameters(sar)
-        optimizer, flat_params = build_optimizer(
-            sar, lambda ps: torch.optim.SGD(ps, lr=0.5), flat)
-        (step,) = task.train_steps(None, 'cpu')
-        loss, stop = train_step(sar, task, step, optimizer, flat_params,
-                                backend)
-        name = 'train_step flat' if flat else 'train_step'
-        errs.append((name, 'loss', abs(loss - loss_ref.item()) /
-                     abs(loss_ref.item())))
-        for (n, p_ref), p, b in zip(ref.named_parameters(), sar.parameters(),
-                                    before):
-            errs.append((name, f'update {n}', rel_err(p - b, p_ref - b)))
+        optimizer, flat_params = build_optimizer(sar, lambda ps: torch.optim.SGD(ps, lr=0.5), flat)
+        (step,) = task.train_steps(None, "cpu")
+        loss, stop = train_step(sar, task, step, optimizer, flat_params, backend)
+        name = "train_step flat" if flat else "train_step"
+        errs.append((name, "loss", abs(loss - loss_ref.item()) / abs(loss_ref.item())))
+        for (n, p_ref), p, b in zip(ref.named_parameters(), sar.parameters(), before):
+            errs.append((name, f"update {n}", rel_err(p - b, p_ref - b)))
     return errs
 
 
 def _worker_exactness(rank, world_size, kind, with_models):
     torch.set_default_dtype(torch.float64)
     from revgnn.distributed.sar import SARGraph
+
     ei, x, ea = make_graph()
-    parts = build_partitions(ei, N, world_size, parts=make_parts(
-        world_size, kind), edge_attr=ea, node_data={'x': x})
+    parts = build_partitions(
+        ei, N, world_size, parts=make_parts(world_size, kind), edge_attr=ea, node_data={"x": x}
+    )
     graph = SARGraph(parts[rank], timeout_s=60)
     assert torch.equal(graph.edge_attr, ea[graph.edge_ids])
     errs = []
     for name, build, uses_edges in _conv_models():
-        errs += _compare_model(name, build, uses_edges, graph, parts[rank],
-                               _call_conv, _call_conv)
+        errs += _compare_model(name, build, uses_edges, graph, parts[rank], _call_conv, _call_conv)
     if with_models:
-        errs += _compare_model('RevStack-20-GEN-max', _rev_model, True, graph,
-                               parts[rank], _call_conv, _call_conv)
-        errs += _compare_model('RevStack-6-GEN-softmax', _rev_model_softmax,
-                               True, graph, parts[rank], _call_conv,
-                               _call_conv)
-        errs += _compare_model('WT-RevStack-5-GEN-max', _wt_rev_model, True,
-                               graph, parts[rank], _call_conv, _call_conv)
+        errs += _compare_model(
+            "RevStack-20-GEN-max", _rev_model, True, graph, parts[rank], _call_conv, _call_conv
+        )
+        errs += _compare_model(
+            "RevStack-6-GEN-softmax", _rev_model_softmax, True, graph, parts[rank], _call_conv, _call_conv
+        )
+        errs += _compare_model(
+            "WT-RevStack-5-GEN-max", _wt_rev_model, True, graph, parts[rank], _call_conv, _call_conv
+        )
         errs += _check_train_step(graph)
         if world_size == 4:
             for name, build, uses_edges in _block_stacks():
-                errs += _compare_model(name, build, uses_edges, graph,
-                                       parts[rank], _call_conv, _call_conv)
+                errs += _compare_model(name, build, uses_edges, graph, parts[rank], _call_conv, _call_conv)
     return errs
 
 
@@ -308,27 +310,32 @@ def _check(results):
     for r in results:
         for name, what, err in r.value:
             if not err <= RTOL:
-                bad.append(f'rank {r.rank} {name} {what}: rel err {err:.3e}')
-    assert not bad, '\n'.join(bad)
+                bad.append(f"rank {r.rank} {name} {what}: rel err {err:.3e}")
+    assert not bad, "\n".join(bad)
 
 
-@pytest.mark.parametrize('world_size,kind,with_models', [
-    (1, 'metis', True),
-    (2, 'metis', True),
-    (3, 'unbalanced', False),
-    (4, 'empty', True),
-])
+@pytest.mark.parametrize(
+    "world_size,kind,with_models",
+    [
+        (1, "metis", True),
+        (2, "metis", True),
+        (3, "unbalanced", False),
+        (4, "empty", True),
+    ],
+)
 def test_sar_matches_single_process(world_size, kind, with_models):
     if world_size == 1:  # no process group needed: run in this process
         from types import SimpleNamespace
+
         dtype = torch.get_default_dtype()
         try:
             errs = _worker_exactness(0, 1, kind, with_models)
         finally:
             torch.set_default_dtype(dtype)
         return _check([SimpleNamespace(rank=0, value=errs)])
-    results = run_workers(_worker_exactness, world_size, kind, with_models,
-                          timeout_s=60, wall_s=240, threads=1)
+    results = run_workers(
+        _worker_exactness, world_size, kind, with_models, timeout_s=60, wall_s=240, threads=1
+    )
     _check(results)
 
 
@@ -340,15 +347,20 @@ def test_no_edge_sized_tensor_is_saved():
 
     from revgnn.distributed.convs import convert_to_sar
     from revgnn.distributed.sar import SARGraph
+
     ei, x, ea = make_graph()
     graph = SARGraph(build_partitions(ei, N, 1, edge_attr=ea)[0])
     e_sizes = {graph.num_edges, graph.with_self_loops().num_edges}
     cases = [
         (GATConv(F_IN, 4, heads=3), None),
-        (GENConv(F_IN, F_IN, aggr='softmax', learn_t=True, edge_dim=F_EDGE,
-                 norm='layer'), graph.edge_attr.double().requires_grad_()),
-        (GENConv(F_IN, F_IN, aggr='max', edge_dim=F_EDGE, norm='layer'),
-         graph.edge_attr.double().requires_grad_()),
+        (
+            GENConv(F_IN, F_IN, aggr="softmax", learn_t=True, edge_dim=F_EDGE, norm="layer"),
+            graph.edge_attr.double().requires_grad_(),
+        ),
+        (
+            GENConv(F_IN, F_IN, aggr="max", edge_dim=F_EDGE, norm="layer"),
+            graph.edge_attr.double().requires_grad_(),
+        ),
     ]
     for conv, edge_attr in cases:
         conv = convert_to_sar(conv.double())
@@ -360,21 +372,25 @@ def test_no_edge_sized_tensor_is_saved():
 
         xl = x[graph.node_ids].clone().requires_grad_()
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = (conv(xl, graph) if edge_attr is None else
-                   conv(xl, graph, edge_attr))
-        edge_sized = [t for t in saved if t.is_floating_point() and t.dim()
-                      and t.size(0) in e_sizes and not (
-                          edge_attr is not None and
-                          t.data_ptr() == edge_attr.data_ptr())]
+            out = conv(xl, graph) if edge_attr is None else conv(xl, graph, edge_attr)
+        edge_sized = [
+            t
+            for t in saved
+            if t.is_floating_point()
+            and t.dim()
+            and t.size(0) in e_sizes
+            and not (edge_attr is not None and t.data_ptr() == edge_attr.data_ptr())
+        ]
         assert not edge_sized, (conv, [tuple(t.shape) for t in edge_sized])
         out.sum().backward()
         assert xl.grad is not None
 
 
 def test_sar_graph_rejects_wrong_world_size():
-    from revgnn.distributed.partition import PartitionMismatchError
     from revgnn.distributed.sar import SARGraph
+    from revgnn.distributed.sar_partition import PartitionMismatchError
+
     ei, x, ea = make_graph()
-    part = build_partitions(ei, N, 2, method='random')[1]
-    with pytest.raises(PartitionMismatchError, match='2-worker|1-worker'):
+    part = build_partitions(ei, N, 2, method="random")[1]
+    with pytest.raises(PartitionMismatchError, match="2-worker|1-worker"):
         SARGraph(part)

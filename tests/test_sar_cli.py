@@ -1,4 +1,5 @@
 """`torchrun ... -m revgnn.train backend=sar`: the Hydra entry point trains on SAR workers."""
+
 import json
 import os
 import subprocess
@@ -7,15 +8,27 @@ import sys
 
 def test_train_cli_with_sar_backend(tmp_path):
     from revgnn.data.synthetic import proteins_like
-    from revgnn.distributed.partition import partition_dataset
+    from revgnn.distributed.sar_partition import partition_dataset
 
     parts = tmp_path / "parts"
     partition_dataset(proteins_like(num_nodes=400), str(parts), 2, "random")
     env = dict(os.environ, OMP_NUM_THREADS="1", REVGNN_ALLOCATOR="system")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "revgnn.train", "backend=sar", f"backend.partition_dir={parts}",
-           "backend.timeout_s=60", "backend.num_threads=1", "trainer.epochs=2",
-           "model.num_layers=2", f"output_dir={tmp_path / 'run'}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "revgnn.train",
+        "backend=sar",
+        f"backend.partition_dir={parts}",
+        "backend.timeout_s=60",
+        "backend.num_threads=1",
+        "trainer.epochs=2",
+        "model.num_layers=2",
+        f"output_dir={tmp_path / 'run'}",
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -25,9 +38,13 @@ def test_train_cli_with_sar_backend(tmp_path):
 
 
 def test_sar_backend_without_partition_dir_is_a_clear_error(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "revgnn.train", "backend=sar",
-                          f"hydra.run.dir={tmp_path}"], capture_output=True, text=True,
-                         env=dict(os.environ, REVGNN_ALLOCATOR="system"), timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "revgnn.train", "backend=sar", f"hydra.run.dir={tmp_path}"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, REVGNN_ALLOCATOR="system"),
+        timeout=120,
+    )
     assert out.returncode != 0
     assert "partition_dir" in out.stderr
 
@@ -41,17 +58,35 @@ def test_dead_worker_under_torchrun_ends_the_job_non_zero(tmp_path):
     from conftest import REPO
 
     from revgnn.data.synthetic import proteins_like
-    from revgnn.distributed.partition import partition_dataset
+    from revgnn.distributed.sar_partition import partition_dataset
     from revgnn.engine.checkpoint import load_checkpoint
 
     parts = tmp_path / "parts"
     partition_dataset(proteins_like(num_nodes=400), str(parts), 2, "random")
-    env = dict(os.environ, OMP_NUM_THREADS="1", REVGNN_ALLOCATOR="system", LOOP_MODELS_AT_CALL="2",
-               LOOP_MODELS_RANK="1", PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "revgnn.train", "backend=sar", f"backend.partition_dir={parts}", "backend.timeout_s=60",
-           "trainer.epochs=3", "model.num_layers=2", "model._target_=loop_models.exit_at",
-           f"output_dir={tmp_path / 'run'}"]
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        REVGNN_ALLOCATOR="system",
+        LOOP_MODELS_AT_CALL="2",
+        LOOP_MODELS_RANK="1",
+        PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}",
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "revgnn.train",
+        "backend=sar",
+        f"backend.partition_dir={parts}",
+        "backend.timeout_s=60",
+        "trainer.epochs=3",
+        "model.num_layers=2",
+        "model._target_=loop_models.exit_at",
+        f"output_dir={tmp_path / 'run'}",
+    ]
     start = time.monotonic()
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     text = out.stdout + out.stderr

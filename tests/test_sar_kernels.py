@@ -6,17 +6,17 @@ is the one taken; the PyTorch fallback is today's path unchanged.
 One spawn per world size runs every check (starting workers dominates the
 cost on small machines). Helpers and the graph come from tests/test_sar.py.
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
+from test_aggr import require_kernel
+from test_sar import F_EDGE, F_IN, N, _check, _compare_model, make_graph, make_parts, rel_err
 
 from revgnn.distributed.launch import run_workers
-from revgnn.distributed.partition import build_partitions
-from test_aggr import require_kernel
-from test_sar import (F_EDGE, F_IN, N, _check, _compare_model, make_graph,
-                      make_parts, rel_err)
+from revgnn.distributed.sar_partition import build_partitions
 
 
 class FactoredGEN(torch.nn.Module):
@@ -30,10 +30,12 @@ class FactoredGEN(torch.nn.Module):
     def __init__(self, out_channels=F_IN, lin_edge=False, ties=False):
         super().__init__()
         from torch_geometric.nn import GENConv
+
         width = 5 if lin_edge else out_channels
         self.enc = torch.nn.Linear(F_EDGE, width)
-        self.conv = GENConv(F_IN, out_channels, aggr='max', norm='layer',
-                            bias=True, edge_dim=width if lin_edge else None)
+        self.conv = GENConv(
+            F_IN, out_channels, aggr="max", norm="layer", bias=True, edge_dim=width if lin_edge else None
+        )
         self.ties = ties
         if ties:
             with torch.no_grad():
@@ -47,6 +49,7 @@ class FactoredGEN(torch.nn.Module):
     def forward(self, x, edge_index, edge_attr):
         from revgnn.distributed.sar import SARGraph
         from revgnn.nn import LinearEdgeFeatures
+
         if self.ties:
             x, edge_attr = self._int(x), self._int(edge_attr).clamp(0, 1)
         if isinstance(edge_index, SARGraph):
@@ -63,48 +66,54 @@ class PlainGEN(torch.nn.Module):
     def __init__(self, mode):
         super().__init__()
         from torch_geometric.nn import GENConv
+
         self.mode = mode
-        self.enc = torch.nn.Linear(F_EDGE, F_IN) if mode == 'dense' else None
-        self.conv = GENConv(F_IN, 8 if mode == 'lin_edge' else F_IN,
-                            aggr='max', norm='layer', bias=True,
-                            edge_dim=F_EDGE if mode == 'lin_edge' else None)
+        self.enc = torch.nn.Linear(F_EDGE, F_IN) if mode == "dense" else None
+        self.conv = GENConv(
+            F_IN,
+            8 if mode == "lin_edge" else F_IN,
+            aggr="max",
+            norm="layer",
+            bias=True,
+            edge_dim=F_EDGE if mode == "lin_edge" else None,
+        )
 
     def forward(self, x, edge_index, edge_attr=None):
-        if self.mode == 'none':
+        if self.mode == "none":
             return self.conv(x, edge_index)
-        if self.mode == 'dense':
+        if self.mode == "dense":
             edge_attr = self.enc(edge_attr)
         return self.conv(x, edge_index, edge_attr)
 
 
 def _conv_cases():
     return [
-        ('factored', lambda: FactoredGEN(), True),
-        ('factored+lin_edge', lambda: FactoredGEN(8, lin_edge=True), True),
-        ('factored-ties', lambda: FactoredGEN(ties=True), True),
-        ('lin_edge', lambda: PlainGEN('lin_edge'), True),
-        ('dense', lambda: PlainGEN('dense'), True),
-        ('no-edges', lambda: PlainGEN('none'), False),
+        ("factored", lambda: FactoredGEN(), True),
+        ("factored+lin_edge", lambda: FactoredGEN(8, lin_edge=True), True),
+        ("factored-ties", lambda: FactoredGEN(ties=True), True),
+        ("lin_edge", lambda: PlainGEN("lin_edge"), True),
+        ("dense", lambda: PlainGEN("dense"), True),
+        ("no-edges", lambda: PlainGEN("none"), False),
     ]
 
 
 def _model_cases():
     from revgnn.models import create_model
-    common = dict(in_channels=F_IN, out_channels=3, edge_channels=F_EDGE,
-                  species_channels=0, dropout=0.0)
+
+    common = dict(in_channels=F_IN, out_channels=3, edge_channels=F_EDGE, species_channels=0, dropout=0.0)
     return [
-        ('revgnn_small', lambda: create_model(
-            'revgnn_small', num_layers=3, hidden_channels=8, **common), True),
-        ('revgnn_deep', lambda: create_model(
-            'revgnn_deep', num_layers=6, hidden_channels=8, **common), True),
-        ('wt_revgnn', lambda: create_model(
-            'wt_revgnn', num_layers=4, hidden_channels=8, **common), True),
+        (
+            "revgnn_small",
+            lambda: create_model("revgnn_small", num_layers=3, hidden_channels=8, **common),
+            True,
+        ),
+        ("revgnn_deep", lambda: create_model("revgnn_deep", num_layers=6, hidden_channels=8, **common), True),
+        ("wt_revgnn", lambda: create_model("wt_revgnn", num_layers=4, hidden_channels=8, **common), True),
     ]
 
 
 def _call(model, x, edge_index, edge_attr):
-    return model(x, edge_index) if edge_attr is None else \
-        model(x, edge_index, edge_attr)
+    return model(x, edge_index) if edge_attr is None else model(x, edge_index, edge_attr)
 
 
 class _Counts:
@@ -112,6 +121,7 @@ class _Counts:
 
     def __init__(self):
         from revgnn.distributed import convs, gen_max_sar
+
         self.kernel = self.backward = self.torch = 0
         real_kernel, real_seq = gen_max_sar._kernel, convs.sequential_aggregate
         counts = self
@@ -140,9 +150,10 @@ class _Counts:
             return real_seq(*args, **kwargs)
 
         gen_max_sar._kernel, convs.sequential_aggregate = kernel, seq
-        self._restore = lambda: (setattr(gen_max_sar, '_kernel', real_kernel),
-                                 setattr(convs, 'sequential_aggregate',
-                                         real_seq))
+        self._restore = lambda: (
+            setattr(gen_max_sar, "_kernel", real_kernel),
+            setattr(convs, "sequential_aggregate", real_seq),
+        )
 
     def __enter__(self):
         return self
@@ -166,13 +177,16 @@ def _edge_sized_saved(fn, graph, raw, module):
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         fn().sum().backward()
-    ambiguous = {graph.num_local, *graph.num_needed, 0} | {
-        d for p in module.parameters() for d in p.shape}
-    sizes = ({graph.num_edges} | {b - a for a, b in (
-        graph.shard(q) for q in range(graph.world_size))}) - ambiguous
+    ambiguous = {graph.num_local, *graph.num_needed, 0} | {d for p in module.parameters() for d in p.shape}
+    sizes = (
+        {graph.num_edges} | {b - a for a, b in (graph.shard(q) for q in range(graph.world_size))}
+    ) - ambiguous
     assert graph.num_edges in sizes or graph.num_edges == 0
-    bad = [tuple(t.shape) for t in saved if t.is_floating_point() and t.dim()
-           and t.size(0) in sizes and t.data_ptr() != raw.data_ptr()]
+    bad = [
+        tuple(t.shape)
+        for t in saved
+        if t.is_floating_point() and t.dim() and t.size(0) in sizes and t.data_ptr() != raw.data_ptr()
+    ]
     return bad
 
 
@@ -182,12 +196,12 @@ def _fallback_is_todays_path(graph):
     same bits as handing it the expanded tensor (today's path)."""
     from revgnn.distributed.convs import convert_to_sar
     from revgnn.nn import LinearEdgeFeatures, kernels
+
     _, x, ea = make_graph()
     torch.manual_seed(5)
     model = convert_to_sar(FactoredGEN())
     x_loc, raw = x[graph.node_ids], ea[graph.edge_ids]
-    w = torch.randn(graph.num_local, F_IN, generator=torch.Generator()
-                    .manual_seed(graph.rank))
+    w = torch.randn(graph.num_local, F_IN, generator=torch.Generator().manual_seed(graph.rank))
     results = []
     real = kernels.gen_max
     kernels.gen_max = lambda: None
@@ -196,11 +210,9 @@ def _fallback_is_todays_path(graph):
             xx, rr = x_loc.clone().requires_grad_(), raw.clone().requires_grad_()
             edges = LinearEdgeFeatures.from_linear(rr, model.enc)
             with _Counts() as counts:
-                out = model.conv(xx, graph, edges if factored else
-                                 edges.materialize())
+                out = model.conv(xx, graph, edges if factored else edges.materialize())
             (out * w).sum().backward()
-            results.append([out.detach(), xx.grad, rr.grad] +
-                           [p.grad.clone() for p in model.parameters()])
+            results.append([out.detach(), xx.grad, rr.grad] + [p.grad.clone() for p in model.parameters()])
             assert counts.kernel == 0 and counts.torch == 1
             model.zero_grad()
     finally:
@@ -211,48 +223,46 @@ def _fallback_is_todays_path(graph):
 def _worker(rank, world_size, kind):
     torch.set_default_dtype(torch.float64)
     from revgnn.distributed.sar import SARGraph
+
     ei, x, ea = make_graph()
-    parts = build_partitions(ei, N, world_size, parts=make_parts(
-        world_size, kind), edge_attr=ea, node_data={'x': x})
+    parts = build_partitions(
+        ei, N, world_size, parts=make_parts(world_size, kind), edge_attr=ea, node_data={"x": x}
+    )
     graph = SARGraph(parts[rank], timeout_s=60)
     errs, calls = [], {}
     for name, build, uses_edges in _conv_cases() + _model_cases():
         with _Counts() as counts:
-            errs += _compare_model(name, build, uses_edges, graph, parts[rank],
-                                   _call, _call)
+            errs += _compare_model(name, build, uses_edges, graph, parts[rank], _call, _call)
         calls[name] = (counts.kernel, counts.backward, counts.torch)
 
     # no edge-sized float tensor saved, on this worker's shards
     from revgnn.distributed.convs import convert_to_sar
     from revgnn.nn import LinearEdgeFeatures
+
     torch.manual_seed(3)
     conv = convert_to_sar(FactoredGEN())
     model = convert_to_sar(_model_cases()[0][1]())
     raw = graph.edge_attr.clone().requires_grad_()
     xl = x[graph.node_ids].clone().requires_grad_()
     bad = {}
-    bad['conv'] = _edge_sized_saved(lambda: conv.conv(
-        xl, graph, LinearEdgeFeatures.from_linear(raw, conv.enc)), graph, raw,
-        conv)
-    bad['model'] = _edge_sized_saved(lambda: model(xl, graph, raw), graph,
-                                     raw, model)
+    bad["conv"] = _edge_sized_saved(
+        lambda: conv.conv(xl, graph, LinearEdgeFeatures.from_linear(raw, conv.enc)), graph, raw, conv
+    )
+    bad["model"] = _edge_sized_saved(lambda: model(xl, graph, raw), graph, raw, model)
     return errs, calls, bad, _fallback_is_todays_path(graph)
 
 
 def _check_all(results, world_size):
-    _check([type('R', (), {'rank': r.rank, 'value': r.value[0]})
-            for r in results])
+    _check([type("R", (), {"rank": r.rank, "value": r.value[0]}) for r in results])
     for r in results:
         _, calls, bad, fallback_ok = r.value
         for name, (kernel, backward, torch_path) in calls.items():
             # forward and backward rings: one kernel call per shard each
-            assert kernel >= world_size and kernel % world_size == 0, \
-                (r.rank, name, kernel)
-            assert backward >= world_size and backward % world_size == 0, \
-                (r.rank, name, backward)
+            assert kernel >= world_size and kernel % world_size == 0, (r.rank, name, kernel)
+            assert backward >= world_size and backward % world_size == 0, (r.rank, name, backward)
             assert torch_path == 0, (r.rank, name, torch_path)
-        assert calls['factored'] == (world_size, world_size, 0)
-        assert not bad['conv'] and not bad['model'], (r.rank, bad)
+        assert calls["factored"] == (world_size, world_size, 0)
+        assert not bad["conv"] and not bad["model"], (r.rank, bad)
         assert fallback_ok, r.rank
 
 
@@ -261,12 +271,15 @@ class _Local:
         self.rank, self.value = 0, value
 
 
-@pytest.mark.parametrize('world_size,kind', [
-    (1, 'metis'),
-    (2, 'metis'),
-    (3, 'unbalanced'),
-    (2, 'empty'),  # rank 1 owns no node: empty shards both ways
-])
+@pytest.mark.parametrize(
+    "world_size,kind",
+    [
+        (1, "metis"),
+        (2, "metis"),
+        (3, "unbalanced"),
+        (2, "empty"),  # rank 1 owns no node: empty shards both ways
+    ],
+)
 def test_sar_gen_max_kernel_matches_single_process(world_size, kind):
     require_kernel()
     if world_size == 1:  # no process group needed: run in this process
@@ -276,8 +289,7 @@ def test_sar_gen_max_kernel_matches_single_process(world_size, kind):
         finally:
             torch.set_default_dtype(dtype)
     else:
-        results = run_workers(_worker, world_size, kind, timeout_s=60,
-                              wall_s=300, threads=1)
+        results = run_workers(_worker, world_size, kind, timeout_s=60, wall_s=300, threads=1)
     _check_all(results, world_size)
 
 
@@ -288,12 +300,12 @@ def test_unsorted_shards_and_raw_gradient():
     from revgnn.distributed.convs import convert_to_sar
     from revgnn.distributed.sar import SARGraph
     from revgnn.nn import LinearEdgeFeatures
+
     ei, x, ea = make_graph()
     x, ea = x.double(), ea.double()
     part = build_partitions(ei, N, 1, edge_attr=ea)[0]
-    perm = torch.randperm(part['dst'].numel(),
-                          generator=torch.Generator().manual_seed(0))
-    for key in ('src', 'dst', 'edge_ids', 'edge_attr'):
+    perm = torch.randperm(part["dst"].numel(), generator=torch.Generator().manual_seed(0))
+    for key in ("src", "dst", "edge_ids", "edge_attr"):
         part[key] = part[key][perm]
     graph = SARGraph(part)
     torch.manual_seed(0)
@@ -324,7 +336,8 @@ def test_kernel_result_is_bitwise_the_one_process_kernel():
     from revgnn.distributed.gen_max_sar import sar_gen_max
     from revgnn.distributed.sar import SARGraph
     from revgnn.nn import LinearEdgeFeatures
-    from revgnn.nn.aggr import gen_max_aggregate
+    from revgnn.nn.gen_max import gen_max_aggregate
+
     ei, x, ea = make_graph()
     for dtype in (torch.float32, torch.float64):
         part = build_partitions(ei, N, 1, edge_attr=ea.to(dtype))[0]

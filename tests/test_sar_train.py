@@ -1,6 +1,7 @@
 """The one training loop under ``backend=sar`` (2 workers, gloo, 127.0.0.1) and ``backend=ddp``:
 checkpoints and bitwise resume, the NaN guard, signals, bf16, loggers, ``set_epoch``, and DDP equal
 to one process accumulating the same parts (float64)."""
+
 import csv
 import json
 
@@ -22,7 +23,8 @@ TIMING = {"epoch_time_s", "peak_memory_mb"}  # measurements, not results
 def parts(tmp_path_factory):
     """proteins_like (400 nodes) in 2 random parts, and the same graph in 2 other parts."""
     from revgnn.data.synthetic import proteins_like
-    from revgnn.distributed.partition import partition_dataset
+    from revgnn.distributed.sar_partition import partition_dataset
+
     root = tmp_path_factory.mktemp("parts")
     ds = proteins_like(**DATA)
     data_config = OmegaConf.to_container(compose_train(root, *DATA_OVERRIDES).data, resolve=True)
@@ -32,12 +34,20 @@ def parts(tmp_path_factory):
 
 
 def _sar(out_dir, parts_dir, *overrides):
-    return compose_train(out_dir, "backend=sar", f"backend.partition_dir={parts_dir}", "backend.timeout_s=60",
-                         *MODEL, *DATA_OVERRIDES, *overrides)
+    return compose_train(
+        out_dir,
+        "backend=sar",
+        f"backend.partition_dir={parts_dir}",
+        "backend.timeout_s=60",
+        *MODEL,
+        *DATA_OVERRIDES,
+        *overrides,
+    )
 
 
 def _train(rank, world_size, cfg, catch=False):
     from revgnn.engine.loop import train
+
     if not catch:
         return train(cfg)
     try:
@@ -68,8 +78,10 @@ def _assert_same_run(a_dir, b_dir):
     for key in a["model"]:
         assert torch.equal(a["model"][key], b["model"][key]), key
     assert _strip(a["history"]) == _strip(b["history"]) and a["best"] == b["best"]
-    read = lambda d: [{k: v for k, v in r.items() if k not in TIMING}  # noqa: E731
-                      for r in csv.DictReader(open(d / "metrics.csv"))]
+    read = lambda d: [
+        {k: v for k, v in r.items() if k not in TIMING}  # noqa: E731
+        for r in csv.DictReader(open(d / "metrics.csv"))
+    ]
     assert read(a_dir) == read(b_dir)
 
 
@@ -77,9 +89,13 @@ def test_sar_resume_is_bitwise_and_checks_the_layout(tmp_path, parts):
     """4 SAR epochs == 2 epochs resumed for 2 more (dropout on: each rank's RNG state is restored);
     a checkpoint of another partitioning or world size is refused, naming both."""
     p2 = parts / "p2"
-    (full,) = {json.dumps(s, sort_keys=True, default=str) for s in
-               [{k: v for k, v in s.items() if k not in TIMING | {"output_dir", "epoch_time_s"}}
-                for s in _run(_sar(tmp_path / "full", p2, "trainer.epochs=4"))]}  # same on every worker
+    (full,) = {
+        json.dumps(s, sort_keys=True, default=str)
+        for s in [
+            {k: v for k, v in s.items() if k not in TIMING | {"output_dir", "epoch_time_s"}}
+            for s in _run(_sar(tmp_path / "full", p2, "trainer.epochs=4"))
+        ]
+    }  # same on every worker
     _run(_sar(tmp_path / "half", p2, "trainer.epochs=2"))
     _run(_sar(tmp_path / "resumed", p2, "trainer.epochs=4", f"ckpt_path={tmp_path / 'half' / 'last.pt'}"))
     _assert_same_run(tmp_path / "full", tmp_path / "resumed")
@@ -97,6 +113,7 @@ def test_sar_resume_is_bitwise_and_checks_the_layout(tmp_path, parts):
     for e in _run(_sar(tmp_path / "data", p2, "trainer.epochs=1", "data.num_nodes=500"), catch=True):
         assert "data.num_nodes: 400 in the partition, 500 here" in e, e
     from revgnn.train import train
+
     with pytest.raises(RuntimeError, match=r"world_size 2 -> 1"):
         train(compose_train(tmp_path / "one", *MODEL, *DATA_OVERRIDES, "trainer.epochs=4", ckpt))
 
@@ -120,12 +137,21 @@ def test_sar_sigterm_saves_a_checkpoint_that_resumes_exactly(tmp_path, parts):
     _run(_sar(tmp_path / "full", p2, "trainer.epochs=3"))
     cfg = _with_model(_sar(tmp_path / "cut", p2, "trainer.epochs=3"), "signal_at", at_call=2, only_rank=0)
     for e in _run(cfg, catch=True):
-        assert e.startswith("TrainingInterrupted") and "SIGTERM" in e and "torchrun" in e and "ckpt_path=" in e, e
+        assert (
+            e.startswith("TrainingInterrupted") and "SIGTERM" in e and "torchrun" in e and "ckpt_path=" in e
+        ), e
     ckpt = load_checkpoint(str(tmp_path / "cut" / "last.pt"))
     assert (ckpt["epoch"], ckpt["step"]) == (1, 1)
     assert json.loads((tmp_path / "cut" / "summary.json").read_text())["status"] == "interrupted"
-    _run(_sar(tmp_path / "cut", p2, "trainer.epochs=3", f"ckpt_path={tmp_path / 'cut' / 'last.pt'}",
-              "resume_allow=[model._target_,model.at_call,model.only_rank]"))  # the same model, no signal
+    _run(
+        _sar(
+            tmp_path / "cut",
+            p2,
+            "trainer.epochs=3",
+            f"ckpt_path={tmp_path / 'cut' / 'last.pt'}",
+            "resume_allow=[model._target_,model.at_call,model.only_rank]",
+        )
+    )  # the same model, no signal
     _assert_same_run(tmp_path / "full", tmp_path / "cut")
 
 
@@ -134,8 +160,17 @@ def test_sar_honours_precision_loggers_and_set_epoch(tmp_path, parts):
     row per epoch are written; the model's set_epoch is called every epoch."""
     p2 = parts / "p2"
     _run(_sar(tmp_path / "fp32", p2, "trainer.epochs=1"))
-    cfg = _with_model(_sar(tmp_path / "bf16", p2, "trainer.epochs=3", "backend.precision=bf16",
-                           "logger.tensorboard=true", "logger.plot=true"), "epoch_recorder")
+    cfg = _with_model(
+        _sar(
+            tmp_path / "bf16",
+            p2,
+            "trainer.epochs=3",
+            "backend.precision=bf16",
+            "logger.tensorboard=true",
+            "logger.plot=true",
+        ),
+        "epoch_recorder",
+    )
     (summary, _) = _run(cfg)
     run = tmp_path / "bf16"
     assert summary["bf16"] and (run / "learning_curve.png").exists() and any((run / "tensorboard").iterdir())
@@ -149,12 +184,26 @@ def test_sar_honours_precision_loggers_and_set_epoch(tmp_path, parts):
 def test_ddp_equals_one_process_accumulating_the_same_parts(tmp_path):
     """backend=ddp with 2 workers (one part each per step) == one process with parts_per_step=2, in
     float64: losses and parameters after 2 epochs x 2 steps."""
-    common = [*MODEL, *DATA_OVERRIDES, "model.dropout=0.0", "trainer.train_parts=4", "trainer.epochs=2",
-              "trainer.eval_parts=2"]
-    _run(_with_model(compose_train(tmp_path / "ddp", "backend=ddp", "backend.timeout_s=60", *common), "float64"))
+    common = [
+        *MODEL,
+        *DATA_OVERRIDES,
+        "model.dropout=0.0",
+        "trainer.train_parts=4",
+        "trainer.epochs=2",
+        "trainer.eval_parts=2",
+    ]
+    _run(
+        _with_model(
+            compose_train(tmp_path / "ddp", "backend=ddp", "backend.timeout_s=60", *common), "float64"
+        )
+    )
     from revgnn.train import train
+
     train(_with_model(compose_train(tmp_path / "local", "trainer.parts_per_step=2", *common), "float64"))
-    a, b = load_checkpoint(str(tmp_path / "ddp" / "last.pt")), load_checkpoint(str(tmp_path / "local" / "last.pt"))
+    a, b = (
+        load_checkpoint(str(tmp_path / "ddp" / "last.pt")),
+        load_checkpoint(str(tmp_path / "local" / "last.pt")),
+    )
     assert a["backend"]["world_size"] == 2 and a["backend"]["backend"] == "ddp"
     for key, value in b["model"].items():
         assert value.dtype == torch.float64
@@ -162,5 +211,7 @@ def test_ddp_equals_one_process_accumulating_the_same_parts(tmp_path):
         assert moved <= 1e-10, (key, float(moved))
     for ra, rb in zip(a["history"], b["history"]):
         assert abs(ra["loss"] - rb["loss"]) <= 1e-10 * abs(rb["loss"])
-    for e in _run(compose_train(tmp_path / "bad", "backend=ddp", "trainer.parts_per_step=3", *common), catch=True):
+    for e in _run(
+        compose_train(tmp_path / "bad", "backend=ddp", "trainer.parts_per_step=3", *common), catch=True
+    ):
         assert "parts_per_step=3 must be a multiple of the 2 workers" in e, e

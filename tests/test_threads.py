@@ -1,5 +1,6 @@
 """Thread defaults: the cgroup CPU quota and the affinity mask bound the default thread count
 (faked files), and the entry points set OpenMP's passive wait policy before torch starts."""
+
 import os
 import subprocess
 import sys
@@ -92,17 +93,23 @@ def test_configure_threads_after_torch_warns_and_sets_the_count(monkeypatch):
         torch.set_num_threads(before)
 
 
-CHILD = ("import os; from revgnn.utils.threads import configure_threads; s = configure_threads(); "
-         "import torch; print(s.openmp_env, s.openmp_env_applied, s.source)")
+CHILD = (
+    "import os; from revgnn.utils.threads import configure_threads; s = configure_threads(); "
+    "import torch; print(s.openmp_env, s.openmp_env_applied, s.source)"
+)
 WAIT_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
 
 
 def run_child(code, **env_extra):
-    env = {k: v for k, v in os.environ.items()
-           if k not in WAIT_VARS + ("OMP_NUM_THREADS", "REVGNN_THREADS", "_REVGNN_REEXEC")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in WAIT_VARS + ("OMP_NUM_THREADS", "REVGNN_THREADS", "_REVGNN_REEXEC")
+    }
     env.update(env_extra)
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          check=True, timeout=120).stdout.strip()
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, timeout=120
+    ).stdout.strip()
 
 
 def test_configure_threads_before_torch_sets_the_spin_count():
@@ -112,8 +119,10 @@ def test_configure_threads_before_torch_sets_the_spin_count():
 
 
 def test_launcher_sets_the_spin_count_before_torch():
-    code = ("import os; from revgnn.utils.launch import use_tcmalloc; use_tcmalloc(); "
-            "print(os.environ.get('GOMP_SPINCOUNT'), os.environ.get('LD_PRELOAD', ''))")
+    code = (
+        "import os; from revgnn.utils.launch import use_tcmalloc; use_tcmalloc(); "
+        "print(os.environ.get('GOMP_SPINCOUNT'), os.environ.get('LD_PRELOAD', ''))"
+    )
     assert run_child(code).startswith("1000")  # also through the tcmalloc re-exec
     assert run_child(code, REVGNN_ALLOCATOR="system") == "1000"
     assert run_child(code, REVGNN_THREADS="torch").startswith("None")

@@ -1,4 +1,5 @@
 """The training loop: CLI smoke run, exact resume, divergence handling, clear errors."""
+
 import csv
 import json
 from pathlib import Path
@@ -10,14 +11,23 @@ from omegaconf import OmegaConf
 from torch import nn
 
 import revgnn.config
-from revgnn.models import register_model
 from revgnn.engine.checkpoint import load_checkpoint
+from revgnn.models import register_model
 from revgnn.train import train
 
 CONFIG_DIR = str(Path(revgnn.config.__file__).parent / "configs")
-TINY = ["data.num_nodes=400", "data.window=5", "data.avg_degree=6", "data.max_hops=2",
-        "model.num_layers=2", "model.hidden_channels=8", "trainer.train_parts=2", "trainer.eval_every=1",
-        "trainer.eval_parts=2", "logger.progress_bar=false"]
+TINY = [
+    "data.num_nodes=400",
+    "data.window=5",
+    "data.avg_degree=6",
+    "data.max_hops=2",
+    "model.num_layers=2",
+    "model.hidden_channels=8",
+    "trainer.train_parts=2",
+    "trainer.eval_every=1",
+    "trainer.eval_parts=2",
+    "logger.progress_bar=false",
+]
 
 
 def _cfg(tmp_path, *overrides, tiny_data=True):
@@ -61,9 +71,13 @@ def test_cli_one_epoch_smoke(train_cli):
 def test_resume_is_exact(tmp_path):
     full = train(_cfg(tmp_path / "full", "trainer.epochs=4"))
     train(_cfg(tmp_path / "half", "trainer.epochs=2"))
-    resumed = train(_cfg(tmp_path / "resumed", "trainer.epochs=4",
-                         f"ckpt_path={tmp_path / 'half' / 'last.pt'}"))
-    a, b = load_checkpoint(str(tmp_path / "full" / "last.pt")), load_checkpoint(str(tmp_path / "resumed" / "last.pt"))
+    resumed = train(
+        _cfg(tmp_path / "resumed", "trainer.epochs=4", f"ckpt_path={tmp_path / 'half' / 'last.pt'}")
+    )
+    a, b = (
+        load_checkpoint(str(tmp_path / "full" / "last.pt")),
+        load_checkpoint(str(tmp_path / "resumed" / "last.pt")),
+    )
     for key in a["model"]:
         assert torch.equal(a["model"][key], b["model"][key]), key
     timing = {"epoch_time_s", "peak_memory_mb"}  # measurements, not results
@@ -77,8 +91,9 @@ def test_resume_is_exact(tmp_path):
 
 def test_nan_loss_stops_with_clear_error_and_keeps_last_good_checkpoint(tmp_path):
     cfg = _cfg(tmp_path, "trainer.epochs=3")
-    cfg.model = OmegaConf.create({"_target_": "revgnn.models.create_model", "name": "test_nan_after",
-                                  "bad_step": 3})
+    cfg.model = OmegaConf.create(
+        {"_target_": "revgnn.models.create_model", "name": "test_nan_after", "bad_step": 3}
+    )
     with pytest.raises(FloatingPointError, match=r"epoch 2.*last\.pt \(epoch 1\)"):
         train(cfg)
     assert load_checkpoint(str(tmp_path / "last.pt"))["epoch"] == 1
@@ -88,9 +103,9 @@ def test_missing_checkpoint_and_data_path_are_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.pt"):
         train(_cfg(tmp_path, "trainer.epochs=1", f"ckpt_path={tmp_path / 'nope.pt'}"))
     from hydra.errors import InstantiationException
+
     with pytest.raises(InstantiationException, match=r"no_such_dir.*proteins\.zip"):
-        train(_cfg(tmp_path, "data=ogbn_proteins", f"data.root={tmp_path / 'no_such_dir'}",
-                   tiny_data=False))
+        train(_cfg(tmp_path, "data=ogbn_proteins", f"data.root={tmp_path / 'no_such_dir'}", tiny_data=False))
 
 
 def test_incompatible_checkpoint_is_explained(tmp_path):
@@ -99,8 +114,15 @@ def test_incompatible_checkpoint_is_explained(tmp_path):
     with pytest.raises(ValueError, match=r"model.hidden_channels: 8 \(checkpoint\) -> 16 \(now\)"):
         train(_cfg(tmp_path / "b", "trainer.epochs=2", "model.hidden_channels=16", ckpt))
     with pytest.raises(RuntimeError, match="does not fit model"):
-        train(_cfg(tmp_path / "b", "trainer.epochs=2", "model.hidden_channels=16", ckpt,
-                   "resume_allow=[model.hidden_channels]"))
+        train(
+            _cfg(
+                tmp_path / "b",
+                "trainer.epochs=2",
+                "model.hidden_channels=16",
+                ckpt,
+                "resume_allow=[model.hidden_channels]",
+            )
+        )
 
 
 def test_resume_refuses_changed_settings_unless_allowed(tmp_path):
@@ -108,7 +130,9 @@ def test_resume_refuses_changed_settings_unless_allowed(tmp_path):
     allowed lr change reaches the restored optimiser; extending trainer.epochs is always fine."""
     train(_cfg(tmp_path / "a", "trainer.epochs=1"))
     ckpt = f"ckpt_path={tmp_path / 'a' / 'last.pt'}"
-    with pytest.raises(ValueError, match=r"(?s)optim.lr: 0.005 \(checkpoint\) -> 0.5.*seed: 0 \(checkpoint\) -> 7"):
+    with pytest.raises(
+        ValueError, match=r"(?s)optim.lr: 0.005 \(checkpoint\) -> 0.5.*seed: 0 \(checkpoint\) -> 7"
+    ):
         train(_cfg(tmp_path / "b", "trainer.epochs=2", "optim.lr=0.5", "seed=7", ckpt))
     with pytest.raises(ValueError, match="resume_allow names optim.learning_rate"):
         train(_cfg(tmp_path / "b", "trainer.epochs=2", ckpt, "resume_allow=[optim.learning_rate]"))
@@ -118,16 +142,19 @@ def test_resume_refuses_changed_settings_unless_allowed(tmp_path):
     assert saved["history"][-1]["lr"] == 0.5
 
 
-@pytest.mark.parametrize("override,message", [
-    ("trainer.grad_clip=-1", "trainer.grad_clip must be >= 0, got -1"),
-    ("backend.num_threads=0", "backend.num_threads must be >= 1, got 0"),
-    ("backend.num_threads=-2", "backend.num_threads must be >= 1, got -2"),
-    ("optim.lr=0", "optim.lr must be > 0, got 0"),
-    ("model.dropout=1.5", "model.dropout must be >= 0 and < 1, got 1.5"),
-    ("data.num_nodes=0", "data.num_nodes must be >= 1, got 0"),
-    ("trainer.parts_per_step=0", "trainer.parts_per_step must be >= 1, got 0"),
-    ("backend.timeout_s=0", "backend.timeout_s must be > 0, got 0"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("trainer.grad_clip=-1", "trainer.grad_clip must be >= 0, got -1"),
+        ("backend.num_threads=0", "backend.num_threads must be >= 1, got 0"),
+        ("backend.num_threads=-2", "backend.num_threads must be >= 1, got -2"),
+        ("optim.lr=0", "optim.lr must be > 0, got 0"),
+        ("model.dropout=1.5", "model.dropout must be >= 0 and < 1, got 1.5"),
+        ("data.num_nodes=0", "data.num_nodes must be >= 1, got 0"),
+        ("trainer.parts_per_step=0", "trainer.parts_per_step must be >= 1, got 0"),
+        ("backend.timeout_s=0", "backend.timeout_s must be > 0, got 0"),
+    ],
+)
 def test_out_of_range_settings_are_named(tmp_path, override, message):
     with pytest.raises(ValueError, match=message.replace(".", r"\.")):
         train(_cfg(tmp_path, "trainer.epochs=1", override))
@@ -142,42 +169,73 @@ def test_cli_output_dir_holds_the_whole_run_and_sweeps_keep_every_job(tmp_path):
     import sys
 
     from conftest import REPO
+
     env = dict(os.environ, PYTHONPATH=str(REPO), REVGNN_ALLOCATOR="system")
     run = tmp_path / "run"
-    out = subprocess.run([sys.executable, "-m", "revgnn.train", *TINY, "trainer.epochs=1", f"output_dir={run}"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-m", "revgnn.train", *TINY, "trainer.epochs=1", f"output_dir={run}"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     for name in ("last.pt", "metrics.csv", "summary.json", "train.log", ".hydra/config.yaml"):
         assert (run / name).exists(), name
     assert not (tmp_path / "outputs").exists()
     sweep = tmp_path / "sweep"
-    out = subprocess.run([sys.executable, "-m", "revgnn.train", "-m", *TINY, "trainer.epochs=1",
-                          "optim.lr=0.001,0.01", f"output_dir={sweep}"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "revgnn.train",
+            "-m",
+            *TINY,
+            "trainer.epochs=1",
+            "optim.lr=0.001,0.01",
+            f"output_dir={sweep}",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir())
     assert len(jobs) == 2 and jobs[0].startswith("0_") and jobs[1].startswith("1_"), jobs
     assert "optim.lr=0.001" in jobs[0] and "optim.lr=0.01" in jobs[1], jobs
-    lrs = [json.loads((sweep / j / "summary.json").read_text()) and
-           load_checkpoint(str(sweep / j / "last.pt"))["history"][-1]["lr"] for j in jobs]
+    lrs = [
+        json.loads((sweep / j / "summary.json").read_text())
+        and load_checkpoint(str(sweep / j / "last.pt"))["history"][-1]["lr"]
+        for j in jobs
+    ]
     assert lrs == [0.001, 0.01]
 
 
 def test_checkpoint_writer_saves_what_torch_save_of_state_dict_saves(tmp_path):
     """atomic_save (memo-free pickler; parameters written detached) round-trips to exactly what
     ``torch.save`` of ``state_dict()`` gives: same keys, values, plain tensors, optimizer state."""
-    from revgnn.models import create_model
     from revgnn.engine.checkpoint import atomic_copy, atomic_save
+    from revgnn.models import create_model
+
     torch.manual_seed(0)
-    model = create_model("revgnn_small", num_layers=3, hidden_channels=8, in_channels=16,
-                         out_channels=4, edge_channels=8)
+    model = create_model(
+        "revgnn_small", num_layers=3, hidden_channels=8, in_channels=16, out_channels=4, edge_channels=8
+    )
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     for p in model.parameters():
         p.grad = torch.randn_like(p)
     opt.step()
     history = [{"epoch": 1, "valid": 0.5}]
-    state = {"model": model.state_dict(keep_vars=True), "optimizer": opt.state_dict(),
-             "history": history, "best": dict(history[0]), "rng": {"torch": torch.get_rng_state()}}
+    state = {
+        "model": model.state_dict(keep_vars=True),
+        "optimizer": opt.state_dict(),
+        "history": history,
+        "best": dict(history[0]),
+        "rng": {"torch": torch.get_rng_state()},
+    }
     atomic_save(state, str(tmp_path / "ours.pt"))
     torch.save({**state, "model": model.state_dict()}, tmp_path / "torch.pt")
     atomic_copy(str(tmp_path / "ours.pt"), str(tmp_path / "copy.pt"))
@@ -201,14 +259,16 @@ def test_checkpoint_writer_saves_what_torch_save_of_state_dict_saves(tmp_path):
     assert views["a"].untyped_storage().data_ptr() == views["b"].untyped_storage().data_ptr()
 
 
-
 def test_flat_parameters_train_as_per_tensor_parameters_do(tmp_path):
     """trainer.flat_params (the default) trains to the same weights and scores as per-tensor
     parameters (equal up to the rounding order of the clipping norm), and a checkpoint resumes
     only with the layout its optimiser state was written for."""
     flat = train(_cfg(tmp_path / "flat", "trainer.epochs=2"))
     plain = train(_cfg(tmp_path / "plain", "trainer.epochs=2", "trainer.flat_params=false"))
-    a, b = load_checkpoint(str(tmp_path / "flat" / "last.pt")), load_checkpoint(str(tmp_path / "plain" / "last.pt"))
+    a, b = (
+        load_checkpoint(str(tmp_path / "flat" / "last.pt")),
+        load_checkpoint(str(tmp_path / "plain" / "last.pt")),
+    )
     assert a["flat_params"] and not b["flat_params"]
     for key in b["model"]:
         torch.testing.assert_close(a["model"][key], b["model"][key], rtol=1e-5, atol=1e-6)
@@ -218,9 +278,16 @@ def test_flat_parameters_train_as_per_tensor_parameters_do(tmp_path):
     with pytest.raises(ValueError, match=r"trainer.flat_params: False \(checkpoint\) -> True"):
         train(_cfg(tmp_path / "c", "trainer.epochs=3", f"ckpt_path={tmp_path / 'plain' / 'last.pt'}"))
     with pytest.raises(RuntimeError, match="trainer.flat_params=false"):
-        train(_cfg(tmp_path / "c", "trainer.epochs=3", f"ckpt_path={tmp_path / 'plain' / 'last.pt'}",
-                   "resume_allow=[trainer.flat_params]"))
+        train(
+            _cfg(
+                tmp_path / "c",
+                "trainer.epochs=3",
+                f"ckpt_path={tmp_path / 'plain' / 'last.pt'}",
+                "resume_allow=[trainer.flat_params]",
+            )
+        )
     import revgnn.utils.flat as flat_module  # another chunking: the saved moments cannot be matched
+
     chunk = flat_module.CHUNK_BYTES
     try:
         flat_module.CHUNK_BYTES = 256
@@ -240,17 +307,26 @@ def test_signal_mid_epoch_saves_and_resumes_exactly(tmp_path):
     from test_sar_train import _assert_same_run, _with_model
 
     from revgnn.engine.interrupt import TrainingInterrupted
+
     common = [*TINY, "trainer.epochs=3"]
     train(compose_train(tmp_path / "full", *common))
     cut = _with_model(compose_train(tmp_path / "cut", *common), "signal_at", at_call=3)
-    with pytest.raises(TrainingInterrupted, match=r"(?s)SIGTERM: stopped in epoch 2 after 1 step.*revgnn-train .*ckpt_path=") as e:
+    with pytest.raises(
+        TrainingInterrupted, match=r"(?s)SIGTERM: stopped in epoch 2 after 1 step.*revgnn-train .*ckpt_path="
+    ) as e:
         train(cut)
     assert e.value.exit_code == 143
     ckpt = load_checkpoint(str(tmp_path / "cut" / "last.pt"))
     assert (ckpt["epoch"], ckpt["step"]) == (1, 1)
     assert json.loads((tmp_path / "cut" / "summary.json").read_text())["status"] == "interrupted"
-    train(compose_train(tmp_path / "cut", *common, f"ckpt_path={tmp_path / 'cut' / 'last.pt'}",
-                        "resume_allow=[model._target_,model.at_call]"))  # the same model, without the signal
+    train(
+        compose_train(
+            tmp_path / "cut",
+            *common,
+            f"ckpt_path={tmp_path / 'cut' / 'last.pt'}",
+            "resume_allow=[model._target_,model.at_call]",
+        )
+    )  # the same model, without the signal
     _assert_same_run(tmp_path / "full", tmp_path / "cut")
 
 
@@ -263,20 +339,31 @@ def test_cli_sigterm_exits_non_zero_with_a_resume_command_that_works(tmp_path):
     import sys
 
     from conftest import REPO
-    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}", LOOP_MODELS_AT_CALL="3",
-               REVGNN_ALLOCATOR="system")
+
+    env = dict(
+        os.environ,
+        PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}",
+        LOOP_MODELS_AT_CALL="3",
+        REVGNN_ALLOCATOR="system",
+    )
     run = tmp_path / "run"
     args = [*TINY, "trainer.epochs=3", "model._target_=loop_models.signal_at", f"output_dir={run}"]
-    out = subprocess.run([sys.executable, "-m", "revgnn.train", *args], env=env, capture_output=True, text=True,
-                         timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-m", "revgnn.train", *args], env=env, capture_output=True, text=True, timeout=600
+    )
     assert out.returncode == 143, out.stderr[-3000:]
     assert json.loads((run / "summary.json").read_text())["status"] == "interrupted"
     command = (out.stdout + out.stderr).split("Resume with:")[1].strip().splitlines()[0].strip()
     head, *overrides = shlex.split(command)
     assert head == "revgnn-train" and f"ckpt_path={run / 'last.pt'}" in overrides
     env.pop("LOOP_MODELS_AT_CALL")
-    out = subprocess.run([sys.executable, "-m", "revgnn.train", *overrides], env=env, capture_output=True,
-                         text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-m", "revgnn.train", *overrides],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["epochs"] == 3
@@ -286,20 +373,37 @@ def test_deq_convergence_is_reported_per_epoch_not_per_step(tmp_path, caplog):
     """DEQ-GNN with a budget too small to converge: one warning line per epoch (with its count)
     instead of one per solve, and the convergence statistics in metrics.csv and summary.json."""
     from conftest import compose_train
+
     keep = [o for o in TINY if not o.startswith("model.")]
-    cfg = compose_train(tmp_path, *keep, "trainer.epochs=2", "trainer.train_parts=4", "model=deq_gnn",
-                        "model.hidden_channels=8", "model.max_iter=2", "model.tol=1e-12")
+    cfg = compose_train(
+        tmp_path,
+        *keep,
+        "trainer.epochs=2",
+        "trainer.train_parts=4",
+        "model=deq_gnn",
+        "model.hidden_channels=8",
+        "model.max_iter=2",
+        "model.tol=1e-12",
+    )
     with caplog.at_level("WARNING", logger="revgnn.train"):
         summary = train(cfg)
     lines = [r.getMessage() for r in caplog.records if "DEQConvergenceWarning" in r.getMessage()]
     # one line per warning site and epoch: forward (4 training + 2 evaluation solves), backward (4)
-    assert sorted(m.split(":")[0] for m in lines) == ["DEQConvergenceWarning x4 in epoch 1",
-                                                      "DEQConvergenceWarning x4 in epoch 2",
-                                                      "DEQConvergenceWarning x6 in epoch 1",
-                                                      "DEQConvergenceWarning x6 in epoch 2"], lines
+    assert sorted(m.split(":")[0] for m in lines) == [
+        "DEQConvergenceWarning x4 in epoch 1",
+        "DEQConvergenceWarning x4 in epoch 2",
+        "DEQConvergenceWarning x6 in epoch 1",
+        "DEQConvergenceWarning x6 in epoch 2",
+    ], lines
     rows = list(csv.DictReader(open(tmp_path / "metrics.csv")))
-    for key in ("deq_forward_steps_mean", "deq_forward_steps_max", "deq_forward_residual_max",
-                "deq_forward_converged", "deq_backward_steps_mean", "deq_backward_converged"):
+    for key in (
+        "deq_forward_steps_mean",
+        "deq_forward_steps_max",
+        "deq_forward_residual_max",
+        "deq_forward_converged",
+        "deq_backward_steps_mean",
+        "deq_backward_converged",
+    ):
         assert all(r[key] != "" for r in rows), key
         assert key in summary
     assert float(rows[0]["deq_forward_steps_max"]) == 2 and float(rows[0]["deq_forward_converged"]) == 0.0

@@ -1,4 +1,3 @@
 """Console scripts besides ``revgnn-train``: ``revgnn-evaluate`` (:mod:`revgnn.cli.evaluate`) and
 ``revgnn-reproduce`` (:mod:`revgnn.cli.reproduce`). They ship in the wheel, so every command of the
-README works from ``pip install .``; ``scripts/evaluate.py`` and ``scripts/reproduce_proteins.py`` only
-forward here."""
+README works from ``pip install .``."""

@@ -6,6 +6,7 @@ The model and data are rebuilt from the config stored in the checkpoint (``--dat
 data set elsewhere). Prints the OGB metric on train / valid / test as JSON. Node-level data: ``V`` views x
 ``K`` parts, logits averaged; graph-level data: batched graphs (views and parts do not apply).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,14 +15,23 @@ from typing import Optional, Sequence
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="revgnn-evaluate", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="revgnn-evaluate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("checkpoint", help="best.pt or last.pt of a revgnn-train run")
-    parser.add_argument("--views", type=int, default=None, help="views V (default: the run's trainer.eval_views)")
-    parser.add_argument("--parts", type=int, default=None, help="parts K per view (default: trainer.eval_parts)")
-    parser.add_argument("--seed", type=int, default=None,
-                        help="seed of the inference partitions (default: the one training used at the "
-                             "checkpoint's epoch, so the logged score is reproduced)")
+    parser.add_argument(
+        "--views", type=int, default=None, help="views V (default: the run's trainer.eval_views)"
+    )
+    parser.add_argument(
+        "--parts", type=int, default=None, help="parts K per view (default: trainer.eval_parts)"
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seed of the inference partitions (default: the one training used at the "
+        "checkpoint's epoch, so the logged score is reproduced)",
+    )
     parser.add_argument("--data-root", default=None, help="override data.root (OGB data sets)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     return parser
@@ -43,7 +53,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     cfg = OmegaConf.create(ckpt["config"])
     if args.data_root is not None:
         if "root" not in cfg.data:
-            parser.error(f"--data-root given but data set {cfg.data.get('name', cfg.data._target_)} has no root")
+            parser.error(
+                f"--data-root given but data set {cfg.data.get('name', cfg.data._target_)} has no root"
+            )
         cfg.data.root = args.data_root
     ds = instantiate(cfg.data)
     model = build_model(cfg.model, shapes(ds))
@@ -54,8 +66,19 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     seed = args.seed if args.seed is not None else seed_stream(cfg.seed, ckpt["epoch"], 1)
     task = make_task(ds, cfg.trainer)  # node level: multi-view inference; graph level: batched graphs
     scores = task.evaluate(model, torch.Generator().manual_seed(seed), args.device)
-    print(json.dumps({"checkpoint": args.checkpoint, "epoch": ckpt["epoch"], "views": views, "parts": parts,
-                      "metric": task.metric, **scores}, indent=2))
+    print(
+        json.dumps(
+            {
+                "checkpoint": args.checkpoint,
+                "epoch": ckpt["epoch"],
+                "views": views,
+                "parts": parts,
+                "metric": task.metric,
+                **scores,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ overrides, or ``--smoke``) says so in the table's title and beside each of its n
 runs 1 epoch per seed, so the whole path (OGB loader, training, multi-view evaluation, table) is checked
 in a minute.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,7 +58,9 @@ def _mean_std(values):
 
 def _compose(experiment: str, overrides: Sequence[str] = ()):
     from hydra import compose, initialize_config_dir
+
     import revgnn.config  # noqa: F401  (registers the schemas)
+
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         return compose(config_name="train", overrides=[f"experiment={experiment}", *overrides])
 
@@ -70,8 +73,15 @@ def recipe_epochs(experiment: str) -> int:
 def _smoke_overrides(experiment: str, data_root: str) -> List[str]:
     """Shrinks whichever size keys the experiment's model config has."""
     cfg = _compose(experiment)
-    out = [f"data.root={data_root}", "trainer.epochs=1", "trainer.train_parts=2", "trainer.eval_views=2",
-           "trainer.eval_parts=2", "trainer.eval_every=1", "logger.progress_bar=false"]
+    out = [
+        f"data.root={data_root}",
+        "trainer.epochs=1",
+        "trainer.train_parts=2",
+        "trainer.eval_views=2",
+        "trainer.eval_parts=2",
+        "trainer.eval_every=1",
+        "logger.progress_bar=false",
+    ]
     for key, value in (("num_layers", 2), ("hidden_channels", 8), ("max_iter", 3), ("pretrain_depth", 2)):
         if cfg.model.get(key) is not None:
             out.append(f"model.{key}={value}")
@@ -83,8 +93,14 @@ def _epochs_label(epochs: Sequence[int], recipe: int) -> str:
     return f"{lo} of {recipe} epochs" if lo == hi else f"{lo}-{hi} of {recipe} epochs"
 
 
-def format_table(experiment: str, summaries: List[Dict], overrides: Sequence[str], recipe: int,
-                 smoke: bool = False, runs: Optional[str] = None) -> str:
+def format_table(
+    experiment: str,
+    summaries: List[Dict],
+    overrides: Sequence[str],
+    recipe: int,
+    smoke: bool = False,
+    runs: Optional[str] = None,
+) -> str:
     """The markdown table of ``summaries`` (one per seed). When ``smoke`` or any seed trained fewer than
     ``recipe`` epochs, the title says so and every number of this run carries the label."""
     label, paper_mean, paper_std = PAPER[experiment]
@@ -95,7 +111,9 @@ def format_table(experiment: str, summaries: List[Dict], overrides: Sequence[str
         tag = _epochs_label(epochs, recipe)
         tag = f" ({'smoke, ' if smoke else ''}{tag})"
     if smoke:
-        title = f"# {experiment} (smoke: fake data, tiny model, {_epochs_label(epochs, recipe)} — not a result)"
+        title = (
+            f"# {experiment} (smoke: fake data, tiny model, {_epochs_label(epochs, recipe)} — not a result)"
+        )
     elif short:
         title = f"# {experiment} (short run: {_epochs_label(epochs, recipe)} — not comparable to the paper)"
     else:
@@ -109,7 +127,9 @@ def format_table(experiment: str, summaries: List[Dict], overrides: Sequence[str
     paper = f"{paper_mean:.2f}" + (f" ± {paper_std:.2f}" if paper_std is not None else "")
 
     def seed_entry(s: Dict) -> str:
-        entry = f"{s['seed']}: {100 * s['highest_valid']:.2f} / {100 * s['final_test']:.2f} / {s['best_epoch']}"
+        entry = (
+            f"{s['seed']}: {100 * s['highest_valid']:.2f} / {100 * s['final_test']:.2f} / {s['best_epoch']}"
+        )
         if short:
             entry += f" ({'smoke, ' if smoke else ''}{int(s['epochs'])} of {recipe} epochs)"
         return entry
@@ -141,8 +161,16 @@ def _run_sequential(args, out: Path, seeds: int, overrides: List[str]) -> List[D
     summaries = []
     for seed in range(seeds):
         run_dir = out / f"seed_{seed}"
-        cmd = [sys.executable, "-m", "revgnn.train", f"experiment={args.experiment}", f"seed={seed}",
-               f"output_dir={run_dir}", f"hydra.run.dir={run_dir}", *overrides]
+        cmd = [
+            sys.executable,
+            "-m",
+            "revgnn.train",
+            f"experiment={args.experiment}",
+            f"seed={seed}",
+            f"output_dir={run_dir}",
+            f"hydra.run.dir={run_dir}",
+            *overrides,
+        ]
         print("$", " ".join(cmd), flush=True)
         subprocess.run(cmd, check=True)
         with open(run_dir / "summary.json") as f:
@@ -162,12 +190,22 @@ def _run_sweep(args, out: Path, seeds: int, overrides: List[str]) -> tuple:
     """All seeds as one Hydra multirun through ``--launcher``; the jobs' summaries, found by globbing
     the sweep directory (whatever ``hydra.sweep.subdir`` names the job directories)."""
     if args.launcher != "basic" and not have_submitit():
-        raise SystemExit(f"revgnn-reproduce: --launcher {args.launcher} needs Hydra's submitit launcher: "
-                         'pip install "revgnn[cluster]" (or hydra-submitit-launcher)')
+        raise SystemExit(
+            f"revgnn-reproduce: --launcher {args.launcher} needs Hydra's submitit launcher: "
+            'pip install "revgnn[cluster]" (or hydra-submitit-launcher)'
+        )
     sweep_dir = (out / "sweep" / time.strftime("%Y-%m-%d_%H-%M-%S")).resolve()
-    cmd = [sys.executable, "-m", "revgnn.train", "-m", f"hydra/launcher={args.launcher}",
-           f"experiment={args.experiment}", "seed=" + ",".join(str(s) for s in range(seeds)),
-           f"hydra.sweep.dir={sweep_dir}", *overrides]
+    cmd = [
+        sys.executable,
+        "-m",
+        "revgnn.train",
+        "-m",
+        f"hydra/launcher={args.launcher}",
+        f"experiment={args.experiment}",
+        "seed=" + ",".join(str(s) for s in range(seeds)),
+        f"hydra.sweep.dir={sweep_dir}",
+        *overrides,
+    ]
     print("$", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
     by_seed: Dict[int, List[Dict]] = {}
@@ -180,24 +218,33 @@ def _run_sweep(args, out: Path, seeds: int, overrides: List[str]) -> tuple:
         raise SystemExit(f"revgnn-reproduce: no summary.json for seed(s) {missing} under {sweep_dir}")
     several = {s: len(v) for s, v in by_seed.items() if len(v) > 1}
     if several:
-        raise SystemExit(f"revgnn-reproduce: several runs per seed under {sweep_dir} ({several}); an override "
-                         "with a comma sweeps it as well: pass one value per key")
+        raise SystemExit(
+            f"revgnn-reproduce: several runs per seed under {sweep_dir} ({several}); an override "
+            "with a comma sweeps it as well: pass one value per key"
+        )
     return [by_seed[s][0] for s in range(seeds)], sweep_dir
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="revgnn-reproduce", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="revgnn-reproduce", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--experiment", default="proteins_revgnn_deep", choices=sorted(PAPER))
     parser.add_argument("--seeds", type=int, default=10, help="seeds 0 .. n-1 (default: 10)")
     parser.add_argument("--data-root", default=None, help="directory holding ogbn_proteins/ (data.root)")
     parser.add_argument("--out", default=None, help="output directory (default: reproduce/<experiment>)")
     parser.add_argument("--smoke", action="store_true", help="1 epoch, 2 seeds, tiny model, fake OGB data")
-    parser.add_argument("--launcher", default=None,
-                        help="run the seeds as one Hydra sweep through hydra/launcher=LAUNCHER, e.g. "
-                             "submitit_slurm or submitit_local (default: one process per seed, in turn)")
-    parser.add_argument("overrides", nargs="*", help="extra Hydra overrides passed to every run "
-                                                     "(hydra.launcher.* ones configure the launcher)")
+    parser.add_argument(
+        "--launcher",
+        default=None,
+        help="run the seeds as one Hydra sweep through hydra/launcher=LAUNCHER, e.g. "
+        "submitit_slurm or submitit_local (default: one process per seed, in turn)",
+    )
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        help="extra Hydra overrides passed to every run (hydra.launcher.* ones configure the launcher)",
+    )
     return parser
 
 
@@ -215,12 +262,18 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     overrides = list(args.overrides)
     seeds = args.seeds
     if args.smoke:
-        from revgnn.data.fake_ogb import write_fake_ogbn
-        from revgnn.data.graphs import write_fake_ogbg
+        from revgnn.testing.fake_ogb import write_fake_ogbg, write_fake_ogbn
+
         root = (out / "fake_ogb").resolve()
-        name = "ogbn-proteins" if args.experiment.startswith("proteins") else \
-            "ogbn-products" if args.experiment.startswith("products") else \
-            "ogbg-molhiv" if args.experiment.startswith("molhiv") else "ogbn-arxiv"
+        name = (
+            "ogbn-proteins"
+            if args.experiment.startswith("proteins")
+            else "ogbn-products"
+            if args.experiment.startswith("products")
+            else "ogbg-molhiv"
+            if args.experiment.startswith("molhiv")
+            else "ogbn-arxiv"
+        )
         if not (root / name.replace("-", "_")).exists():
             if name.startswith("ogbg"):
                 write_fake_ogbg(str(root), name, num_graphs=60)
@@ -235,8 +288,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         summaries, runs = _run_sweep(args, out, seeds, overrides)
     else:
         summaries, runs = _run_sequential(args, out, seeds, overrides), out
-    table = format_table(args.experiment, summaries, overrides, recipe_epochs(args.experiment),
-                         smoke=args.smoke, runs=str(runs))
+    table = format_table(
+        args.experiment,
+        summaries,
+        overrides,
+        recipe_epochs(args.experiment),
+        smoke=args.smoke,
+        runs=str(runs),
+    )
     (out / "results.md").write_text(table)
     print(table)
     print(f"written to {out / 'results.md'}")

@@ -14,6 +14,7 @@ files are expected where, rather than a prompt or a hang on a machine without in
 ogbn-proteins gets the paper's feature preparation (Li et al.): node features = per-node sum of the 8-d
 edge features ‖ species one-hot; the result is cached in ``<root>/ogbn_proteins/processed/``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -23,7 +24,7 @@ from typing import Dict
 
 import torch
 
-from revgnn.data.graph import NodeDataset, species_one_hot, sum_edge_features
+from revgnn.data.node_dataset import NodeDataset, species_one_hot, sum_edge_features
 
 __all__ = ["load_ogbn", "OGBN_DATASETS", "ogb_safe_globals"]
 
@@ -37,18 +38,21 @@ def ogb_safe_globals():
     """Context manager allowing the PyG storage classes OGB pickles, for ``torch.load`` only."""
     from torch_geometric.data.data import DataEdgeAttr, DataTensorAttr
     from torch_geometric.data.storage import GlobalStorage
+
     return torch.serialization.safe_globals([DataEdgeAttr, DataTensorAttr, GlobalStorage])
 
 
 def _meta(name: str):
     """OGB's meta data of ``name``: from ``ogb.graphproppred`` for ``ogbg-*``, else ``ogb.nodeproppred``."""
     import pandas as pd
+
     if name.startswith("ogbg-"):
         import ogb.graphproppred as package
     else:
         import ogb.nodeproppred as package
-    master = pd.read_csv(osp.join(osp.dirname(package.__file__), "master.csv"), index_col=0,
-                         keep_default_na=False)
+    master = pd.read_csv(
+        osp.join(osp.dirname(package.__file__), "master.csv"), index_col=0, keep_default_na=False
+    )
     return master[name]
 
 
@@ -78,14 +82,20 @@ def _check_layout(name: str, root: str, allow_download: bool) -> str:
         raise FileNotFoundError(
             f"{name}: no data set directory {osp.abspath(path)!r}. Download {meta['url']} and unzip it "
             f"there (so that {osp.join(path, 'raw')} exists), point data.root at its parent, or set "
-            f"data.allow_download=true on a machine with internet access.")
+            f"data.allow_download=true on a machine with internet access."
+        )
     if not osp.exists(processed):
         missing = [f for f in _required_raw_files(meta) if not osp.exists(osp.join(path, "raw", f))]
         if missing:
-            raise FileNotFoundError(f"{name}: {osp.join(path, 'raw')} lacks {', '.join(missing)} "
-                                    f"(and no processed file exists); the data set is incomplete.")
-    missing = [f"{s}.csv.gz" for s in ("train", "valid", "test")
-               if not osp.exists(osp.join(split_dir, f"{s}.csv.gz"))]
+            raise FileNotFoundError(
+                f"{name}: {osp.join(path, 'raw')} lacks {', '.join(missing)} "
+                f"(and no processed file exists); the data set is incomplete."
+            )
+    missing = [
+        f"{s}.csv.gz"
+        for s in ("train", "valid", "test")
+        if not osp.exists(osp.join(split_dir, f"{s}.csv.gz"))
+    ]
     if missing and not osp.exists(osp.join(split_dir, "split_dict.pt")):
         raise FileNotFoundError(f"{name}: split directory {split_dir} lacks {', '.join(missing)}")
     marker = osp.join(path, f"RELEASE_v{meta['version']}.txt")
@@ -114,6 +124,7 @@ def _raw_files(path: str) -> Dict[str, list]:
 
 def _sha256(file: str) -> str:
     import hashlib
+
     h = hashlib.sha256()
     with open(file, "rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):
@@ -126,6 +137,7 @@ def _stale_cache(name: str, path: str) -> list:
     mtime, then content), per the stamp written next to it; ``[]`` when the cache is current. A cache
     without a stamp (built by OGB itself or an older revgnn) is trusted and stamped."""
     import json
+
     processed = osp.join(path, "processed")
     stamp_path = osp.join(processed, _RAW_STAMP)
     if not osp.isdir(processed) or not osp.exists(stamp_path):
@@ -145,7 +157,10 @@ def _stale_cache(name: str, path: str) -> list:
 
 def _write_stamp(path: str) -> None:
     import json
-    files = {rel: [size, mtime, _sha256(osp.join(path, rel))] for rel, (size, mtime) in _raw_files(path).items()}
+
+    files = {
+        rel: [size, mtime, _sha256(osp.join(path, rel))] for rel, (size, mtime) in _raw_files(path).items()
+    }
     target = osp.join(path, "processed", _RAW_STAMP)
     tmp = f"{target}.tmp{os.getpid()}"
     with open(tmp, "w") as f:
@@ -157,6 +172,7 @@ def _check_edge_count(name: str, path: str, dataset) -> None:
     """OGB slices ``edge.csv.gz`` by ``num-edge-list.csv.gz`` without checking that the rows are
     there: a short file trains on a silently smaller graph. Refuses it (and its cache)."""
     import pandas as pd
+
     meta = _meta(name)
     said = int(pd.read_csv(osp.join(path, "raw", "num-edge-list.csv.gz"), header=None).values.sum())
     factor = 2 if meta["add_inverse_edge"] == "True" else 1
@@ -164,10 +180,13 @@ def _check_edge_count(name: str, path: str, dataset) -> None:
     have = int(data.edge_index.size(1)) // factor
     if have != said:
         import shutil
+
         shutil.rmtree(osp.join(path, "processed"), ignore_errors=True)
-        raise ValueError(f"{name}: {osp.join(path, 'raw', 'edge.csv.gz')} holds {have} edges but "
-                         f"num-edge-list.csv.gz says {said}: the raw files are truncated or from different "
-                         f"versions; replace them with the complete set (nothing was cached)")
+        raise ValueError(
+            f"{name}: {osp.join(path, 'raw', 'edge.csv.gz')} holds {have} edges but "
+            f"num-edge-list.csv.gz says {said}: the raw files are truncated or from different "
+            f"versions; replace them with the complete set (nothing was cached)"
+        )
 
 
 def _load_pyg(name: str, root: str):
@@ -183,8 +202,13 @@ def _load_pyg(name: str, root: str):
     stale = [] if downloading else _stale_cache(name, path)
     if stale:
         import shutil
-        log.warning("%s: the raw files changed since %s was built (%s): rebuilding it", name,
-                    osp.join(path, "processed"), ", ".join(stale))
+
+        log.warning(
+            "%s: the raw files changed since %s was built (%s): rebuilding it",
+            name,
+            osp.join(path, "processed"),
+            ", ".join(stale),
+        )
         shutil.rmtree(osp.join(path, "processed"))
     fresh = downloading or not osp.isdir(osp.join(path, "processed"))
     with ogb_safe_globals():
@@ -194,13 +218,17 @@ def _load_pyg(name: str, root: str):
         except Exception as e:  # pandas parser errors, gzip/EOF errors, unpickling errors, bad shapes
             if downloading:
                 raise RuntimeError(
-                    f"{name}: downloading {meta['url']} failed ({type(e).__name__}: {e}); is this machine "
-                    f"offline? Download the archive elsewhere and unzip it under {osp.abspath(root)} (so that "
-                    f"{osp.join(osp.abspath(path), 'raw')} exists), then run with data.allow_download=false.") from e
+                    f"{name}: downloading {meta['url']} failed ({type(e).__name__}: {e}); "
+                    "is this machine offline? Download the archive elsewhere and unzip it under "
+                    f"{osp.abspath(root)} (so that "
+                    f"{osp.join(osp.abspath(path), 'raw')} exists), then run with data.allow_download=false."
+                ) from e
             raise RuntimeError(
-                f"{name}: OGB could not read the data set under {osp.abspath(root)} ({type(e).__name__}: {e}). "
+                f"{name}: OGB could not read the data set under {osp.abspath(root)} "
+                f"({type(e).__name__}: {e}). "
                 f"A raw file is probably corrupt or truncated; if a processed/ directory exists, delete it "
-                f"so that OGB re-processes the raw files.") from e
+                f"so that OGB re-processes the raw files."
+            ) from e
     if fresh and not name.startswith("ogbg-"):
         _check_edge_count(name, path, dataset)
     if fresh or not osp.exists(osp.join(path, "processed", _RAW_STAMP)):
@@ -231,7 +259,7 @@ def _proteins_features(path: str, data) -> Dict[str, torch.Tensor]:
 
 
 def load_ogbn(name: str, root: str = "data", allow_download: bool = False) -> NodeDataset:
-    """Loads an OGB node-property data set into a :class:`~revgnn.data.graph.NodeDataset`.
+    """Loads an OGB node-property data set into a :class:`~revgnn.data.node_dataset.NodeDataset`.
 
     Args:
         name (str): ``"ogbn-proteins"``, ``"ogbn-arxiv"`` or ``"ogbn-products"``.
@@ -246,16 +274,32 @@ def load_ogbn(name: str, root: str = "data", allow_download: bool = False) -> No
     split_idx = {k: v.view(-1).long() for k, v in split_idx.items()}
     if name == "ogbn-proteins":
         feats = _proteins_features(path, data)
-        ds = NodeDataset(name=name, x=feats["x"], edge_index=feats["edge_index"],
-                         edge_attr=feats["edge_attr"], y=data.y.float(), split_idx=split_idx,
-                         task="multilabel", num_classes=dataset.num_tasks, evaluator=name,
-                         species_channels=int(feats["x"].size(1) - feats["edge_attr"].size(1)))
+        ds = NodeDataset(
+            name=name,
+            x=feats["x"],
+            edge_index=feats["edge_index"],
+            edge_attr=feats["edge_attr"],
+            y=data.y.float(),
+            split_idx=split_idx,
+            task="multilabel",
+            num_classes=dataset.num_tasks,
+            evaluator=name,
+            species_channels=int(feats["x"].size(1) - feats["edge_attr"].size(1)),
+        )
         return ds
     edge_index = data.edge_index
     if name == "ogbn-arxiv":  # directed citations; the RevGAT recipe trains on the symmetrised graph
         edge_index = torch.cat([edge_index, edge_index.flip(0)], dim=1)
         edge_index = torch.unique(edge_index, dim=1)
-    ds = NodeDataset(name=name, x=data.x.float(), edge_index=edge_index, edge_attr=None,
-                     y=data.y.view(-1, 1).long(), split_idx=split_idx, task="multiclass",
-                     num_classes=dataset.num_classes, evaluator=name)
+    ds = NodeDataset(
+        name=name,
+        x=data.x.float(),
+        edge_index=edge_index,
+        edge_attr=None,
+        y=data.y.view(-1, 1).long(),
+        split_idx=split_idx,
+        task="multiclass",
+        num_classes=dataset.num_classes,
+        evaluator=name,
+    )
     return ds.sorted_by_destination()

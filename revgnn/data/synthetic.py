@@ -13,11 +13,12 @@ reveal ``z_i`` blurred by its neighbours. Task ``t`` thresholds ``u_t . (P^{k_t}
 the mean over neighbours and ``k_t`` cycling through ``1 .. max_hops``: an MLP sees about hop 0-1, a
 1-layer GNN about hop 1-2, and only a deeper GNN resolves the far-reaching tasks.
 """
+
 from __future__ import annotations
 
 import torch
 
-from revgnn.data.graph import NodeDataset, species_one_hot, sum_edge_features
+from revgnn.data.node_dataset import NodeDataset, species_one_hot, sum_edge_features
 
 __all__ = ["proteins_like"]
 
@@ -53,12 +54,16 @@ def proteins_like(
         seed (int): Generator seed; the data set is a pure function of the arguments (default: :obj:`0`).
     """
     if num_species < valid_species + test_species + 1:
-        raise ValueError(f"num_species={num_species} leaves no training species "
-                         f"(valid_species={valid_species}, test_species={test_species})")
+        raise ValueError(
+            f"num_species={num_species} leaves no training species "
+            f"(valid_species={valid_species}, test_species={test_species})"
+        )
     per_species = num_nodes // num_species
     if per_species < 2 * window + 2:
-        raise ValueError(f"num_nodes={num_nodes} gives {per_species} nodes per species, fewer than "
-                         f"2 * window + 2 = {2 * window + 2}; lower window or raise num_nodes")
+        raise ValueError(
+            f"num_nodes={num_nodes} gives {per_species} nodes per species, fewer than "
+            f"2 * window + 2 = {2 * window + 2}; lower window or raise num_nodes"
+        )
     if avg_degree < 2:
         raise ValueError(f"avg_degree must be >= 2, got {avg_degree}")
     g = torch.Generator().manual_seed(seed)
@@ -74,10 +79,13 @@ def proteins_like(
     pair = torch.unique(pair, dim=1)
 
     z = torch.randn(n, latent_channels, generator=g)
-    w_edge = torch.randn(edge_channels, latent_channels, generator=g) / latent_channels ** 0.5
+    w_edge = torch.randn(edge_channels, latent_channels, generator=g) / latent_channels**0.5
     bias = torch.randn(edge_channels, generator=g) - 1.0  # mostly small values, as in proteins
-    logits = (z[pair[0]] + z[pair[1]]) @ w_edge.t() + bias + edge_noise * torch.randn(
-        pair.size(1), edge_channels, generator=g)
+    logits = (
+        (z[pair[0]] + z[pair[1]]) @ w_edge.t()
+        + bias
+        + edge_noise * torch.randn(pair.size(1), edge_channels, generator=g)
+    )
     pair_attr = torch.sigmoid(logits)
 
     edge_index = torch.cat([pair, pair.flip(0)], dim=1)
@@ -110,8 +118,17 @@ def proteins_like(
         "valid": ((species >= train_species) & (species < train_species + valid_species)).nonzero().view(-1),
         "test": (species >= train_species + valid_species).nonzero().view(-1),
     }
-    ds = NodeDataset(name="proteins_like", x=x, edge_index=edge_index, edge_attr=edge_attr, y=y,
-                     split_idx=split_idx, task="multilabel", num_classes=num_tasks,
-                     evaluator="ogbn-proteins", species_channels=num_species,
-                     info={"hops": hops.tolist(), "seed": seed})
+    ds = NodeDataset(
+        name="proteins_like",
+        x=x,
+        edge_index=edge_index,
+        edge_attr=edge_attr,
+        y=y,
+        split_idx=split_idx,
+        task="multilabel",
+        num_classes=num_tasks,
+        evaluator="ogbn-proteins",
+        species_channels=num_species,
+        info={"hops": hops.tolist(), "seed": seed},
+    )
     return ds.sorted_by_destination()

@@ -14,13 +14,35 @@ Example::
     >>> z = deq(torch.randn(10, 4))          # z = tanh(0.5 * lin(z) + x) at equilibrium
     >>> z.sum().backward()                   # implicit differentiation
 """
+
 from .implicit import implicit_equilibrium, phantom_grad, unroll
 from .module import BACKWARD_MODES, DEQ, DEQConvergenceWarning
-from .solvers import (SOLVERS, SolverDivergenceError, SolverResult, anderson, broyden,
-                      check_solver_options, fixed_point, get_solver, solver_options)
+from .solvers import (
+    SOLVERS,
+    SolverDivergenceError,
+    SolverResult,
+    anderson,
+    broyden,
+    check_solver_options,
+    fixed_point,
+    get_solver,
+    solver_options,
+)
 
 __all__ = [
-    "DEQ", "DEQConvergenceWarning", "BACKWARD_MODES", "SOLVERS", "SolverDivergenceError", "SolverResult",
-    "anderson", "broyden", "fixed_point", "get_solver", "solver_options", "check_solver_options",
-    "implicit_equilibrium", "phantom_grad", "unroll",
+    "DEQ",
+    "DEQConvergenceWarning",
+    "BACKWARD_MODES",
+    "SOLVERS",
+    "SolverDivergenceError",
+    "SolverResult",
+    "anderson",
+    "broyden",
+    "fixed_point",
+    "get_solver",
+    "solver_options",
+    "check_solver_options",
+    "implicit_equilibrium",
+    "phantom_grad",
+    "unroll",
 ]

@@ -22,6 +22,7 @@ Two cheaper approximations are provided as well:
 * :func:`unroll`: plain weight-tied iteration from :math:`\mathbf{z}_0`, backpropagated through every step
   (for tests and for unrolled pretraining).
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Optional, Sequence
@@ -56,15 +57,16 @@ class _ImplicitGrad(torch.autograd.Function):
         ctx.is_tensor = tuple(isinstance(t, Tensor) for t in inputs)
         ctx.others = tuple(None if isinstance(t, Tensor) else t for t in inputs)
         ctx.slots, ctx.num_tensors = slots, len(tensors)
-        ctx.save_for_backward(z_star, *tensors, *(t for i, t in enumerate(inputs)
-                                                  if isinstance(t, Tensor) and i not in slots))
+        ctx.save_for_backward(
+            z_star, *tensors, *(t for i, t in enumerate(inputs) if isinstance(t, Tensor) and i not in slots)
+        )
         return z_star.clone()
 
     @staticmethod
     def backward(ctx, grad):
         z_star, *saved = ctx.saved_tensors
         n = len(ctx.slots)
-        tensors, rest = saved[:ctx.num_tensors], iter(saved[ctx.num_tensors:])
+        tensors, rest = saved[: ctx.num_tensors], iter(saved[ctx.num_tensors :])
         with torch.enable_grad():
             leaves = [t.detach().requires_grad_() for t in tensors[:n]]
             params = tensors[n:]
@@ -88,9 +90,14 @@ class _ImplicitGrad(torch.autograd.Function):
         return (None, None, None, None, None, None, *grads)
 
 
-def implicit_equilibrium(f: Callable[..., Tensor], z_star: Tensor, inputs: Sequence[Any],
-                         params: Sequence[Tensor], solve: AdjointSolve,
-                         on_result: Optional[Callable[[SolverResult], None]] = None) -> Tensor:
+def implicit_equilibrium(
+    f: Callable[..., Tensor],
+    z_star: Tensor,
+    inputs: Sequence[Any],
+    params: Sequence[Tensor],
+    solve: AdjointSolve,
+    on_result: Optional[Callable[[SolverResult], None]] = None,
+) -> Tensor:
     r"""Attach implicit differentiation to an equilibrium found without autograd.
 
     Args:
@@ -108,8 +115,7 @@ def implicit_equilibrium(f: Callable[..., Tensor], z_star: Tensor, inputs: Seque
         :obj:`f` plus one vector-Jacobian product per adjoint iteration. Higher-order gradients
         (:obj:`create_graph=True`) are not supported.
     """
-    slots = tuple(i for i, t in enumerate(inputs)
-                  if isinstance(t, Tensor) and t.requires_grad)
+    slots = tuple(i for i, t in enumerate(inputs) if isinstance(t, Tensor) and t.requires_grad)
     tensors = [inputs[i] for i in slots] + [p for p in params if p.requires_grad]
     return _ImplicitGrad.apply(f, tuple(inputs), slots, solve, on_result, z_star.detach(), *tensors)
 

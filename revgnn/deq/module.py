@@ -1,4 +1,5 @@
 r"""The :class:`DEQ` module: an infinitely deep weight-tied layer, evaluated at its equilibrium."""
+
 from __future__ import annotations
 
 import math
@@ -34,7 +35,8 @@ class DEQ(nn.Module):
     found by a root solver without building an autograd graph. Gradients follow :obj:`backward`:
 
     * :obj:`"implicit"`: exact implicit differentiation; the adjoint fixed point
-      :math:`\mathbf{u}^\top = \mathbf{u}^\top \partial f/\partial\mathbf{z} + \partial\ell/\partial\mathbf{z}^*`
+      :math:`\mathbf{u}^\top = \mathbf{u}^\top \partial f/\partial\mathbf{z}
+      + \partial\ell/\partial\mathbf{z}^*`
       is solved by :obj:`backward_solver` (see :mod:`revgnn.deq.implicit`). Only :math:`\mathbf{z}^*` and
       the inputs are saved; the backward pass re-evaluates :math:`f` once at :math:`\mathbf{z}^*`.
       Memory does not depend on the number of solver iterations.
@@ -112,8 +114,7 @@ class DEQ(nn.Module):
         self.backward_max_iter = int(backward_max_iter or max_iter)
         self.backward_tol = float(backward_tol or tol)
         if backward_solver_options is None:
-            backward_solver_options = (self.solver_options
-                                       if self.backward_solver == solver else {})
+            backward_solver_options = self.solver_options if self.backward_solver == solver else {}
         self.backward_solver_options = dict(backward_solver_options)
         self.phantom_steps = int(phantom_steps)
         self.phantom_damping = float(phantom_damping)
@@ -162,8 +163,13 @@ class DEQ(nn.Module):
         r"""Run the forward solver only (no autograd graph); returns the full :class:`SolverResult`."""
         z_init = self._initial_state(inputs, z0)
         result = get_solver(self.solver)(
-            lambda z: self.f(z, *inputs), z_init, max_iter=self.max_iter, tol=self.tol,
-            stop_mode=self.stop_mode, **self.solver_options)
+            lambda z: self.f(z, *inputs),
+            z_init,
+            max_iter=self.max_iter,
+            tol=self.tol,
+            stop_mode=self.stop_mode,
+            **self.solver_options,
+        )
         self._record("forward", result)
         if self.warm_start:
             self._z_prev = result.z.detach()
@@ -181,8 +187,7 @@ class DEQ(nn.Module):
         if torch.is_autocast_enabled(device_type):
             # Solve in float32: bf16/fp16 (eps 8e-3 / 1e-3) cannot reach a useful residual tolerance.
             with torch.autocast(device_type, enabled=False):
-                inputs = tuple(t.float() if isinstance(t, Tensor) and t.dtype in _HALF else t
-                               for t in inputs)
+                inputs = tuple(t.float() if isinstance(t, Tensor) and t.dtype in _HALF else t for t in inputs)
                 return self._forward(inputs, None if z0 is None else z0.float())
         return self._forward(inputs, z0)
 
@@ -194,10 +199,15 @@ class DEQ(nn.Module):
             z, abs_res, rel_res = unroll(f, self._initial_state(inputs, z0), self.unroll_steps)
             if not (math.isfinite(abs_res) and math.isfinite(rel_res)):
                 raise SolverDivergenceError(
-                    f"DEQ unroll: the state contains NaN/inf after {self.unroll_steps} steps")
+                    f"DEQ unroll: the state contains NaN/inf after {self.unroll_steps} steps"
+                )
             res = rel_res if self.stop_mode == "rel" else abs_res
-            self.stats = {"forward_steps": self.unroll_steps, "forward_residual": res,
-                          "forward_abs_residual": abs_res, "forward_rel_residual": rel_res}
+            self.stats = {
+                "forward_steps": self.unroll_steps,
+                "forward_residual": res,
+                "forward_abs_residual": abs_res,
+                "forward_rel_residual": rel_res,
+            }
             self._solves["forward"].append((self.unroll_steps, res, res <= self.tol))
             return z
 
@@ -206,25 +216,42 @@ class DEQ(nn.Module):
             return z_star
         if self.backward == "phantom":
             return phantom_grad(f, z_star, self.phantom_steps, self.phantom_damping)
-        return implicit_equilibrium(self.f, z_star, inputs, list(self.f.parameters()),
-                                    self._solve_adjoint, lambda r: self._record("backward", r))
+        return implicit_equilibrium(
+            self.f,
+            z_star,
+            inputs,
+            list(self.f.parameters()),
+            self._solve_adjoint,
+            lambda r: self._record("backward", r),
+        )
 
     def _solve_adjoint(self, adjoint_map, u0: Tensor) -> SolverResult:
         return get_solver(self.backward_solver)(
-            adjoint_map, u0, max_iter=self.backward_max_iter, tol=self.backward_tol,
-            stop_mode=self.stop_mode, **self.backward_solver_options)
+            adjoint_map,
+            u0,
+            max_iter=self.backward_max_iter,
+            tol=self.backward_tol,
+            stop_mode=self.stop_mode,
+            **self.backward_solver_options,
+        )
 
     def _needs_grad(self, inputs) -> bool:
-        return (any(p.requires_grad for p in self.f.parameters())
-                or any(isinstance(t, Tensor) and t.requires_grad for t in inputs))
+        return any(p.requires_grad for p in self.f.parameters()) or any(
+            isinstance(t, Tensor) and t.requires_grad for t in inputs
+        )
 
     def _initial_state(self, inputs, z0: Optional[Tensor]) -> Tensor:
         if z0 is None and not (inputs and isinstance(inputs[0], Tensor)):
             raise ValueError("DEQ: pass z0 when the first input is not a tensor shaped like the state")
         cold = z0.detach() if z0 is not None else torch.zeros_like(inputs[0])
         prev = self._z_prev
-        if (self.warm_start and prev is not None and prev.shape == cold.shape
-                and prev.dtype == cold.dtype and prev.device == cold.device):
+        if (
+            self.warm_start
+            and prev is not None
+            and prev.shape == cold.shape
+            and prev.dtype == cold.dtype
+            and prev.device == cold.device
+        ):
             return prev
         return cold
 
@@ -240,7 +267,10 @@ class DEQ(nn.Module):
                 f"DEQ {which} solve did not converge: {result.solver} stopped after {result.steps} "
                 f"evaluations at {result.stop_mode} residual {result.residual:.2e} > tol "
                 f"{result.tol:.1e}; returning the best iterate. Raise max_iter, change the solver, or "
-                "enable the contraction guarantee.", DEQConvergenceWarning, stacklevel=3)
+                "enable the contraction guarantee.",
+                DEQConvergenceWarning,
+                stacklevel=3,
+            )
 
     def epoch_stats(self) -> Dict[str, float]:
         r"""Convergence of the solves since the last call, and forgets them: for ``forward`` and
@@ -260,5 +290,7 @@ class DEQ(nn.Module):
         return out
 
     def extra_repr(self) -> str:
-        return (f"solver={self.solver}, max_iter={self.max_iter}, tol={self.tol:g}, "
-                f"stop_mode={self.stop_mode}, backward={self.backward}")
+        return (
+            f"solver={self.solver}, max_iter={self.max_iter}, tol={self.tol:g}, "
+            f"stop_mode={self.stop_mode}, backward={self.backward}"
+        )

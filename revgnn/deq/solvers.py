@@ -27,6 +27,7 @@ Example::
     >>> res.converged, round(res.z[0, 0].item(), 4)
     (True, 2.0)
 """
+
 from __future__ import annotations
 
 import inspect
@@ -98,9 +99,11 @@ class SolverResult:
         }
 
     def __repr__(self) -> str:
-        return (f"SolverResult(solver={self.solver}, steps={self.steps}, "
-                f"{self.stop_mode}_residual={self.residual:.3e}, tol={self.tol:.1e}, "
-                f"converged={self.converged})")
+        return (
+            f"SolverResult(solver={self.solver}, steps={self.steps}, "
+            f"{self.stop_mode}_residual={self.residual:.3e}, tol={self.tol:.1e}, "
+            f"converged={self.converged})"
+        )
 
 
 @dataclass
@@ -127,11 +130,13 @@ class _Tracker:
             raise SolverDivergenceError(
                 f"{self.name}: {what} contains NaN/inf at evaluation {step} "
                 f"(residual trace so far: {_fmt(self.trace)}). The map is not contractive here: lower "
-                "the learning rate, use damping, or enable a contraction guarantee.")
+                "the learning rate, use damping, or enable a contraction guarantee."
+            )
         if not math.isfinite(abs_res):
             raise SolverDivergenceError(
                 f"{self.name}: the iterate z contains NaN/inf at evaluation {step} "
-                f"(residual trace so far: {_fmt(self.trace)}).")
+                f"(residual trace so far: {_fmt(self.trace)})."
+            )
         rel_res = abs_res / max(fz_norm, torch.finfo(torch.float64).tiny)
         res = rel_res if self.stop_mode == "rel" else abs_res
         self.trace.append(res)
@@ -142,9 +147,17 @@ class _Tracker:
     def result(self, shape: torch.Size) -> SolverResult:
         best = self.best_rel if self.stop_mode == "rel" else self.best_abs
         return SolverResult(
-            z=self.best_z.reshape(shape), steps=len(self.trace), abs_residual=self.best_abs,
-            rel_residual=self.best_rel, trace=self.trace, converged=best <= self.tol,
-            solver=self.name, stop_mode=self.stop_mode, tol=self.tol, fallbacks=self.fallbacks)
+            z=self.best_z.reshape(shape),
+            steps=len(self.trace),
+            abs_residual=self.best_abs,
+            rel_residual=self.best_rel,
+            trace=self.trace,
+            converged=best <= self.tol,
+            solver=self.name,
+            stop_mode=self.stop_mode,
+            tol=self.tol,
+            fallbacks=self.fallbacks,
+        )
 
 
 def _fmt(trace: List[float]) -> str:
@@ -170,15 +183,24 @@ def _flat_map(f: MapFn, shape: torch.Size) -> MapFn:
     def F(x: Tensor) -> Tensor:
         out = f(x.view(shape))
         if out.shape != shape:
-            raise ValueError(f"f must map a tensor of shape {tuple(shape)} to the same shape, "
-                             f"got {tuple(out.shape)}")
+            raise ValueError(
+                f"f must map a tensor of shape {tuple(shape)} to the same shape, got {tuple(out.shape)}"
+            )
         return out.reshape(-1)
+
     return F
 
 
 @torch.no_grad()
-def fixed_point(f: MapFn, z0: Tensor, *, max_iter: int = 50, tol: float = 1e-4,
-                stop_mode: str = "rel", damping: float = 1.0) -> SolverResult:
+def fixed_point(
+    f: MapFn,
+    z0: Tensor,
+    *,
+    max_iter: int = 50,
+    tol: float = 1e-4,
+    stop_mode: str = "rel",
+    damping: float = 1.0,
+) -> SolverResult:
     r"""(Damped) fixed-point iteration,
 
     .. math::
@@ -215,8 +237,17 @@ def fixed_point(f: MapFn, z0: Tensor, *, max_iter: int = 50, tol: float = 1e-4,
 
 
 @torch.no_grad()
-def anderson(f: MapFn, z0: Tensor, *, max_iter: int = 50, tol: float = 1e-4, stop_mode: str = "rel",
-             m: int = 5, lam: float = 1e-4, beta: float = 1.0) -> SolverResult:
+def anderson(
+    f: MapFn,
+    z0: Tensor,
+    *,
+    max_iter: int = 50,
+    tol: float = 1e-4,
+    stop_mode: str = "rel",
+    m: int = 5,
+    lam: float = 1e-4,
+    beta: float = 1.0,
+) -> SolverResult:
     r"""Anderson acceleration (Walker & Ni, 2011; difference form).
 
     With residuals :math:`\mathbf{g}_k = f(\mathbf{z}_k) - \mathbf{z}_k` and the last :math:`m`
@@ -287,8 +318,9 @@ def anderson(f: MapFn, z0: Tensor, *, max_iter: int = 50, tol: float = 1e-4, sto
             rhs = (DG.T @ g).double()
             ridge = lam * gram.diagonal().mean() + torch.finfo(torch.float64).tiny
             try:
-                gamma = torch.linalg.solve(gram + ridge * torch.eye(k, dtype=gram.dtype,
-                                                                    device=gram.device), rhs)
+                gamma = torch.linalg.solve(
+                    gram + ridge * torch.eye(k, dtype=gram.dtype, device=gram.device), rhs
+                )
             except RuntimeError:  # singular despite the ridge (e.g. lam == 0, zero differences)
                 gamma = None
             if gamma is not None and torch.isfinite(gamma).all():
@@ -306,8 +338,9 @@ def anderson(f: MapFn, z0: Tensor, *, max_iter: int = 50, tol: float = 1e-4, sto
 
 
 @torch.no_grad()
-def broyden(f: MapFn, z0: Tensor, *, max_iter: int = 50, tol: float = 1e-4, stop_mode: str = "rel",
-            memory: int = 20) -> SolverResult:
+def broyden(
+    f: MapFn, z0: Tensor, *, max_iter: int = 50, tol: float = 1e-4, stop_mode: str = "rel", memory: int = 20
+) -> SolverResult:
     r"""Limited-memory ("good") Broyden's method on :math:`\mathbf{g}(\mathbf{z}) = f(\mathbf{z}) -
     \mathbf{z} = \mathbf{0}`.
 

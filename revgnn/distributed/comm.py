@@ -7,6 +7,7 @@ ever padded or gathered. Waits are bounded: a peer that died or never
 arrives turns into a :class:`SARCommError` naming the peer and the
 operation instead of a hang.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -20,9 +21,15 @@ import torch.distributed as dist
 from torch import Tensor
 
 __all__ = [
-    'SARCommError', 'init_distributed', 'Transfer', 'post_transfer',
-    'all_reduce_sum', 'all_gather_object_checked', 'broadcast_parameters',
-    'all_reduce_gradients', 'AllReduceSum'
+    "SARCommError",
+    "init_distributed",
+    "Transfer",
+    "post_transfer",
+    "all_reduce_sum",
+    "all_gather_object_checked",
+    "broadcast_parameters",
+    "all_reduce_gradients",
+    "AllReduceSum",
 ]
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -37,24 +44,24 @@ class SARCommError(RuntimeError):
 
 
 def _timeout(seconds: Optional[float]) -> datetime.timedelta:
-    return datetime.timedelta(
-        seconds=DEFAULT_TIMEOUT_S if seconds is None else float(seconds))
+    return datetime.timedelta(seconds=DEFAULT_TIMEOUT_S if seconds is None else float(seconds))
 
 
 def _cause(e: BaseException) -> str:
     # torch appends C++ stack traces after the first line, and gloo prefixes
     # its source location.
     lines = str(e).strip().splitlines()
-    first = re.sub(r'^\[[^\]]*\.(cc|cpp|h):\d+\] ', '', lines[0] if lines
-                   else '')
-    return f'{type(e).__name__}: {first}'
+    first = re.sub(r"^\[[^\]]*\.(cc|cpp|h):\d+\] ", "", lines[0] if lines else "")
+    return f"{type(e).__name__}: {first}"
 
 
-def init_distributed(backend: Optional[str] = None,
-                     timeout_s: Optional[float] = None,
-                     init_method: Optional[str] = None,
-                     rank: Optional[int] = None,
-                     world_size: Optional[int] = None) -> None:
+def init_distributed(
+    backend: Optional[str] = None,
+    timeout_s: Optional[float] = None,
+    init_method: Optional[str] = None,
+    rank: Optional[int] = None,
+    world_size: Optional[int] = None,
+) -> None:
     r"""Joins the process group (idempotent).
 
     Without arguments it reads the ``torchrun`` environment (``RANK``,
@@ -74,72 +81,79 @@ def init_distributed(backend: Optional[str] = None,
     if dist.is_initialized():
         return
     if backend is None:
-        backend = 'nccl' if torch.cuda.is_available() else 'gloo'
-    if init_method is None and 'MASTER_ADDR' not in os.environ:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if init_method is None and "MASTER_ADDR" not in os.environ:
         raise SARCommError(
-            'No rendezvous: launch with torchrun (which sets MASTER_ADDR, '
-            'MASTER_PORT, RANK, WORLD_SIZE) or pass init_method')
+            "No rendezvous: launch with torchrun (which sets MASTER_ADDR, "
+            "MASTER_PORT, RANK, WORLD_SIZE) or pass init_method"
+        )
     kwargs = {}
     if rank is not None:
         kwargs.update(rank=rank, world_size=world_size)
     timeout = _timeout(timeout_s)
     try:
-        dist.init_process_group(backend, init_method=init_method,
-                                timeout=timeout, **kwargs)
+        dist.init_process_group(backend, init_method=init_method, timeout=timeout, **kwargs)
     except Exception as e:  # store timeout, refused connection, ...
         # Name this worker as torchrun does when the caller did not.
         if rank is None:
-            rank = os.environ.get('RANK', '?')
+            rank = os.environ.get("RANK", "?")
         if world_size is None:
-            world_size = os.environ.get('WORLD_SIZE', '?')
-        where = init_method or (f"env://{os.environ.get('MASTER_ADDR')}:"
-                                f"{os.environ.get('MASTER_PORT', '?')}")
+            world_size = os.environ.get("WORLD_SIZE", "?")
+        where = init_method or (f"env://{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT', '?')}")
         raise SARCommError(
-            f'[rank {rank}] Could not join the process group of '
-            f'{world_size} workers at {where} within '
-            f'{timeout.total_seconds():g} s (backend={backend}): a peer '
-            f'never arrived or the rendezvous address is wrong. Check that '
-            f'every worker was started with the same address and world size '
-            f'and read the logs of those that did not join. Cause: '
-            f'{_cause(e)}') from e
+            f"[rank {rank}] Could not join the process group of "
+            f"{world_size} workers at {where} within "
+            f"{timeout.total_seconds():g} s (backend={backend}): a peer "
+            f"never arrived or the rendezvous address is wrong. Check that "
+            f"every worker was started with the same address and world size "
+            f"and read the logs of those that did not join. Cause: "
+            f"{_cause(e)}"
+        ) from e
     _pg_timeout_s = timeout.total_seconds()
 
 
 def _wrap(e: Exception, what: str) -> SARCommError:
     return SARCommError(
-        f'[rank {dist.get_rank()}] {what} failed: a peer worker died, hung '
-        f'past the timeout, or runs a different model/partitioning; check '
-        f'the other workers\' logs for the first error; if one is merely '
-        f'slow, raise backend.timeout_s. Cause: {_cause(e)}')
+        f"[rank {dist.get_rank()}] {what} failed: a peer worker died, hung "
+        f"past the timeout, or runs a different model/partitioning; check "
+        f"the other workers' logs for the first error; if one is merely "
+        f"slow, raise backend.timeout_s. Cause: {_cause(e)}"
+    )
 
 
-def _peer_error(e: BaseException, what: str, label: str, peer: int,
-                timeout_s: Optional[float]) -> SARCommError:
+def _peer_error(
+    e: BaseException, what: str, label: str, peer: int, timeout_s: Optional[float]
+) -> SARCommError:
     """The error for one failed point-to-point work ``label`` ("send to rank
     1") of operation ``what``, naming the peer and what to do."""
-    me = dist.get_rank() if dist.is_initialized() else '?'
+    me = dist.get_rank() if dist.is_initialized() else "?"
     cause = _cause(e)
-    if isinstance(e, TimeoutError) or 'timed out' in cause.lower():
-        bound = ('the process-group timeout' if timeout_s is None else
-                 f'{timeout_s:g} s')
+    if isinstance(e, TimeoutError) or "timed out" in cause.lower():
+        bound = "the process-group timeout" if timeout_s is None else f"{timeout_s:g} s"
         # gloo moves a message only once the receiver has posted the matching
         # receive, so a send also waits for the peer (measured: a send to a
         # SIGSTOPped peer times out; it completes only if the peer had posted
         # its receive before it stopped).
-        why = (f'rank {peer} never posted the matching receive'
-               if label.startswith('send') else
-               f'the data from rank {peer} never arrived')
-        msg = (f'{label} timed out after {bound}: {why}. Rank {peer} is '
-               f'hung or stopped, slower than the timeout, or runs a '
-               f"different model/partitioning: check rank {peer}'s log; if it "
-               f'is merely slow, raise backend.timeout_s.')
-    elif any(s in cause.lower() for s in ('closed', 'reset', 'broken pipe')):
-        msg = (f'{label} failed: rank {peer} closed the connection (it '
-               f'exited, crashed, or gave up after an error of its own); '
-               f"check rank {peer}'s log for the first error.")
+        why = (
+            f"rank {peer} never posted the matching receive"
+            if label.startswith("send")
+            else f"the data from rank {peer} never arrived"
+        )
+        msg = (
+            f"{label} timed out after {bound}: {why}. Rank {peer} is "
+            f"hung or stopped, slower than the timeout, or runs a "
+            f"different model/partitioning: check rank {peer}'s log; if it "
+            f"is merely slow, raise backend.timeout_s."
+        )
+    elif any(s in cause.lower() for s in ("closed", "reset", "broken pipe")):
+        msg = (
+            f"{label} failed: rank {peer} closed the connection (it "
+            f"exited, crashed, or gave up after an error of its own); "
+            f"check rank {peer}'s log for the first error."
+        )
     else:
         msg = f"{label} failed; check rank {peer}'s log."
-    return SARCommError(f'[rank {me}] {what}: {msg} Cause: {cause}')
+    return SARCommError(f"[rank {me}] {what}: {msg} Cause: {cause}")
 
 
 class Transfer:
@@ -149,9 +163,14 @@ class Transfer:
     Every work carries its direction and peer, and an error names the one
     that actually failed or timed out."""
 
-    def __init__(self, works: List[Tuple[object, str, int]],
-                 recv: Optional[Tensor], send_buf, what: str,
-                 timeout_s: Optional[float]):
+    def __init__(
+        self,
+        works: List[Tuple[object, str, int]],
+        recv: Optional[Tensor],
+        send_buf,
+        what: str,
+        timeout_s: Optional[float],
+    ):
         self._works = works  # (work, "send to rank 1", 1)
         self._recv = recv
         self._send_buf = send_buf  # keep the send buffer alive until done
@@ -163,8 +182,7 @@ class Transfer:
         # and the first failure is the one reported: after a timeout gloo
         # closes every connection of this worker ("Application timeout
         # caused pair closure"), so later works would only fail with that.
-        deadline = (None if self.timeout_s is None else
-                    time.monotonic() + self.timeout_s)
+        deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
         for work, label, peer in self._works:
             try:
                 if deadline is None:
@@ -173,17 +191,22 @@ class Transfer:
                     # Work.wait(0) means "no timeout": keep at least 1 ms.
                     left = max(deadline - time.monotonic(), 1e-3)
                     if not work.wait(datetime.timedelta(seconds=left)):
-                        raise TimeoutError('timed out')
+                        raise TimeoutError("timed out")
             except Exception as e:
-                raise _peer_error(e, self.what, label, peer,
-                                  self.timeout_s) from e
+                raise _peer_error(e, self.what, label, peer, self.timeout_s) from e
         self._works, self._send_buf = [], None
         return self._recv
 
 
-def post_transfer(send: Optional[Tensor], dst: int, recv: Optional[Tensor],
-                  src: int, tag: int, what: str,
-                  timeout_s: Optional[float] = None) -> Transfer:
+def post_transfer(
+    send: Optional[Tensor],
+    dst: int,
+    recv: Optional[Tensor],
+    src: int,
+    tag: int,
+    what: str,
+    timeout_s: Optional[float] = None,
+) -> Transfer:
     """Posts a non-blocking send of ``send`` to ``dst`` and receive into
     ``recv`` from ``src``; empty or ``None`` tensors are skipped (both sides
     know the sizes, so they skip symmetrically).
@@ -197,20 +220,20 @@ def post_transfer(send: Optional[Tensor], dst: int, recv: Optional[Tensor],
     if timeout_s is None:
         timeout_s = _pg_timeout_s
     works = []
-    label, peer = f'receive from rank {src}', src
+    label, peer = f"receive from rank {src}", src
     try:
         if recv is not None and recv.numel() > 0:
             works.append((dist.irecv(recv, src=src, tag=tag), label, peer))
         if send is not None and send.numel() > 0:
             send = send.contiguous()
-            label, peer = f'send to rank {dst}', dst
+            label, peer = f"send to rank {dst}", dst
             works.append((dist.isend(send, dst=dst, tag=tag), label, peer))
     except Exception as e:  # e.g. the connection is already closed
         raise _peer_error(e, what, label, peer, timeout_s) from e
     return Transfer(works, recv, send, what, timeout_s)
 
 
-def all_reduce_sum(t: Tensor, what: str = 'all_reduce') -> Tensor:
+def all_reduce_sum(t: Tensor, what: str = "all_reduce") -> Tensor:
     """In-place sum over workers with errors turned into
     :class:`SARCommError`."""
     try:
@@ -227,11 +250,11 @@ class AllReduceSum(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor) -> Tensor:
-        return all_reduce_sum(x.clone(), 'AllReduceSum.forward')
+        return all_reduce_sum(x.clone(), "AllReduceSum.forward")
 
     @staticmethod
     def backward(ctx, g: Tensor) -> Tensor:
-        return all_reduce_sum(g.clone(), 'AllReduceSum.backward')
+        return all_reduce_sum(g.clone(), "AllReduceSum.backward")
 
 
 def all_gather_object_checked(obj, what: str) -> List:
@@ -251,7 +274,7 @@ def broadcast_parameters(module: torch.nn.Module, src: int = 0) -> None:
             for t in list(module.parameters()) + list(module.buffers()):
                 dist.broadcast(t.data, src=src)
     except Exception as e:
-        raise _wrap(e, 'broadcast_parameters') from e
+        raise _wrap(e, "broadcast_parameters") from e
 
 
 def all_reduce_gradients(params: Sequence[torch.nn.Parameter]) -> None:
@@ -272,9 +295,9 @@ def all_reduce_gradients(params: Sequence[torch.nn.Parameter]) -> None:
         by_dtype.setdefault((p.grad.dtype, p.grad.device), []).append(p.grad)
     for gs in by_dtype.values():
         flat = torch.cat([g.reshape(-1) for g in gs])
-        all_reduce_sum(flat, 'all_reduce_gradients')
+        all_reduce_sum(flat, "all_reduce_gradients")
         i = 0
         for g in gs:
             n = g.numel()
-            g.copy_(flat[i:i + n].view_as(g))
+            g.copy_(flat[i : i + n].view_as(g))
             i += n

@@ -12,6 +12,7 @@ local edges in the graph's shard order (``graph.edge_attr``, or an encoding
 of it). Node-wise pre-/post-ops (linear maps, the GENConv MLP, biases) run
 locally; only the edge aggregation goes through the ring.
 """
+
 from __future__ import annotations
 
 from typing import List, Optional, Sequence
@@ -21,8 +22,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 from torch_geometric.nn import GATConv, GCNConv, GENConv, GINConv, SAGEConv
-from torch_geometric.nn.aggr import (MaxAggregation, MeanAggregation,
-                                     SoftmaxAggregation, SumAggregation)
+from torch_geometric.nn.aggr import MaxAggregation, MeanAggregation, SoftmaxAggregation, SumAggregation
 
 from revgnn.nn.edge_features import LinearEdgeFeatures
 from revgnn.nn.norm_act import sequential_forward
@@ -31,9 +31,17 @@ from .comm import AllReduceSum
 from .gen_max_sar import sar_gen_max
 from .sar import EdgeOp, SARGraph, sequential_aggregate
 
-__all__ = ['SARGENConv', 'SARGATConv', 'SARSAGEConv', 'SARGINConv',
-           'SARGCNConv', 'gcn_edge_weight', 'SARBatchNorm',
-           'convert_to_sar', 'SAR_CONVS']
+__all__ = [
+    "SARGENConv",
+    "SARGATConv",
+    "SARSAGEConv",
+    "SARGINConv",
+    "SARGCNConv",
+    "gcn_edge_weight",
+    "SARBatchNorm",
+    "convert_to_sar",
+    "SAR_CONVS",
+]
 
 
 class _Linear(EdgeOp):
@@ -45,31 +53,32 @@ class _Linear(EdgeOp):
 
 def _simple_aggr_kind(module, name: str) -> str:
     aggr = module.aggr_module
-    for cls, kind in ((SumAggregation, 'sum'), (MeanAggregation, 'mean'),
-                      (MaxAggregation, 'max')):
+    for cls, kind in ((SumAggregation, "sum"), (MeanAggregation, "mean"), (MaxAggregation, "max")):
         if type(aggr) is cls:
             return kind
     raise NotImplementedError(
-        f'{name} with aggregation {aggr} is not supported under SAR '
-        '(supported: sum, mean, max' +
-        (', softmax' if name == 'GENConv' else '') + ')')
+        f"{name} with aggregation {aggr} is not supported under SAR "
+        "(supported: sum, mean, max" + (", softmax" if name == "GENConv" else "") + ")"
+    )
 
 
 def _no_tuple(x, name):
     if not isinstance(x, Tensor):
         raise NotImplementedError(
-            f'{name} on a SARGraph takes one node tensor (bipartite input '
-            'is not supported)')
+            f"{name} on a SARGraph takes one node tensor (bipartite input is not supported)"
+        )
 
 
 def _check_no_batch_norm(module: torch.nn.Module, name: str):
     if module.training and any(
-            isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and
-            not isinstance(m, SARBatchNorm) for m in module.modules()):
+        isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and not isinstance(m, SARBatchNorm)
+        for m in module.modules()
+    ):
         raise NotImplementedError(
-            f'{name} holds BatchNorm, whose training statistics span all '
-            'nodes of all workers; run convert_to_sar(model), which makes '
-            'it a SARBatchNorm')
+            f"{name} holds BatchNorm, whose training statistics span all "
+            "nodes of all workers; run convert_to_sar(model), which makes "
+            "it a SARBatchNorm"
+        )
 
 
 class _GENMessage(EdgeOp):
@@ -80,10 +89,9 @@ class _GENMessage(EdgeOp):
     def __init__(self, conv: GENConv, kind: str, has_edge: bool):
         self.kind = kind
         self.eps = conv.eps
-        self.lin_edge = (getattr(conv, 'lin_edge', None)
-                         if has_edge else None)
+        self.lin_edge = getattr(conv, "lin_edge", None) if has_edge else None
         self.t = None
-        if kind == 'softmax':
+        if kind == "softmax":
             aggr = conv.aggr_module
             self.t = aggr.t
             self.channels = aggr.channels
@@ -107,7 +115,7 @@ class _GENMessage(EdgeOp):
             edge = F.linear(edge, w, b)
         msg = x_j if edge is None else x_j + edge
         v = msg.relu() + self.eps
-        if self.kind != 'softmax':
+        if self.kind != "softmax":
             return None, v
         t = params.pop(0) if isinstance(self.t, Tensor) else self.t
         if isinstance(t, Tensor) and self.channels != 1:
@@ -131,44 +139,40 @@ class SARGENConv(GENConv):
     the PyTorch path of :func:`~revgnn.distributed.sar.sequential_aggregate`
     runs as before."""
 
-    #: :func:`revgnn.nn.aggr.gen_conv` passes factored edge features through.
+    #: :func:`revgnn.nn.gen_max.gen_conv` passes factored edge features through.
     takes_factored_edges = True
 
-    def forward(self, x, edge_index, edge_attr: Optional[Tensor] = None,
-                size=None):
+    def forward(self, x, edge_index, edge_attr: Optional[Tensor] = None, size=None):
         if not isinstance(edge_index, SARGraph):
             if isinstance(edge_attr, LinearEdgeFeatures):
                 edge_attr = edge_attr.materialize()
             return super().forward(x, edge_index, edge_attr, size)
-        _no_tuple(x, 'GENConv')
-        _check_no_batch_norm(self.mlp, 'GENConv')
+        _no_tuple(x, "GENConv")
+        _check_no_batch_norm(self.mlp, "GENConv")
         graph = edge_index
         if isinstance(self.aggr_module, SoftmaxAggregation):
-            kind = 'softmax'
+            kind = "softmax"
         else:
-            kind = _simple_aggr_kind(self, 'GENConv')
-        x_src = self.lin_src(x) if hasattr(self, 'lin_src') else x
-        rows = (edge_attr.raw if isinstance(edge_attr, LinearEdgeFeatures)
-                else edge_attr)
+            kind = _simple_aggr_kind(self, "GENConv")
+        x_src = self.lin_src(x) if hasattr(self, "lin_src") else x
+        rows = edge_attr.raw if isinstance(edge_attr, LinearEdgeFeatures) else edge_attr
         if rows is not None and rows.size(0) != graph.num_edges:
-            raise ValueError('edge_attr must hold the local edges in shard '
-                             'order (graph.edge_attr)')
+            raise ValueError("edge_attr must hold the local edges in shard order (graph.edge_attr)")
         out = None
-        if kind == 'max':
-            out = sar_gen_max(graph, x_src, edge_attr,
-                              getattr(self, 'lin_edge', None), self.eps)
+        if kind == "max":
+            out = sar_gen_max(graph, x_src, edge_attr, getattr(self, "lin_edge", None), self.eps)
         fused = out is not None
         if not fused:
             if isinstance(edge_attr, LinearEdgeFeatures):
                 edge_attr = edge_attr.materialize()
             op = _GENMessage(self, kind, edge_attr is not None)
             out = sequential_aggregate(op, graph, x_src, None, edge_attr)
-        if hasattr(self, 'lin_aggr_out'):
+        if hasattr(self, "lin_aggr_out"):
             out = self.lin_aggr_out(out)
-        if hasattr(self, 'msg_norm'):
+        if hasattr(self, "msg_norm"):
             out = self.msg_norm(x, out)
-        x_dst = self.lin_dst(x) if hasattr(self, 'lin_dst') else x
-        if fused:  # as the one-process kernel path (revgnn.nn.aggr.gen_conv)
+        x_dst = self.lin_dst(x) if hasattr(self, "lin_dst") else x
+        if fused:  # as the one-process kernel path (revgnn.nn.gen_max.gen_conv)
             return sequential_forward(self.mlp, out + x_dst)
         return self.mlp(out + x_dst)
 
@@ -179,7 +183,8 @@ class _GATMessage(EdgeOp):
     head; value :math:`W\mathbf{x}_j`. The fetched block is
     :math:`[W\mathbf{x}_j \,\|\, \alpha^{src}_j]` so one transfer carries
     both."""
-    kind = 'softmax'
+
+    kind = "softmax"
 
     def __init__(self, conv: GATConv, has_edge: bool):
         self.H, self.C = conv.heads, conv.out_channels
@@ -197,8 +202,8 @@ class _GATMessage(EdgeOp):
 
     def message(self, x_j, x_i, edge, params):
         H, C = self.H, self.C
-        v = x_j[:, :H * C].view(-1, H, C)
-        s = x_j[:, H * C:] + x_i
+        v = x_j[:, : H * C].view(-1, H, C)
+        s = x_j[:, H * C :] + x_i
         if self.lin_edge is not None:
             params = list(params)
             w = params.pop(0)
@@ -216,20 +221,21 @@ class SARGATConv(GATConv):
     :class:`~revgnn.distributed.sar.SARGraph`, with online softmax and
     attention rematerialisation (attention dropout must be 0 in training)."""
 
-    def forward(self, x, edge_index, edge_attr: Optional[Tensor] = None,
-                size=None, return_attention_weights=None):
+    def forward(
+        self, x, edge_index, edge_attr: Optional[Tensor] = None, size=None, return_attention_weights=None
+    ):
         if not isinstance(edge_index, SARGraph):
-            return super().forward(x, edge_index, edge_attr, size,
-                                   return_attention_weights)
-        _no_tuple(x, 'GATConv')
+            return super().forward(x, edge_index, edge_attr, size, return_attention_weights)
+        _no_tuple(x, "GATConv")
         if return_attention_weights:
             raise NotImplementedError(
-                'return_attention_weights would materialise an E x heads '
-                'tensor, which SAR exists to avoid')
+                "return_attention_weights would materialise an E x heads tensor, which SAR exists to avoid"
+            )
         if self.training and self.dropout > 0:
             raise NotImplementedError(
-                'GATConv attention dropout is not supported under SAR '
-                '(set dropout=0; node dropout outside the conv is fine)')
+                "GATConv attention dropout is not supported under SAR "
+                "(set dropout=0; node dropout outside the conv is fine)"
+            )
         graph = edge_index
         H, C = self.heads, self.out_channels
         res = self.res(x) if self.res is not None else None
@@ -241,18 +247,15 @@ class SARGATConv(GATConv):
         a_src = (xs * self.att_src).sum(dim=-1)
         a_dst = (xd * self.att_dst).sum(dim=-1)
         if edge_attr is not None and edge_attr.size(0) != graph.num_edges:
-            raise ValueError('edge_attr must hold the local edges in shard '
-                             'order (graph.edge_attr)')
+            raise ValueError("edge_attr must hold the local edges in shard order (graph.edge_attr)")
         if self.add_self_loops:
             if edge_attr is not None:
-                edge_attr = graph.self_loop_edge_attr(edge_attr,
-                                                      self.fill_value)
+                edge_attr = graph.self_loop_edge_attr(edge_attr, self.fill_value)
             graph = graph.with_self_loops()
         has_edge = edge_attr is not None and self.lin_edge is not None
         op = _GATMessage(self, has_edge)
         send = torch.cat([xs.reshape(-1, H * C), a_src], dim=1)
-        out = sequential_aggregate(op, graph, send, a_dst,
-                                   edge_attr if has_edge else None)
+        out = sequential_aggregate(op, graph, send, a_dst, edge_attr if has_edge else None)
         out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
         if res is not None:
             out = out + res
@@ -269,21 +272,20 @@ class SARSAGEConv(SAGEConv):
     def forward(self, x, edge_index, size=None):
         if not isinstance(edge_index, SARGraph):
             return super().forward(x, edge_index, size)
-        _no_tuple(x, 'SAGEConv')
-        x_src = self.lin(x).relu() if (self.project and
-                                       hasattr(self, 'lin')) else x
-        kind = _simple_aggr_kind(self, 'SAGEConv')
-        op = _Linear(kind) if kind != 'max' else _MaxOfX()
+        _no_tuple(x, "SAGEConv")
+        x_src = self.lin(x).relu() if (self.project and hasattr(self, "lin")) else x
+        kind = _simple_aggr_kind(self, "SAGEConv")
+        op = _Linear(kind) if kind != "max" else _MaxOfX()
         out = self.lin_l(sequential_aggregate(op, edge_index, x_src))
         if self.root_weight:
             out = out + self.lin_r(x)
         if self.normalize:
-            out = F.normalize(out, p=2., dim=-1)
+            out = F.normalize(out, p=2.0, dim=-1)
         return out
 
 
 class _MaxOfX(EdgeOp):
-    kind = 'max'
+    kind = "max"
 
     def message(self, x_j, x_i, edge, params):
         return None, x_j
@@ -298,10 +300,10 @@ class SARGINConv(GINConv):
     def forward(self, x, edge_index, size=None):
         if not isinstance(edge_index, SARGraph):
             return super().forward(x, edge_index, size)
-        _no_tuple(x, 'GINConv')
-        _check_no_batch_norm(self.nn, 'GINConv')
-        kind = _simple_aggr_kind(self, 'GINConv')
-        op = _Linear(kind) if kind != 'max' else _MaxOfX()
+        _no_tuple(x, "GINConv")
+        _check_no_batch_norm(self.nn, "GINConv")
+        kind = _simple_aggr_kind(self, "GINConv")
+        op = _Linear(kind) if kind != "max" else _MaxOfX()
         out = sequential_aggregate(op, edge_index, x)
         out = out + (1 + self.eps) * x
         return self.nn(out)
@@ -314,24 +316,22 @@ def gcn_edge_weight(graph: SARGraph, improved: bool = False) -> Tensor:
     exactly PyG's ``gcn_norm`` for unweighted graphs. Source degrees come
     from their owners in one ring; cached on the graph."""
     view = graph.with_self_loops()
-    key = '_gcn_norm_improved' if improved else '_gcn_norm'
+    key = "_gcn_norm_improved" if improved else "_gcn_norm"
     cached = getattr(view, key, None)
     if cached is not None:
         return cached
     n = view.num_local
     a, b = view.shard(view.rank)
-    w = torch.ones(view.num_edges, dtype=torch.float64,
-                   device=view.dst.device)
-    w[b - n:b] = 2.0 if improved else 1.0  # the loops close the local shard
+    w = torch.ones(view.num_edges, dtype=torch.float64, device=view.dst.device)
+    w[b - n : b] = 2.0 if improved else 1.0  # the loops close the local shard
     deg = w.new_zeros(n).index_add_(0, view.dst, w)
     dis = deg.pow(-0.5)
-    dis[dis == float('inf')] = 0
+    dis[dis == float("inf")] = 0
     norm = torch.empty_like(w)
     with torch.no_grad():
-        for q, block in view.ring(dis.view(-1, 1), 'GCN degree exchange'):
+        for q, block in view.ring(dis.view(-1, 1), "GCN degree exchange"):
             s0, s1 = view.shard(q)
-            norm[s0:s1] = (block.view(-1)[view.src[s0:s1]] * w[s0:s1] *
-                           dis[view.dst[s0:s1]])
+            norm[s0:s1] = block.view(-1)[view.src[s0:s1]] * w[s0:s1] * dis[view.dst[s0:s1]]
     setattr(view, key, norm)
     return norm
 
@@ -345,19 +345,17 @@ class SARGCNConv(GCNConv):
     def forward(self, x, edge_index, edge_weight=None):
         if not isinstance(edge_index, SARGraph):
             return super().forward(x, edge_index, edge_weight)
-        _no_tuple(x, 'GCNConv')
+        _no_tuple(x, "GCNConv")
         if edge_weight is not None:
-            raise NotImplementedError('GCNConv under SAR takes no '
-                                      'edge_weight (unweighted graphs)')
+            raise NotImplementedError("GCNConv under SAR takes no edge_weight (unweighted graphs)")
         if not (self.normalize and self.add_self_loops):
-            raise NotImplementedError('GCNConv under SAR supports the '
-                                      'default normalize=True, '
-                                      'add_self_loops=True')
+            raise NotImplementedError(
+                "GCNConv under SAR supports the default normalize=True, add_self_loops=True"
+            )
         graph = edge_index
         x = self.lin(x)
         norm = gcn_edge_weight(graph, self.improved).to(x.dtype)
-        out = sequential_aggregate(_Linear('sum'), graph.with_self_loops(),
-                                   x, None, norm)
+        out = sequential_aggregate(_Linear("sum"), graph.with_self_loops(), x, None, norm)
         if self.bias is not None:
             out = out + self.bias
         return out
@@ -379,49 +377,52 @@ class SARBatchNorm(torch.nn.BatchNorm1d):
     """
 
     def forward(self, x: Tensor) -> Tensor:
-        if not (self.training and dist.is_initialized()
-                and dist.get_world_size() > 1):
+        if not (self.training and dist.is_initialized() and dist.get_world_size() > 1):
             return super().forward(x)
         if x.dim() != 2:
-            raise NotImplementedError('SARBatchNorm takes [nodes, channels]')
-        n = AllReduceSum.apply(x.new_full((1, ), float(x.size(0))))
+            raise NotImplementedError("SARBatchNorm takes [nodes, channels]")
+        n = AllReduceSum.apply(x.new_full((1,), float(x.size(0))))
         mean = AllReduceSum.apply(x.sum(0)) / n
-        var = AllReduceSum.apply(((x - mean)**2).sum(0)) / n
+        var = AllReduceSum.apply(((x - mean) ** 2).sum(0)) / n
         if self.track_running_stats:
             with torch.no_grad():
                 self.num_batches_tracked += 1
-                m = (1.0 / float(self.num_batches_tracked)
-                     if self.momentum is None else self.momentum)
+                m = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
                 N = float(n)
                 self.running_mean.mul_(1 - m).add_(m * mean.detach())
-                self.running_var.mul_(1 - m).add_(
-                    m * var.detach() * N / max(N - 1, 1.0))
+                self.running_var.mul_(1 - m).add_(m * var.detach() * N / max(N - 1, 1.0))
         out = (x - mean) / torch.sqrt(var + self.eps)
         if self.affine:
             out = out * self.weight + self.bias
         return out
 
 
-SAR_CONVS = {GENConv: SARGENConv, GATConv: SARGATConv,
-             SAGEConv: SARSAGEConv, GINConv: SARGINConv, GCNConv: SARGCNConv}
+SAR_CONVS = {
+    GENConv: SARGENConv,
+    GATConv: SARGATConv,
+    SAGEConv: SARSAGEConv,
+    GINConv: SARGINConv,
+    GCNConv: SARGCNConv,
+}
 
 
 def convert_to_sar(module: torch.nn.Module) -> torch.nn.Module:
     """Switches every supported PyG conv inside ``module`` to its SAR-aware
     subclass, and every ``BatchNorm1d`` to :class:`SARBatchNorm`, in place
-    (same parameters, same ``state_dict``) and returns ``module``. Convs already converted are left alone; other
-    ``MessagePassing`` layers raise, since they would silently need the
+    (same parameters, same ``state_dict``) and returns ``module``. Convs already converted are left
+    alone; other ``MessagePassing`` layers raise, since they would silently need the
     whole graph."""
     from torch_geometric.nn.conv import MessagePassing
+
     for m in module.modules():
         cls = type(m)
         if cls in SAR_CONVS:
             m.__class__ = SAR_CONVS[cls]
         elif cls is torch.nn.BatchNorm1d:
             m.__class__ = SARBatchNorm
-        elif (isinstance(m, MessagePassing) and
-              cls not in SAR_CONVS.values()):
+        elif isinstance(m, MessagePassing) and cls not in SAR_CONVS.values():
             raise NotImplementedError(
-                f'{cls.__name__} has no SAR implementation (supported: '
-                f'{", ".join(c.__name__ for c in SAR_CONVS)})')
+                f"{cls.__name__} has no SAR implementation (supported: "
+                f"{', '.join(c.__name__ for c in SAR_CONVS)})"
+            )
     return module

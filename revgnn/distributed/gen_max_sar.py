@@ -1,6 +1,6 @@
 r"""GENConv's max aggregation under SAR through the C++ kernel, edge features factored.
 
-On one process :func:`revgnn.nn.aggr.gen_max_aggregate` computes
+On one process :func:`revgnn.nn.gen_max.gen_max_aggregate` computes
 
 .. math::
     \mathbf{h}_{i,c} = \max_{j \in \mathcal{N}(i)} \mathrm{ReLU}(\mathbf{x}_{j,c}
@@ -48,6 +48,7 @@ features, in :math:`O(NCd)` per shard.
 compiler, ``REVGNN_KERNELS=0``, CUDA, other dtypes); the caller then takes the
 PyTorch path of :mod:`revgnn.distributed.sar`.
 """
+
 from __future__ import annotations
 
 from typing import List, Optional, Tuple
@@ -60,18 +61,19 @@ from revgnn.nn.edge_features import LinearEdgeFeatures
 
 from .sar import SARGraph
 
-__all__ = ['sar_gen_max', 'SARGENMax']
+__all__ = ["sar_gen_max", "SARGENMax"]
 
 #: Upper bound on the per-thread gradient buffers of a shard's backward (as
-#: :data:`revgnn.nn.aggr.SCATTER_BUFFER_BYTES`).
+#: :data:`revgnn.nn.gen_max.SCATTER_BUFFER_BYTES`).
 SCATTER_BUFFER_BYTES = 256 * 2**20
 
 
 def _kernel():
     """The compiled ``gen_max`` module if it has the shard entry points, else None."""
     from revgnn.nn import kernels
+
     module = kernels.gen_max()
-    if module is None or not hasattr(module, 'shard_forward'):
+    if module is None or not hasattr(module, "shard_forward"):
         return None
     return module
 
@@ -79,7 +81,7 @@ def _kernel():
 class _ShardCSC:
     """Per shard: the CSC pointer over the local nodes, the sources (indices
     into the fetched block) and, if the shard's edges are not already sorted by
-    destination (parts from :mod:`~revgnn.distributed.partition` are), the
+    destination (parts from :mod:`~revgnn.distributed.sar_partition` are), the
     sorting permutation."""
 
     def __init__(self, graph: SARGraph):
@@ -97,21 +99,19 @@ class _ShardCSC:
             ptr[1:] = torch.cumsum(torch.bincount(dst, minlength=n), 0)
             rows = n if q == graph.rank else graph.num_needed[q]
             if src.numel() and (int(src.min()) < 0 or int(src.max()) >= rows):
-                raise ValueError(f'shard {q}: source index outside the '
-                                 f'{rows} fetched rows')
+                raise ValueError(f"shard {q}: source index outside the {rows} fetched rows")
             self.shards.append((a, b, ptr, src.long().contiguous(), perm))
 
     @staticmethod
-    def of(graph: SARGraph) -> '_ShardCSC':
-        cached = getattr(graph, '_gen_max_csc', None)
+    def of(graph: SARGraph) -> "_ShardCSC":
+        cached = getattr(graph, "_gen_max_csc", None)
         if cached is None or cached.src_ref is not graph.src:
             cached = _ShardCSC(graph)
             graph._gen_max_csc = cached
         return cached
 
 
-def _shard_attr(attr: Optional[Tensor], a: int, b: int,
-                perm: Optional[Tensor]) -> Optional[Tensor]:
+def _shard_attr(attr: Optional[Tensor], a: int, b: int, perm: Optional[Tensor]) -> Optional[Tensor]:
     if attr is None:
         return None
     part = attr[a:b]
@@ -126,9 +126,16 @@ class SARGENMax(torch.autograd.Function):
     (keep the winners)."""
 
     @staticmethod
-    def forward(ctx, graph: SARGraph, eps: float, keep: bool, x: Tensor,
-                attr: Optional[Tensor], weight: Optional[Tensor],
-                bias: Optional[Tensor]) -> Tensor:  # type: ignore[override]
+    def forward(
+        ctx,
+        graph: SARGraph,
+        eps: float,
+        keep: bool,
+        x: Tensor,
+        attr: Optional[Tensor],
+        weight: Optional[Tensor],
+        bias: Optional[Tensor],
+    ) -> Tensor:  # type: ignore[override]
         kernel = _kernel()
         csc = _ShardCSC.of(graph)
         x = x.contiguous()
@@ -137,11 +144,11 @@ class SARGENMax(torch.autograd.Function):
         bias_c = bias.contiguous() if bias is not None else None
         m = n = None
         winners: List[List[Tensor]] = []  # per shard: arg, tied, tied nodes, their counts
-        for q, block in graph.ring(x, 'SAR GENConv max forward'):
+        for q, block in graph.ring(x, "SAR GENConv max forward"):
             a, b, ptr, src, perm = csc.shards[q]
             mq, arg, tied, nq = kernel.shard_forward(
-                block.contiguous(), ptr, src, _shard_attr(attr, a, b, perm),
-                wt, bias_c)
+                block.contiguous(), ptr, src, _shard_attr(attr, a, b, perm), wt, bias_c
+            )
             del block
             if m is None:
                 m, n = mq, nq
@@ -165,9 +172,9 @@ class SARGENMax(torch.autograd.Function):
             # only nodes with a tied maximum (rare) need their counts: elsewhere every
             # maximum has one winner, whose share is g itself
             multi = (n > 1).any(1).nonzero().view(-1)
-            ctx.save_for_backward(x, attr, weight, bias, multi,
-                                  n.index_select(0, multi),
-                                  *[t for w in winners for t in w])
+            ctx.save_for_backward(
+                x, attr, weight, bias, multi, n.index_select(0, multi), *[t for w in winners for t in w]
+            )
         return out
 
     @staticmethod
@@ -175,7 +182,7 @@ class SARGENMax(torch.autograd.Function):
     def backward(ctx, grad_out: Tensor):  # type: ignore[override]
         graph: SARGraph = ctx.graph
         x, attr, weight, bias, multi, n_multi, *flat = ctx.saved_tensors
-        winners = [flat[i:i + 4] for i in range(0, len(flat), 4)]
+        winners = [flat[i : i + 4] for i in range(0, len(flat), 4)]
         need_x, need_attr, need_w, need_b = ctx.needs_input_grad[3:7]
         need_attr = need_attr and attr is not None
         need_w = need_w and weight is not None
@@ -189,17 +196,16 @@ class SARGENMax(torch.autograd.Function):
         share = grad_out
         if multi.numel():
             share = grad_out.clone()
-            share.index_copy_(0, multi, grad_out.index_select(0, multi) /
-                              n_multi.clamp_min(1.0))
+            share.index_copy_(0, multi, grad_out.index_select(0, multi) / n_multi.clamp_min(1.0))
         grad_x = torch.zeros_like(x)
         grad_attr = torch.zeros_like(attr) if need_attr else None
         grad_w = torch.zeros_like(weight) if need_w else None
         grad_b = torch.zeros_like(bias) if need_b else None
         tag = graph._next_tag()
-        what = 'SAR GENConv max backward'
+        what = "SAR GENConv max backward"
         # the rows are re-fetched for the nodes with tied maxima (the kernel recomputes
         # their messages); the ring also carries the gradients home
-        for step, (q, block) in enumerate(graph.ring(x, f'{what} re-fetch')):
+        for step, (q, block) in enumerate(graph.ring(x, f"{what} re-fetch")):
             a, b, ptr, src, perm = csc.shards[q]
             arg, tied, nodes, counts = winners[step]  # forward's ring order
             block = block.contiguous()
@@ -212,12 +218,17 @@ class SARGENMax(torch.autograd.Function):
                 reach = (arg.index_select(0, nodes) >= 0).to(share.dtype)
                 g.index_copy_(0, nodes, share.index_select(0, nodes) * counts * reach)
             # gradient buffers for the scatter into source rows, one per thread
-            buffers = max(1, min(torch.get_num_threads(), SCATTER_BUFFER_BYTES //
-                                 max(1, block.numel() * block.element_size())))
+            buffers = max(
+                1,
+                min(
+                    torch.get_num_threads(),
+                    SCATTER_BUFFER_BYTES // max(1, block.numel() * block.element_size()),
+                ),
+            )
             # the fetched rows' gradient is always formed: the owner waits for it
             gx, ga, gw, gb = kernel.shard_backward(
-                g, arg, tied, block, ptr, src, attr_q, wt, bias_c, buffers,
-                True, need_attr, need_w, need_b)
+                g, arg, tied, block, ptr, src, attr_q, wt, bias_c, buffers, True, need_attr, need_w, need_b
+            )
             del g
             grad_block = gx[0] if buffers == 1 else gx.sum(0)
             if need_attr:
@@ -234,13 +245,12 @@ class SARGENMax(torch.autograd.Function):
             else:
                 graph.return_grads(q, grad_block, grad_x, tag, what)
             del block, grad_block, gx, ga, gw, gb
-        return (None, None, None, grad_x if need_x else None, grad_attr,
-                grad_w, grad_b)
+        return (None, None, None, grad_x if need_x else None, grad_attr, grad_w, grad_b)
 
 
-def sar_gen_max(graph: SARGraph, x: Tensor, edge_attr=None,
-                lin_edge: Optional[torch.nn.Module] = None,
-                eps: float = 1e-7) -> Optional[Tensor]:
+def sar_gen_max(
+    graph: SARGraph, x: Tensor, edge_attr=None, lin_edge: Optional[torch.nn.Module] = None, eps: float = 1e-7
+) -> Optional[Tensor]:
     r"""GENConv's max aggregation of ``x`` (the local source-side features)
     over ``graph`` through the kernel, or :obj:`None` where the kernel does not
     apply (the caller then takes the PyTorch path).
@@ -252,8 +262,7 @@ def sar_gen_max(graph: SARGraph, x: Tensor, edge_attr=None,
     :math:`E \times C` features are never formed.
     """
     if isinstance(edge_attr, LinearEdgeFeatures):
-        term = (edge_attr.compose(lin_edge) if lin_edge is not None
-                else edge_attr)
+        term = edge_attr.compose(lin_edge) if lin_edge is not None else edge_attr
         attr, weight, bias = term.raw, term.weight, term.bias
     elif edge_attr is not None and lin_edge is not None:
         attr, weight, bias = edge_attr, lin_edge.weight, lin_edge.bias
@@ -266,12 +275,14 @@ def sar_gen_max(graph: SARGraph, x: Tensor, edge_attr=None,
         return None
     if weight is None and attr is not None and attr.size(-1) != channels:
         return None
-    if not (x.device.type == 'cpu' and x.dim() == 2
-            and x.dtype in (torch.float32, torch.float64)
-            and all(t is None or (t.dtype == x.dtype and t.device == x.device)
-                    for t in (attr, weight, bias))
-            and graph.num_edges < 2**31 and _kernel() is not None):
+    if not (
+        x.device.type == "cpu"
+        and x.dim() == 2
+        and x.dtype in (torch.float32, torch.float64)
+        and all(t is None or (t.dtype == x.dtype and t.device == x.device) for t in (attr, weight, bias))
+        and graph.num_edges < 2**31
+        and _kernel() is not None
+    ):
         return None
-    keep = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (x, attr, weight, bias))
+    keep = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, attr, weight, bias))
     return SARGENMax.apply(graph, float(eps), keep, x, attr, weight, bias)

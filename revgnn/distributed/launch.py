@@ -15,6 +15,7 @@ and each bound covers one thing:
   failure: workers of one job end together, and one waiting on an ended or
   hung peer gives up within its own timeouts.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,7 +28,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch.multiprocessing as mp
 
-__all__ = ['WorkerResult', 'run_workers', 'free_port']
+__all__ = ["WorkerResult", "run_workers", "free_port"]
 
 
 @dataclass
@@ -42,6 +43,7 @@ class WorkerResult:
             (joined the process group, ``fn`` starts) and ``"end"``
             (``fn`` returned or raised), measured in the worker.
     """
+
     rank: int
     ok: bool
     value: Any = None
@@ -52,37 +54,39 @@ class WorkerResult:
 
 def free_port() -> int:
     with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
+        s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _entry(rank, world_size, port, timeout_s, backend, fn, args, q,
-           threads, go, startup_s):
+def _entry(rank, world_size, port, timeout_s, backend, fn, args, q, threads, go, startup_s):
     # CLOCK_MONOTONIC is system-wide on Linux: the parent compares the stamps.
     import torch
     import torch.distributed as dist
 
     from .comm import init_distributed
+
     # P workers on one host: oversubscribed intra-op threads spin-wait and
     # make small ops 100x slower, so split the cores.
     torch.set_num_threads(threads)
     try:
-        q.put(('imported', rank, time.monotonic()))
+        q.put(("imported", rank, time.monotonic()))
         # Join only once every worker has imported: under load imports take
         # tens of seconds and differ between workers, which must not count
         # against the rendezvous timeout.
         if not go.wait(startup_s):
-            raise RuntimeError(f'the other workers did not start within '
-                               f'{startup_s} s')
-        init_distributed(backend=backend, timeout_s=timeout_s,
-                         init_method=f'tcp://127.0.0.1:{port}', rank=rank,
-                         world_size=world_size)
-        q.put(('ready', rank, time.monotonic()))
+            raise RuntimeError(f"the other workers did not start within {startup_s} s")
+        init_distributed(
+            backend=backend,
+            timeout_s=timeout_s,
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world_size,
+        )
+        q.put(("ready", rank, time.monotonic()))
         value = fn(rank, world_size, *args)
-        q.put(('done', rank, time.monotonic(), True, value, None))
+        q.put(("done", rank, time.monotonic(), True, value, None))
     except BaseException:
-        q.put(('done', rank, time.monotonic(), False, None,
-               traceback.format_exc()))
+        q.put(("done", rank, time.monotonic(), False, None, traceback.format_exc()))
     finally:
         if dist.is_initialized():
             try:
@@ -91,12 +95,19 @@ def _entry(rank, world_size, port, timeout_s, backend, fn, args, q,
                 pass
 
 
-def run_workers(fn: Callable, world_size: int, *args,
-                timeout_s: float = 60.0, wall_s: float = 300.0,
-                backend: str = 'gloo', raise_on_error: bool = True,
-                start_ranks: Optional[List[int]] = None,
-                threads: Optional[int] = None, startup_s: float = 600.0,
-                grace_s: Optional[float] = None) -> List[WorkerResult]:
+def run_workers(
+    fn: Callable,
+    world_size: int,
+    *args,
+    timeout_s: float = 60.0,
+    wall_s: float = 300.0,
+    backend: str = "gloo",
+    raise_on_error: bool = True,
+    start_ranks: Optional[List[int]] = None,
+    threads: Optional[int] = None,
+    startup_s: float = 600.0,
+    grace_s: Optional[float] = None,
+) -> List[WorkerResult]:
     """Runs ``fn(rank, world_size, *args)`` in ``world_size`` spawned
     processes joined in one process group.
 
@@ -128,7 +139,7 @@ def run_workers(fn: Callable, world_size: int, *args,
     Returns:
         list of :class:`WorkerResult`, one per started rank.
     """
-    ctx = mp.get_context('spawn')
+    ctx = mp.get_context("spawn")
     q, go = ctx.Queue(), ctx.Event()
     port = free_port()
     ranks = list(range(world_size)) if start_ranks is None else start_ranks
@@ -136,11 +147,14 @@ def run_workers(fn: Callable, world_size: int, *args,
         threads = max(1, (os.cpu_count() or 1) // world_size)
     if grace_s is None:
         grace_s = timeout_s + 30.0
-    procs = {r: ctx.Process(target=_entry, args=(r, world_size, port,
-                                                timeout_s, backend, fn, args,
-                                                q, threads, go, startup_s),
-                            daemon=True)
-             for r in ranks}
+    procs = {
+        r: ctx.Process(
+            target=_entry,
+            args=(r, world_size, port, timeout_s, backend, fn, args, q, threads, go, startup_s),
+            daemon=True,
+        )
+        for r in ranks
+    }
     t0 = time.monotonic()
     for p in procs.values():
         p.start()
@@ -148,19 +162,20 @@ def run_workers(fn: Callable, world_size: int, *args,
     results: Dict[int, WorkerResult] = {}
     # One deadline: start-up, then the wall bound once all are ready, then
     # (never later) the grace once one has ended.
-    phase, deadline = 'start', t0 + startup_s
-    why = {'start': f'did not start within {startup_s} s',
-           'run': f'still running at the {wall_s} s wall bound'}
+    phase, deadline = "start", t0 + startup_s
+    why = {
+        "start": f"did not start within {startup_s} s",
+        "run": f"still running at the {wall_s} s wall bound",
+    }
 
     def reached(stage: str) -> bool:
         return all(stage in times[r] or r in results for r in ranks)
 
     while len(results) < len(ranks) and time.monotonic() < deadline:
         try:
-            kind, rank, stamp, *rest = q.get(
-                timeout=max(0.01, min(0.2, deadline - time.monotonic())))
-            times[rank]['end' if kind == 'done' else kind] = stamp - t0
-            if kind == 'done':
+            kind, rank, stamp, *rest = q.get(timeout=max(0.01, min(0.2, deadline - time.monotonic())))
+            times[rank]["end" if kind == "done" else kind] = stamp - t0
+            if kind == "done":
                 results[rank] = WorkerResult(rank, *rest)
         except queue.Empty:
             pass
@@ -168,32 +183,30 @@ def run_workers(fn: Callable, world_size: int, *args,
             if r not in results and not p.is_alive() and q.empty():
                 p.join()
                 results[r] = WorkerResult(
-                    r, False, error=f'exited with code {p.exitcode} '
-                    'without reporting', exitcode=p.exitcode)
+                    r, False, error=f"exited with code {p.exitcode} without reporting", exitcode=p.exitcode
+                )
         now = time.monotonic()
-        if not go.is_set() and reached('imported'):
+        if not go.is_set() and reached("imported"):
             go.set()
-        if phase == 'start' and reached('ready'):
-            phase, deadline = 'run', now + wall_s
-        if results and phase != 'grace':
+        if phase == "start" and reached("ready"):
+            phase, deadline = "run", now + wall_s
+        if results and phase != "grace":
             r = next(iter(results))
-            phase, deadline = 'grace', min(deadline, now + grace_s)
-            why['grace'] = (f'still running {grace_s} s after rank {r} '
-                            f"{'returned' if results[r].ok else 'failed'}")
+            phase, deadline = "grace", min(deadline, now + grace_s)
+            why["grace"] = (
+                f"still running {grace_s} s after rank {r} {'returned' if results[r].ok else 'failed'}"
+            )
     for r, p in procs.items():
         # Reported workers may still be tearing down the process group.
-        p.join(timeout=max(0.1, min(deadline, time.monotonic() + grace_s)
-                           - time.monotonic()))
+        p.join(timeout=max(0.1, min(deadline, time.monotonic() + grace_s) - time.monotonic()))
         if p.is_alive():
             p.kill()
             p.join()
-            results.setdefault(r, WorkerResult(
-                r, False, error=f'killed: {why[phase]}'))
+            results.setdefault(r, WorkerResult(r, False, error=f"killed: {why[phase]}"))
         results[r].exitcode = p.exitcode
         results[r].times = times[r]
     out = [results[r] for r in ranks]
     if raise_on_error and not all(r.ok for r in out):
-        msg = '\n'.join(f'--- rank {r.rank}: {r.error}' for r in out
-                        if not r.ok)
-        raise RuntimeError(f'SAR workers failed:\n{msg}')
+        msg = "\n".join(f"--- rank {r.rank}: {r.error}" for r in out if not r.ok)
+        raise RuntimeError(f"SAR workers failed:\n{msg}")
     return out

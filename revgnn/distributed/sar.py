@@ -2,7 +2,7 @@ r"""Sequential aggregation and rematerialisation (SAR, Mostafa 2021) for PyG.
 
 Worker :math:`p` owns nodes :math:`\mathcal{V}_p` and their incoming edges,
 split into shards :math:`\mathcal{E}_{q \to p}` by the owner :math:`q` of the
-source (see :mod:`revgnn.distributed.partition`). A message-passing layer
+source (see :mod:`revgnn.distributed.sar_partition`). A message-passing layer
 
 .. math::
     \mathbf{h}_i = \bigoplus_{j \in \mathcal{N}(i)}
@@ -52,6 +52,7 @@ Every worker must run the same model so that all of them enter the same
 sequence of rings (forward, backward, and the re-forwards of reversible
 blocks) in the same order; transfers are tagged by a per-graph call counter.
 """
+
 from __future__ import annotations
 
 import copy
@@ -62,18 +63,18 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .comm import all_gather_object_checked, post_transfer
-from .partition import PartitionMismatchError
+from .sar_partition import PartitionMismatchError
 
-__all__ = ['SARGraph', 'EdgeOp', 'sequential_aggregate', 'SOFTMAX_EPS']
+__all__ = ["SARGraph", "EdgeOp", "sequential_aggregate", "SOFTMAX_EPS"]
 
 SOFTMAX_EPS = 1e-16  # PyG's torch_geometric.utils.softmax adds this
-_KINDS = ('sum', 'mean', 'max', 'softmax')
+_KINDS = ("sum", "mean", "max", "softmax")
 
 
 def _comm_device() -> torch.device:
-    if dist.is_initialized() and dist.get_backend() == 'nccl':
-        return torch.device('cuda', torch.cuda.current_device())
-    return torch.device('cpu')
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 class _Counter:
@@ -96,8 +97,8 @@ class SARGraph:
 
     Args:
         part (dict): this worker's part from
-            :func:`~revgnn.distributed.partition.build_partitions` or
-            :func:`~revgnn.distributed.partition.load_partition`.
+            :func:`~revgnn.distributed.sar_partition.build_partitions` or
+            :func:`~revgnn.distributed.sar_partition.load_partition`.
         timeout_s (float, optional): bound on every transfer wait.
             (default: ``None`` = the process-group timeout)
 
@@ -110,39 +111,41 @@ class SARGraph:
     """
 
     def __init__(self, part: dict, timeout_s: Optional[float] = None):
-        P = int(part['num_parts'])
+        P = int(part["num_parts"])
         if dist.is_initialized():
             rank, world = dist.get_rank(), dist.get_world_size()
         else:
             rank, world = 0, 1
-        if world != P or rank != int(part['rank']):
+        if world != P or rank != int(part["rank"]):
             raise PartitionMismatchError(
                 f"part {part['rank']} of {P} loaded by rank {rank} of a "
-                f'{world}-worker job; partition with --num-parts {world}')
+                f"{world}-worker job; partition with --num-parts {world}"
+            )
         if world > 1:
             infos = all_gather_object_checked(
-                (part['fingerprint'], int(part['rank']), P),
-                'SARGraph setup (partition check)')
+                (part["fingerprint"], int(part["rank"]), P), "SARGraph setup (partition check)"
+            )
             fps = {i[0] for i in infos}
             ranks = [i[1] for i in infos]
             if len(fps) != 1 or ranks != list(range(world)):
                 raise PartitionMismatchError(
-                    'workers loaded parts of different partitionings or the '
-                    f'same part twice: (fingerprint, part, parts) per rank = '
-                    f'{infos}')
+                    "workers loaded parts of different partitionings or the "
+                    f"same part twice: (fingerprint, part, parts) per rank = "
+                    f"{infos}"
+                )
         self.rank, self.world_size = rank, world
         self.timeout_s = timeout_s
-        self.num_nodes = int(part['num_nodes'])
-        self.offsets = part['offsets'].long()
+        self.num_nodes = int(part["num_nodes"])
+        self.offsets = part["offsets"].long()
         lo, hi = int(self.offsets[rank]), int(self.offsets[rank + 1])
         self.num_local = hi - lo
-        self.node_ids = part['node_ids']
-        self.edge_ids = part['edge_ids']
-        self.edge_attr = part.get('edge_attr')
-        self.node_data = part.get('node_data', {})
-        self.shard_ptr = [int(v) for v in part['shard_ptr']]
-        self.dst = part['dst'].long()
-        src_global = part['src'].long()
+        self.node_ids = part["node_ids"]
+        self.edge_ids = part["edge_ids"]
+        self.edge_attr = part.get("edge_attr")
+        self.node_data = part.get("node_data", {})
+        self.shard_ptr = [int(v) for v in part["shard_ptr"]]
+        self.dst = part["dst"].long()
+        src_global = part["src"].long()
 
         # Compact each remote shard's sources into the block of rows it needs.
         src = torch.empty_like(src_global)
@@ -165,34 +168,37 @@ class SARGraph:
         # Setup exchange: tell every owner which of its rows we need.
         self.send_idx: List[Tensor] = [self.dst.new_zeros(0)] * P
         if P > 1:
-            counts = all_gather_object_checked(self.num_needed,
-                                               'SARGraph setup (counts)')
+            counts = all_gather_object_checked(self.num_needed, "SARGraph setup (counts)")
             tag = self._next_tag()
             dev = _comm_device()  # NCCL moves CUDA tensors only
             for k in range(1, P):
                 to, frm = (rank - k) % P, (rank + k) % P
-                buf = torch.empty(counts[frm][rank], dtype=torch.long,
-                                  device=dev)
-                tr = post_transfer(needed[to].to(dev), to, buf, frm, tag,
-                                   f'SARGraph setup (row requests, step {k})',
-                                   timeout_s)
+                buf = torch.empty(counts[frm][rank], dtype=torch.long, device=dev)
+                tr = post_transfer(
+                    needed[to].to(dev),
+                    to,
+                    buf,
+                    frm,
+                    tag,
+                    f"SARGraph setup (row requests, step {k})",
+                    timeout_s,
+                )
                 self.send_idx[frm] = tr.wait().cpu()
-        self._self_loop_view: Optional['SARGraph'] = None
+        self._self_loop_view: Optional["SARGraph"] = None
         self._loop_keep: Optional[Tensor] = None
 
     # ------------------------------------------------------------------ utils
-    def to(self, device) -> 'SARGraph':
+    def to(self, device) -> "SARGraph":
         """Moves the index tensors, edge attributes and node data to
         ``device`` (in place; with NCCL the features must live on the
         worker's GPU)."""
-        for name in ('src', 'dst', 'in_degree', 'edge_attr', '_loop_keep'):
+        for name in ("src", "dst", "in_degree", "edge_attr", "_loop_keep"):
             t = getattr(self, name, None)
             if t is not None:
                 setattr(self, name, t.to(device))
         self.send_idx = [t.to(device) for t in self.send_idx]
         self.node_data = {k: v.to(device) for k, v in self.node_data.items()}
-        if self._self_loop_view is not None and \
-                self._self_loop_view is not self:
+        if self._self_loop_view is not None and self._self_loop_view is not self:
             self._self_loop_view.to(device)
         return self
 
@@ -211,12 +217,14 @@ class SARGraph:
         return int(self.offsets[self.rank]), int(self.offsets[self.rank + 1])
 
     def __repr__(self) -> str:
-        return (f'{self.__class__.__name__}(rank={self.rank}/'
-                f'{self.world_size}, local_nodes={self.num_local}, '
-                f'local_edges={self.num_edges})')
+        return (
+            f"{self.__class__.__name__}(rank={self.rank}/"
+            f"{self.world_size}, local_nodes={self.num_local}, "
+            f"local_edges={self.num_edges})"
+        )
 
     # ------------------------------------------------------------ self loops
-    def with_self_loops(self) -> 'SARGraph':
+    def with_self_loops(self) -> "SARGraph":
         r"""View with every self loop removed and one loop :math:`(i, i)`
         added per local node (PyG's ``remove_self_loops`` +
         ``add_self_loops``, as in ``GATConv``). Shares the communication
@@ -229,13 +237,10 @@ class SARGraph:
         keep = (local_src != local_dst).nonzero().view(-1) + a
         loops = torch.arange(self.num_local, device=self.dst.device)
         view = copy.copy(self)
-        view.src = torch.cat([self.src[:a], self.src[keep], loops,
-                              self.src[b:]])
-        view.dst = torch.cat([self.dst[:a], self.dst[keep], loops,
-                              self.dst[b:]])
+        view.src = torch.cat([self.src[:a], self.src[keep], loops, self.src[b:]])
+        view.dst = torch.cat([self.dst[:a], self.dst[keep], loops, self.dst[b:]])
         grow = keep.numel() + self.num_local - (b - a)
-        view.shard_ptr = (self.shard_ptr[:r + 1] +
-                          [v + grow for v in self.shard_ptr[r + 1:]])
+        view.shard_ptr = self.shard_ptr[: r + 1] + [v + grow for v in self.shard_ptr[r + 1 :]]
         view.in_degree = torch.bincount(view.dst, minlength=self.num_local)
         view.edge_ids = None
         view._loop_keep = keep
@@ -243,35 +248,30 @@ class SARGraph:
         self._self_loop_view = view
         return view
 
-    def self_loop_edge_attr(self, edge_attr: Tensor,
-                            fill_value='mean') -> Tensor:
+    def self_loop_edge_attr(self, edge_attr: Tensor, fill_value="mean") -> Tensor:
         r"""Edge attributes aligned with :meth:`with_self_loops`. ``fill_value``
         is a number, a tensor, ``"mean"``/``"add"``/``"max"``/``"min"``/
         ``"mul"`` (reduced over the node's other incoming edges), as in
         PyG's ``add_self_loops``."""
         from torch_geometric.utils import scatter
+
         view = self.with_self_loops()
         keep = view._loop_keep
         a, b = self.shard(self.rank)
         # Attributes of all non-loop incoming edges (every shard) per node.
-        mask = torch.ones(self.num_edges, dtype=torch.bool,
-                          device=self.dst.device)
+        mask = torch.ones(self.num_edges, dtype=torch.bool, device=self.dst.device)
         mask[a:b] = False
         mask[keep] = True
         n = self.num_local
         if isinstance(fill_value, str):
-            loop_attr = scatter(edge_attr[mask], self.dst[mask], 0, n,
-                                reduce=fill_value)
+            loop_attr = scatter(edge_attr[mask], self.dst[mask], 0, n, reduce=fill_value)
         elif isinstance(fill_value, (int, float)):
-            loop_attr = edge_attr.new_full((n, ) + edge_attr.shape[1:],
-                                           fill_value)
+            loop_attr = edge_attr.new_full((n,) + edge_attr.shape[1:], fill_value)
         elif isinstance(fill_value, Tensor):
-            loop_attr = fill_value.to(edge_attr).expand(
-                (n, ) + edge_attr.shape[1:])
+            loop_attr = fill_value.to(edge_attr).expand((n,) + edge_attr.shape[1:])
         else:
-            raise ValueError(f'unsupported fill_value {fill_value!r}')
-        return torch.cat([edge_attr[:a], edge_attr[keep], loop_attr,
-                          edge_attr[b:]])
+            raise ValueError(f"unsupported fill_value {fill_value!r}")
+        return torch.cat([edge_attr[:a], edge_attr[keep], loop_attr, edge_attr[b:]])
 
     # --------------------------------------------------------------- the ring
     def ring(self, x: Tensor, what: str):
@@ -285,8 +285,7 @@ class SARGraph:
             yield r, x
             return
         if x.size(0) != self.num_local:
-            raise ValueError(f'{what}: expected {self.num_local} local rows, '
-                             f'got {x.size(0)}')
+            raise ValueError(f"{what}: expected {self.num_local} local rows, got {x.size(0)}")
         x = x.contiguous()
         tag = self._next_tag()
 
@@ -294,12 +293,10 @@ class SARGraph:
             to, frm = (r + k) % P, (r - k) % P
             idx = self.send_idx[to]
             send = x.index_select(0, idx) if idx.numel() else None
-            recv = x.new_empty((self.num_needed[frm], ) + x.shape[1:])
+            recv = x.new_empty((self.num_needed[frm],) + x.shape[1:])
             # post_transfer names the peer of each work (send to `to`,
             # receive from `frm`), so the label is only the operation.
-            return frm, post_transfer(send, to, recv, frm, tag,
-                                      f'{what}, ring step {k}',
-                                      self.timeout_s)
+            return frm, post_transfer(send, to, recv, frm, tag, f"{what}, ring step {k}", self.timeout_s)
 
         nxt = post(1)
         yield r, x
@@ -310,8 +307,7 @@ class SARGraph:
             yield q, block
             del block
 
-    def return_grads(self, q: int, grad_block: Optional[Tensor],
-                     grad_x: Tensor, tag: int, what: str) -> None:
+    def return_grads(self, q: int, grad_block: Optional[Tensor], grad_x: Tensor, tag: int, what: str) -> None:
         r"""Sends the gradient of the rows fetched from ``q`` back to ``q``
         and adds the gradient a peer computed for this worker's rows (the
         peer that received them at the same ring step) into ``grad_x``."""
@@ -319,10 +315,10 @@ class SARGraph:
         k = (r - q) % P
         frm = (r + k) % P
         idx = self.send_idx[frm]
-        recv = grad_x.new_empty((idx.numel(), ) + grad_x.shape[1:])
-        tr = post_transfer(grad_block, q, recv, frm, tag + 1,
-                           f'{what}, gradient return of ring step {k}',
-                           self.timeout_s)
+        recv = grad_x.new_empty((idx.numel(),) + grad_x.shape[1:])
+        tr = post_transfer(
+            grad_block, q, recv, frm, tag + 1, f"{what}, gradient return of ring step {k}", self.timeout_s
+        )
         got = tr.wait()
         if idx.numel():
             grad_x.index_add_(0, idx, got)
@@ -340,7 +336,8 @@ class EdgeOp:
     re-fetch. ``detach_score = True`` stops the gradient through softmax
     scores (GENConv's ``semi_grad``).
     """
-    kind: str = 'sum'
+
+    kind: str = "sum"
     linear: bool = False
     detach_score: bool = False
 
@@ -348,27 +345,26 @@ class EdgeOp:
         """Tensors the message depends on that may need gradients."""
         return []
 
-    def message(self, x_j: Tensor, x_i: Optional[Tensor],
-                edge: Optional[Tensor], params: Sequence[Tensor]
-                ) -> Tuple[Optional[Tensor], Tensor]:
+    def message(
+        self, x_j: Tensor, x_i: Optional[Tensor], edge: Optional[Tensor], params: Sequence[Tensor]
+    ) -> Tuple[Optional[Tensor], Tensor]:
         if not self.linear:
             raise NotImplementedError
         if edge is None:
             return None, x_j
-        return None, x_j * edge.view((-1, ) + (1, ) * (x_j.dim() - 1))
+        return None, x_j * edge.view((-1,) + (1,) * (x_j.dim() - 1))
 
 
 def _expand(index: Tensor, like: Tensor) -> Tensor:
-    return index.view((-1, ) + (1, ) * (like.dim() - 1)).expand_as(like)
+    return index.view((-1,) + (1,) * (like.dim() - 1)).expand_as(like)
 
 
 def _bcast(t: Tensor, like: Tensor) -> Tensor:
     """Appends singleton dims so a score-shaped tensor broadcasts to values."""
-    return t.view(t.shape + (1, ) * (like.dim() - t.dim()))
+    return t.view(t.shape + (1,) * (like.dim() - t.dim()))
 
 
-def _shard_inputs(graph: SARGraph, q: int, block: Tensor,
-                  x_dst: Optional[Tensor], edge: Optional[Tensor]):
+def _shard_inputs(graph: SARGraph, q: int, block: Tensor, x_dst: Optional[Tensor], edge: Optional[Tensor]):
     a, b = graph.shard(q)
     src, dst = graph.src[a:b], graph.dst[a:b]
     x_j = block.index_select(0, src)
@@ -378,55 +374,55 @@ def _shard_inputs(graph: SARGraph, q: int, block: Tensor,
 
 
 class _SeqAggregate(torch.autograd.Function):
-
     @staticmethod
-    def forward(ctx, op: EdgeOp, graph: SARGraph, x_src: Tensor,
-                x_dst: Optional[Tensor], edge: Optional[Tensor],
-                *params: Tensor) -> Tensor:
+    def forward(
+        ctx,
+        op: EdgeOp,
+        graph: SARGraph,
+        x_src: Tensor,
+        x_dst: Optional[Tensor],
+        edge: Optional[Tensor],
+        *params: Tensor,
+    ) -> Tensor:
         n, kind = graph.num_local, op.kind
         out = m = c = Z = None
-        for q, block in graph.ring(x_src, f'SAR {kind} forward'):
+        for q, block in graph.ring(x_src, f"SAR {kind} forward"):
             _, dst, x_j, x_i, e = _shard_inputs(graph, q, block, x_dst, edge)
             s, v = op.message(x_j, x_i, e, params)
             del x_j, x_i, e
             if out is None:  # shapes known after the first (local) shard
-                out = v.new_zeros((n, ) + v.shape[1:])
-                if kind == 'max':
-                    m = v.new_full(out.shape, float('-inf'))
+                out = v.new_zeros((n,) + v.shape[1:])
+                if kind == "max":
+                    m = v.new_full(out.shape, float("-inf"))
                     c = v.new_zeros(out.shape)
-                elif kind == 'softmax':
-                    m = s.new_full((n, ) + s.shape[1:], float('-inf'))
+                elif kind == "softmax":
+                    m = s.new_full((n,) + s.shape[1:], float("-inf"))
                     Z = s.new_zeros(m.shape)
-            if kind in ('sum', 'mean'):
+            if kind in ("sum", "mean"):
                 out.index_add_(0, dst, v)
-            elif kind == 'max':
-                ms = v.new_full(out.shape, float('-inf')).scatter_reduce_(
-                    0, _expand(dst, v), v, 'amax')
-                cs = v.new_zeros(out.shape).index_add_(
-                    0, dst, (v == ms.index_select(0, dst)).to(v.dtype))
+            elif kind == "max":
+                ms = v.new_full(out.shape, float("-inf")).scatter_reduce_(0, _expand(dst, v), v, "amax")
+                cs = v.new_zeros(out.shape).index_add_(0, dst, (v == ms.index_select(0, dst)).to(v.dtype))
                 gt, eq = ms > m, ms == m
                 c = torch.where(gt, cs, torch.where(eq, c + cs, c))
                 m = torch.where(gt, ms, m)
             else:  # online softmax
-                ms = m.clone().scatter_reduce_(0, _expand(dst, s), s, 'amax')
-                scale = torch.where(m == float('-inf'), torch.zeros_like(m),
-                                    torch.exp(m - ms))
+                ms = m.clone().scatter_reduce_(0, _expand(dst, s), s, "amax")
+                scale = torch.where(m == float("-inf"), torch.zeros_like(m), torch.exp(m - ms))
                 w = torch.exp(s - ms.index_select(0, dst))
                 Z = Z * scale + torch.zeros_like(Z).index_add_(0, dst, w)
-                out = out * _bcast(scale, out) + torch.zeros_like(
-                    out).index_add_(0, dst, _bcast(w, v) * v)
+                out = out * _bcast(scale, out) + torch.zeros_like(out).index_add_(0, dst, _bcast(w, v) * v)
                 m = ms
             del s, v
-        if kind == 'mean':
-            out = out / _bcast(graph.in_degree.clamp(min=1).to(out.dtype),
-                               out)
+        if kind == "mean":
+            out = out / _bcast(graph.in_degree.clamp(min=1).to(out.dtype), out)
             saved = ()
-        elif kind == 'sum':
+        elif kind == "sum":
             saved = ()
-        elif kind == 'max':
+        elif kind == "max":
             out = torch.where(c > 0, m, torch.zeros_like(m))
             # torch's amax backward also counts the zero initial value.
-            saved = (c + (out == 0).to(c.dtype), )
+            saved = (c + (out == 0).to(c.dtype),)
         else:
             Z = Z + SOFTMAX_EPS
             out = out / _bcast(Z, out)
@@ -434,7 +430,7 @@ class _SeqAggregate(torch.autograd.Function):
         ctx.op, ctx.graph = op, graph
         ctx.num_params = len(params)
         ctx.src_shape = x_src.shape
-        if op.linear and kind in ('sum', 'mean'):
+        if op.linear and kind in ("sum", "mean"):
             # The fast path needs neither the inputs nor the output.
             x_src = x_dst = out_saved = None
         else:
@@ -446,20 +442,20 @@ class _SeqAggregate(torch.autograd.Function):
     def backward(ctx, g: Tensor):
         op, graph = ctx.op, ctx.graph
         x_src, x_dst, edge, out, *rest = ctx.saved_tensors
-        params = rest[len(rest) - ctx.num_params:]
-        saved = rest[:len(rest) - ctx.num_params]
+        params = rest[len(rest) - ctx.num_params :]
+        saved = rest[: len(rest) - ctx.num_params]
         kind = op.kind
         need = ctx.needs_input_grad
         g = g.contiguous()
-        if kind == 'mean':
+        if kind == "mean":
             g = g / _bcast(graph.in_degree.clamp(min=1).to(g.dtype), g)
-        elif kind == 'max':
+        elif kind == "max":
             g = g / saved[0]
         grad_x = g.new_zeros(ctx.src_shape)
         tag = graph._next_tag()
-        what = f'SAR {kind} backward'
+        what = f"SAR {kind} backward"
 
-        if op.linear and kind in ('sum', 'mean'):
+        if op.linear and kind in ("sum", "mean"):
             # Fast path: d out_i / d x_j = w_ji, so the source gradient is the
             # transposed aggregation of g: no re-fetch of remote rows.
             for k in range(graph.world_size):
@@ -469,57 +465,47 @@ class _SeqAggregate(torch.autograd.Function):
                 ge = g.index_select(0, dst)
                 if edge is not None:
                     ge = ge * _bcast(edge[a:b], ge)
-                rows = graph.num_local if q == graph.rank else \
-                    graph.num_needed[q]
-                gb = g.new_zeros((rows, ) + ctx.src_shape[1:]).index_add_(
-                    0, src, ge)
+                rows = graph.num_local if q == graph.rank else graph.num_needed[q]
+                gb = g.new_zeros((rows,) + ctx.src_shape[1:]).index_add_(0, src, ge)
                 if q == graph.rank:
                     grad_x += gb
                 else:
                     graph.return_grads(q, gb, grad_x, tag, what)
-            return (None, None, grad_x, None, None) + (None, ) * len(params)
+            return (None, None, grad_x, None, None) + (None,) * len(params)
 
         grad_dst = torch.zeros_like(x_dst) if x_dst is not None else None
-        grad_edge = (torch.zeros_like(edge) if edge is not None
-                     and need[4] else None)
-        leaves = [p.detach().requires_grad_(n) for p, n in
-                  zip(params, need[5:])]
-        grad_params = [torch.zeros_like(p) if n else None
-                       for p, n in zip(params, need[5:])]
-        x_dst_leaf = (x_dst.detach().requires_grad_(need[3])
-                      if x_dst is not None else None)
+        grad_edge = torch.zeros_like(edge) if edge is not None and need[4] else None
+        leaves = [p.detach().requires_grad_(n) for p, n in zip(params, need[5:])]
+        grad_params = [torch.zeros_like(p) if n else None for p, n in zip(params, need[5:])]
+        x_dst_leaf = x_dst.detach().requires_grad_(need[3]) if x_dst is not None else None
 
-        for q, block in graph.ring(x_src, f'SAR {kind} backward re-fetch'):
+        for q, block in graph.ring(x_src, f"SAR {kind} backward re-fetch"):
             a, b = graph.shard(q)
             src, dst = graph.src[a:b], graph.dst[a:b]
             with torch.enable_grad():
                 blk = block.detach().requires_grad_()
                 x_j = blk.index_select(0, src)
-                x_i = (None if x_dst_leaf is None else
-                       x_dst_leaf.index_select(0, dst))
+                x_i = None if x_dst_leaf is None else x_dst_leaf.index_select(0, dst)
                 e = None
                 if edge is not None:
                     e = edge[a:b].detach().requires_grad_(need[4])
                 s, v = op.message(x_j, x_i, e, leaves)
             gd = g.index_select(0, dst)
             outs, gouts = [v], []
-            if kind in ('sum', 'mean'):
+            if kind in ("sum", "mean"):
                 gouts.append(gd)
-            elif kind == 'max':
+            elif kind == "max":
                 mask = v.detach() == out.index_select(0, dst)
                 gouts.append(mask.to(gd.dtype) * gd)
             else:
                 m, Z = saved
                 with torch.no_grad():
                     sd, vd = s.detach(), v.detach()
-                    alpha = (torch.exp(sd - m.index_select(0, dst)) /
-                             Z.index_select(0, dst))
+                    alpha = torch.exp(sd - m.index_select(0, dst)) / Z.index_select(0, dst)
                     gouts.append(_bcast(alpha, vd) * gd)
                     if not op.detach_score and s.requires_grad:
                         prod = gd * (vd - out.index_select(0, dst))
-                        prod = prod.sum(dim=tuple(range(sd.dim(),
-                                                        vd.dim()))) \
-                            if vd.dim() > sd.dim() else prod
+                        prod = prod.sum(dim=tuple(range(sd.dim(), vd.dim()))) if vd.dim() > sd.dim() else prod
                         outs.append(s)
                         gouts.append(alpha * prod)
             inputs = [blk]
@@ -528,8 +514,7 @@ class _SeqAggregate(torch.autograd.Function):
             if e is not None and need[4]:
                 inputs.append(e)
             inputs += [p for p, n in zip(leaves, need[5:]) if n]
-            grads = list(torch.autograd.grad(outs, inputs, gouts,
-                                             allow_unused=True))
+            grads = list(torch.autograd.grad(outs, inputs, gouts, allow_unused=True))
             gb = grads.pop(0)
             if gb is None:
                 gb = torch.zeros_like(blk)
@@ -554,9 +539,9 @@ class _SeqAggregate(torch.autograd.Function):
         return (None, None, grad_x, grad_dst, grad_edge, *grad_params)
 
 
-def sequential_aggregate(op: EdgeOp, graph: SARGraph, x_src: Tensor,
-                         x_dst: Optional[Tensor] = None,
-                         edge: Optional[Tensor] = None) -> Tensor:
+def sequential_aggregate(
+    op: EdgeOp, graph: SARGraph, x_src: Tensor, x_dst: Optional[Tensor] = None, edge: Optional[Tensor] = None
+) -> Tensor:
     r"""Aggregates messages over all of ``graph``'s shards with SAR.
 
     Args:
@@ -574,13 +559,9 @@ def sequential_aggregate(op: EdgeOp, graph: SARGraph, x_src: Tensor,
         torch.Tensor: ``[num_local, ...]`` aggregated messages.
     """
     if op.kind not in _KINDS:
-        raise ValueError(f'unknown aggregation {op.kind!r}; use one of '
-                         f'{_KINDS}')
-    if op.linear and (x_dst is not None or op.params() or
-                      (edge is not None and edge.requires_grad)):
-        raise ValueError('a linear EdgeOp uses no x_dst, no parameters and '
-                         'constant edge weights')
+        raise ValueError(f"unknown aggregation {op.kind!r}; use one of {_KINDS}")
+    if op.linear and (x_dst is not None or op.params() or (edge is not None and edge.requires_grad)):
+        raise ValueError("a linear EdgeOp uses no x_dst, no parameters and constant edge weights")
     if edge is not None and edge.size(0) != graph.num_edges:
-        raise ValueError(f'edge tensor has {edge.size(0)} rows, the graph '
-                         f'has {graph.num_edges} local edges')
+        raise ValueError(f"edge tensor has {edge.size(0)} rows, the graph has {graph.num_edges} local edges")
     return _SeqAggregate.apply(op, graph, x_src, x_dst, edge, *op.params())

@@ -14,6 +14,7 @@ Backends: ``local`` (:class:`LocalBackend`, one process), ``ddp`` (:class:`DDPBa
 the parts of each epoch's partition, one ``torchrun`` process per worker) and ``sar``
 (:class:`revgnn.engine.sar.SARBackend`, full-graph over a partitioned graph).
 """
+
 from __future__ import annotations
 
 import os
@@ -43,12 +44,15 @@ class Backend:
         """Chooses the device (and joins the process group); returns the device."""
         b = self.cfg.backend
         from revgnn.utils.threads import configure_threads  # null: affinity mask and cgroup quota
+
         configure_threads(b.num_threads, warn=False)
         name = b.device.value
         if name == "auto":
             name = "cuda" if torch.cuda.is_available() else "cpu"
         if name == "cuda" and not torch.cuda.is_available():
-            raise RuntimeError("backend.device=cuda but CUDA is not available; use backend.device=auto or cpu")
+            raise RuntimeError(
+                "backend.device=cuda but CUDA is not available; use backend.device=auto or cpu"
+            )
         self.device = torch.device(name)
         return self.device
 
@@ -60,6 +64,7 @@ class Backend:
         from hydra.utils import instantiate
 
         from revgnn.engine.tasks import make_task
+
         ds = instantiate(self.cfg.data)
         return make_task(ds, self.cfg.trainer, self.rank, self.world_size)
 
@@ -97,9 +102,11 @@ class LocalBackend(Backend):
     def start(self) -> torch.device:
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world > 1:  # torchrun started several copies: each would train alone into the same files
-            raise RuntimeError(f"this process is one of {world} torchrun workers but backend=local trains "
-                               f"in one process; use backend=ddp (data-parallel over parts) or backend=sar "
-                               f"(full-graph over a partitioned graph)")
+            raise RuntimeError(
+                f"this process is one of {world} torchrun workers but backend=local trains "
+                f"in one process; use backend=ddp (data-parallel over parts) or backend=sar "
+                f"(full-graph over a partitioned graph)"
+            )
         return super().start()
 
 
@@ -111,6 +118,7 @@ class DistributedBackend(Backend):
         import torch.distributed as dist
 
         from revgnn.distributed.comm import init_distributed
+
         b = self.cfg.backend
         device = super().start()
         dist_backend = b.dist_backend or ("nccl" if device.type == "cuda" else "gloo")
@@ -127,18 +135,23 @@ class DistributedBackend(Backend):
 
     def close(self, ok: bool) -> None:
         import torch.distributed as dist
+
         if not dist.is_initialized():
             return
         if ok:  # everyone done before rank 0's files count as final; never after a failure (it would hang)
             from revgnn.distributed.comm import SARCommError
+
             try:
                 dist.barrier()
             except Exception as e:
-                raise SARCommError(f"[rank {self.rank}] final barrier failed: a peer died after training") from e
+                raise SARCommError(
+                    f"[rank {self.rank}] final barrier failed: a peer died after training"
+                ) from e
         dist.destroy_process_group()
 
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
         from revgnn.distributed.comm import broadcast_parameters
+
         broadcast_parameters(model)
         return model
 
@@ -147,16 +160,19 @@ class DistributedBackend(Backend):
 
     def all_reduce(self, t: Tensor) -> Tensor:
         from revgnn.distributed.comm import all_reduce_sum
+
         if self.device.type == "cuda" and t.device.type != "cuda":  # NCCL reduces CUDA tensors only
             return all_reduce_sum(t.to(self.device), "all_reduce").to(t.device)
         return all_reduce_sum(t, "all_reduce")
 
     def gather(self, obj: Any) -> List[Any]:
         from revgnn.distributed.comm import all_gather_object_checked
+
         return all_gather_object_checked(obj, "all_gather")
 
     def reduce_gradients(self, grads) -> None:
         from revgnn.distributed.comm import all_reduce_gradients, all_reduce_sum
+
         if isinstance(grads, Tensor):
             all_reduce_sum(grads, "gradient all-reduce")
         else:
@@ -189,5 +205,6 @@ def make_backend(cfg) -> Backend:
         return DDPBackend(cfg)
     if name == "sar":
         from revgnn.engine.sar import SARBackend
+
         return SARBackend(cfg)
     raise ValueError(f"unknown backend {name!r}")

@@ -4,6 +4,7 @@ Every file of a run is written to a temporary file in the same directory and ren
 (:func:`os.replace` is atomic on POSIX): a crash, a ``kill -9`` or a full disk mid-write leaves the
 previous version intact, never half a file.
 """
+
 from __future__ import annotations
 
 import os
@@ -40,6 +41,7 @@ def atomic_save(obj: Any, path: str) -> None:
 
 def _memo_free_pickle():
     """A ``pickle_module`` for :func:`torch.save` whose ``Pickler`` keeps no memo."""
+
     class Pickler(pickle.Pickler):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
@@ -50,8 +52,9 @@ def _memo_free_pickle():
                 return obj.detach().__reduce_ex__(2)
             return NotImplemented
 
-    return types.SimpleNamespace(__name__="pickle", Pickler=Pickler, Unpickler=pickle.Unpickler,
-                                 load=pickle.load, dump=pickle.dump)
+    return types.SimpleNamespace(
+        __name__="pickle", Pickler=Pickler, Unpickler=pickle.Unpickler, load=pickle.load, dump=pickle.dump
+    )
 
 
 def atomic_copy(src: str, dst: str) -> None:

@@ -7,6 +7,7 @@ it in the step's one all-reduce, so they stop at the same step), then writes ``l
 ``summary.json`` and raises :class:`TrainingInterrupted`. A second SIGINT stops at once
 (:class:`KeyboardInterrupt`), for a user who does not want to wait for the step.
 """
+
 from __future__ import annotations
 
 import signal

@@ -15,6 +15,7 @@ an interruption or a failure, with its ``status``), ``last.pt`` every epoch and 
 and the position inside the epoch, so a resumed run continues exactly as an uninterrupted one would,
 also after SIGINT / SIGTERM mid-epoch (:mod:`~revgnn.engine.interrupt`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -47,6 +48,7 @@ def train(cfg: DictConfig) -> Dict[str, Any]:
     """Runs one training job described by ``cfg`` (a composed ``train.yaml``) on its backend;
     returns the summary (the same on every worker)."""
     from revgnn.config import check_ranges
+
     check_ranges(cfg)  # every value in the range its schema declares, before anything starts
     backend = make_backend(cfg)
     backend.start()
@@ -85,56 +87,97 @@ def _train(cfg: DictConfig, backend: Backend) -> Dict[str, Any]:
     model = backend.prepare_model(build_model(cfg.model, task.shapes).to(device))
     backend.seed_workers(cfg.seed)
     num_params = count_parameters(model)
-    log.info("model: %s (%s parameters), backend %s x %d", cfg.model.name, f"{num_params:,}", backend.name,
-             backend.world_size)
+    log.info(
+        "model: %s (%s parameters), backend %s x %d",
+        cfg.model.name,
+        f"{num_params:,}",
+        backend.name,
+        backend.world_size,
+    )
     # One buffer for all parameters (and one for their gradients): the optimiser then updates a
     # few chunks of it instead of looping over ~10 tensors per layer (trainer.flat_params).
     optimizer, flat = build_optimizer(model, instantiate(cfg.optim), tc.flat_params)
 
-    state = {"epoch": 0, "step": 0, "partial": None, "history": [],
-             "best": {"epoch": 0, "train": float("nan"), "valid": -math.inf, "test": float("nan")}}
+    state = {
+        "epoch": 0,
+        "step": 0,
+        "partial": None,
+        "history": [],
+        "best": {"epoch": 0, "train": float("nan"), "valid": -math.inf, "test": float("nan")},
+    }
     last_path, best_path = os.path.join(out_dir, "last.pt"), os.path.join(out_dir, "best.pt")
     if cfg.ckpt_path:
         state = resume(cfg, backend, model, optimizer, flat)
     start_epoch, history = state["epoch"], state["history"]
     if start_epoch >= tc.epochs:
-        log.warning("checkpoint is at epoch %d >= trainer.epochs=%d: nothing to train", start_epoch, tc.epochs)
+        log.warning(
+            "checkpoint is at epoch %d >= trainer.epochs=%d: nothing to train", start_epoch, tc.epochs
+        )
 
     tb = None
     if writer and cfg.logger.tensorboard:
         from torch.utils.tensorboard import SummaryWriter
+
         tb = SummaryWriter(os.path.join(out_dir, "tensorboard"))
 
     def save_last(epoch: int, step: int = 0, partial: Optional[Dict[str, float]] = None) -> None:
         """``last.pt`` after ``epoch`` complete epochs and ``step`` steps of the next (all workers
         take part: each one's RNG state is gathered; rank 0 writes)."""
-        rng = backend.gather({"torch": torch.get_rng_state(),
-                              "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None})
+        rng = backend.gather(
+            {
+                "torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+            }
+        )
         if writer:
             # keep_vars: the parameters themselves rather than a detached alias of each (20k tensor
             # objects at 1001 layers); atomic_save writes them detached, so the file is the same.
-            atomic_save({"model": model.state_dict(keep_vars=True), "optimizer": optimizer.state_dict(),
-                         "epoch": epoch, "step": step, "partial": partial, "history": history,
-                         "best": state["best"], "num_parameters": num_params,
-                         "flat_params": flat.layout if flat is not None else None,
-                         "backend": backend.identity(),
-                         "config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
-                         "rng": rng}, last_path)
+            atomic_save(
+                {
+                    "model": model.state_dict(keep_vars=True),
+                    "optimizer": optimizer.state_dict(),
+                    "epoch": epoch,
+                    "step": step,
+                    "partial": partial,
+                    "history": history,
+                    "best": state["best"],
+                    "num_parameters": num_params,
+                    "flat_params": flat.layout if flat is not None else None,
+                    "backend": backend.identity(),
+                    "config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
+                    "rng": rng,
+                },
+                last_path,
+            )
 
     def write_summary(status: str, peak_mb: float) -> Dict[str, Any]:
         best = state["best"]
         times = [r["epoch_time_s"] for r in history]
-        summary = {"name": cfg.name, "seed": cfg.seed, "model": cfg.model.name, "data": task.name,
-                   "metric": task.metric, "num_parameters": num_params, "epochs": len(history),
-                   "best_epoch": best["epoch"], "highest_train": best["train"], "highest_valid": best["valid"],
-                   "final_test": best["test"], "epoch_time_s": sum(times) / max(len(times), 1),
-                   # the whole run's peak: the rows' figures are taken before each epoch's evaluation
-                   # and checkpoint, and a resumed run's history holds the earlier process's peaks
-                   "peak_memory_mb": round(max([peak_mb] + [r["peak_memory_mb"] for r in history]), 1),
-                   "device": device.type, "bf16": use_bf16, "backend": backend.name,
-                   "world_size": backend.world_size, "status": status, "output_dir": out_dir,
-                   # the last epoch's model statistics (e.g. DEQ convergence), as in metrics.csv
-                   **{k: v for k, v in (history[-1] if history else {}).items() if k not in FIELDS}}
+        summary = {
+            "name": cfg.name,
+            "seed": cfg.seed,
+            "model": cfg.model.name,
+            "data": task.name,
+            "metric": task.metric,
+            "num_parameters": num_params,
+            "epochs": len(history),
+            "best_epoch": best["epoch"],
+            "highest_train": best["train"],
+            "highest_valid": best["valid"],
+            "final_test": best["test"],
+            "epoch_time_s": sum(times) / max(len(times), 1),
+            # the whole run's peak: the rows' figures are taken before each epoch's evaluation
+            # and checkpoint, and a resumed run's history holds the earlier process's peaks
+            "peak_memory_mb": round(max([peak_mb] + [r["peak_memory_mb"] for r in history]), 1),
+            "device": device.type,
+            "bf16": use_bf16,
+            "backend": backend.name,
+            "world_size": backend.world_size,
+            "status": status,
+            "output_dir": out_dir,
+            # the last epoch's model statistics (e.g. DEQ convergence), as in metrics.csv
+            **{k: v for k, v in (history[-1] if history else {}).items() if k not in FIELDS},
+        }
         if writer:
             atomic_write_text(json.dumps(summary, indent=2), os.path.join(out_dir, "summary.json"))
             write_metrics(history, os.path.join(out_dir, "metrics.csv"))
@@ -155,36 +198,62 @@ def _train(cfg: DictConfig, backend: Backend) -> Dict[str, Any]:
         t0 = time.perf_counter() - partial["time_s"]
         generator = torch.Generator().manual_seed(seed_stream(cfg.seed, epoch, 0))
         for step in task.train_steps(generator, device, start=first):
-            loss, stopping = train_step(model, task, step, optimizer, flat, backend, autocast, tc.grad_clip, stop)
+            loss, stopping = train_step(
+                model, task, step, optimizer, flat, backend, autocast, tc.grad_clip, stop
+            )
             if not math.isfinite(loss):
                 raise FloatingPointError(
                     f"loss is {loss} at epoch {epoch}, step {step.index}: training diverged (no update was "
                     f"applied). Last good checkpoint: {_last_good(last_path, history)}. Try a lower optim.lr "
-                    f"or trainer.grad_clip.")
+                    f"or trainer.grad_clip."
+                )
             loss_sum, count = loss_sum + loss * step.total, count + step.total
             if stopping:
-                save_last(epoch - 1, step.index + 1, {"loss_sum": loss_sum, "count": count,
-                                                      "time_s": time.perf_counter() - t0})
+                save_last(
+                    epoch - 1,
+                    step.index + 1,
+                    {"loss_sum": loss_sum, "count": count, "time_s": time.perf_counter() - t0},
+                )
                 raise _interrupted(cfg, backend, stop, last_path, epoch, step.index)
         epoch_time = time.perf_counter() - t0
 
-        row = {"epoch": epoch, "loss": loss_sum / max(count, 1), "train": "", "valid": "", "test": "",
-               "epoch_time_s": round(epoch_time, 4),
-               "peak_memory_mb": round(max(backend.gather(peak_memory_mb(device))), 1),
-               "lr": optimizer.param_groups[0]["lr"], **model_epoch_stats(model, backend)}
+        row = {
+            "epoch": epoch,
+            "loss": loss_sum / max(count, 1),
+            "train": "",
+            "valid": "",
+            "test": "",
+            "epoch_time_s": round(epoch_time, 4),
+            "peak_memory_mb": round(max(backend.gather(peak_memory_mb(device))), 1),
+            "lr": optimizer.param_groups[0]["lr"],
+            **model_epoch_stats(model, backend),
+        }
         improved = False
         if epoch % tc.eval_every == 0 or epoch == tc.epochs:
-            scores = task.evaluate(model, torch.Generator().manual_seed(seed_stream(cfg.seed, epoch, 1)),
-                                   device, autocast, backend.all_reduce)
+            scores = task.evaluate(
+                model,
+                torch.Generator().manual_seed(seed_stream(cfg.seed, epoch, 1)),
+                device,
+                autocast,
+                backend.all_reduce,
+            )
             model_epoch_stats(model, backend, gather=False)  # the evaluation's solves are not training's
             row.update(scores)
             improved = scores["valid"] > state["best"]["valid"]
             if improved:
                 state["best"] = {"epoch": epoch, **scores}
             best = state["best"]
-            log.info("epoch %d  loss %.4f  train %.4f  valid %.4f  test %.4f  (best valid %.4f @ %d)  %.1fs",
-                     epoch, row["loss"], scores["train"], scores["valid"], scores["test"], best["valid"],
-                     best["epoch"], epoch_time)
+            log.info(
+                "epoch %d  loss %.4f  train %.4f  valid %.4f  test %.4f  (best valid %.4f @ %d)  %.1fs",
+                epoch,
+                row["loss"],
+                scores["train"],
+                scores["valid"],
+                scores["test"],
+                best["valid"],
+                best["epoch"],
+                epoch_time,
+            )
         history.append(row)
         save_last(epoch)  # pickled once; best.pt is a byte copy
         if writer:
@@ -199,8 +268,14 @@ def _train(cfg: DictConfig, backend: Backend) -> Dict[str, Any]:
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    bar = tqdm(range(start_epoch + 1, tc.epochs + 1), desc=cfg.name, initial=start_epoch, total=tc.epochs,
-               disable=None if writer and cfg.logger.progress_bar else True, dynamic_ncols=True)
+    bar = tqdm(
+        range(start_epoch + 1, tc.epochs + 1),
+        desc=cfg.name,
+        initial=start_epoch,
+        total=tc.epochs,
+        disable=None if writer and cfg.logger.progress_bar else True,
+        dynamic_ncols=True,
+    )
     epoch, stop = start_epoch, StopRequest()
     try:
         with stop:
@@ -235,20 +310,40 @@ def _train(cfg: DictConfig, backend: Backend) -> Dict[str, Any]:
     if writer and cfg.logger.plot and history:
         plot_learning_curve(history, task.metric, os.path.join(out_dir, "learning_curve.png"))
     best = state["best"]
-    log.info("Highest Train: %.4f  Highest Valid: %.4f  Final Test: %.4f  (%s, epoch %d of %d, %s params, "
-             "%.2f s/epoch, peak %.0f MB)", best["train"], best["valid"], best["test"], task.metric,
-             best["epoch"], len(history), f"{num_params:,}", summary["epoch_time_s"], summary["peak_memory_mb"])
+    log.info(
+        "Highest Train: %.4f  Highest Valid: %.4f  Final Test: %.4f  (%s, epoch %d of %d, %s params, "
+        "%.2f s/epoch, peak %.0f MB)",
+        best["train"],
+        best["valid"],
+        best["test"],
+        task.metric,
+        best["epoch"],
+        len(history),
+        f"{num_params:,}",
+        summary["epoch_time_s"],
+        summary["peak_memory_mb"],
+    )
     return summary
 
 
-def train_step(model, task, step, optimizer, flat, backend: Backend, autocast=None, grad_clip: float = 0.0,
-               stop: Optional[StopRequest] = None):
+def train_step(
+    model,
+    task,
+    step,
+    optimizer,
+    flat,
+    backend: Backend,
+    autocast=None,
+    grad_clip: float = 0.0,
+    stop: Optional[StopRequest] = None,
+):
     """One optimiser step over this worker's batches of ``step``: forward, loss share, backward for each
     (gradients accumulate), then one all-reduce of ``[step loss, stop flag]`` over the workers (the flag:
     ``stop`` received a signal by then). The
     update is applied only when the step loss is finite (gradients reduced over the workers, clipped);
     returns ``(step loss, whether any worker asked to stop)``."""
     from revgnn.utils.flat import optimizer_step
+
     loss_sum = torch.zeros((), dtype=torch.float64)
     for batch in step.batches:
         with autocast if autocast is not None else contextlib.nullcontext():
@@ -278,29 +373,40 @@ def resume(cfg: DictConfig, backend: Backend, model, optimizer, flat) -> Dict[st
     saved = ckpt.get("backend") or {"backend": "local", "world_size": 1}
     now = backend.identity()
     if saved != now:
-        diff = ", ".join(f"{k} {saved.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(saved) | set(now))
-                         if saved.get(k) != now.get(k))
-        raise RuntimeError(f"checkpoint {cfg.ckpt_path} was written by another run layout ({diff}): its "
-                           f"workers' RNG streams and data do not continue in this one. Resume with the "
-                           f"checkpoint's backend, world size and partition directory")
+        diff = ", ".join(
+            f"{k} {saved.get(k)!r} -> {now.get(k)!r}"
+            for k in sorted(set(saved) | set(now))
+            if saved.get(k) != now.get(k)
+        )
+        raise RuntimeError(
+            f"checkpoint {cfg.ckpt_path} was written by another run layout ({diff}): its "
+            f"workers' RNG streams and data do not continue in this one. Resume with the "
+            f"checkpoint's backend, world size and partition directory"
+        )
     allowed = check_resume_config(ckpt.get("config") or {}, cfg, cfg.ckpt_path)
     try:
         model.load_state_dict(ckpt["model"])
     except RuntimeError as e:
-        raise RuntimeError(f"checkpoint {cfg.ckpt_path} does not fit model {cfg.model.name!r} as "
-                           f"configured (was it trained with other model settings?): {e}") from e
+        raise RuntimeError(
+            f"checkpoint {cfg.ckpt_path} does not fit model {cfg.model.name!r} as "
+            f"configured (was it trained with other model settings?): {e}"
+        ) from e
     saved_layout = ckpt.get("flat_params")  # FlatParameters.layout, or None for per-tensor state
     if bool(saved_layout) != (flat is not None):
-        raise RuntimeError(f"checkpoint {cfg.ckpt_path} holds optimiser state for "
-                           f"{'flat' if saved_layout else 'per-tensor'} parameters; resume "
-                           f"with trainer.flat_params={str(bool(saved_layout)).lower()}")
+        raise RuntimeError(
+            f"checkpoint {cfg.ckpt_path} holds optimiser state for "
+            f"{'flat' if saved_layout else 'per-tensor'} parameters; resume "
+            f"with trainer.flat_params={str(bool(saved_layout)).lower()}"
+        )
     if flat is not None and saved_layout != flat.layout:
-        raise RuntimeError(f"checkpoint {cfg.ckpt_path} holds flat optimiser state for another "
-                           f"parameter layout (parameters, their order or the chunking differ); "
-                           f"its moments cannot be matched to this model's parameters")
+        raise RuntimeError(
+            f"checkpoint {cfg.ckpt_path} holds flat optimiser state for another "
+            f"parameter layout (parameters, their order or the chunking differ); "
+            f"its moments cannot be matched to this model's parameters"
+        )
     optimizer.load_state_dict(ckpt["optimizer"])
     for key, (old, new) in allowed.items():  # an allowed optimiser change takes effect on the restored state
-        name = key[len("optim."):]
+        name = key[len("optim.") :]
         if key.startswith("optim.") and all(name in g for g in optimizer.param_groups):
             for group in optimizer.param_groups:
                 group[name] = new
@@ -312,15 +418,27 @@ def resume(cfg: DictConfig, backend: Backend, model, optimizer, flat) -> Dict[st
         torch.cuda.set_rng_state(rng["cuda"], backend.device)
     step = ckpt.get("step", 0)
     log.info("resumed from %s at epoch %d%s", cfg.ckpt_path, ckpt["epoch"], f", step {step}" if step else "")
-    return {"epoch": ckpt["epoch"], "step": step, "partial": ckpt.get("partial"), "history": ckpt["history"],
-            "best": ckpt["best"]}
+    return {
+        "epoch": ckpt["epoch"],
+        "step": step,
+        "partial": ckpt.get("partial"),
+        "history": ckpt["history"],
+        "best": ckpt["best"],
+    }
 
 
 #: Keys a resume may change freely: the schedule's length, where things are, how they are logged
 #: and run. Everything else under these sections (and ``seed``) changes the run.
 RESUME_COMPARED = ("model", "data", "optim", "trainer", "backend", "seed")
-RESUME_FREE = ("trainer.epochs", "data.root", "data.allow_download", "backend.num_threads", "backend.timeout_s",
-               "backend.dist_backend", "backend.partition_dir")
+RESUME_FREE = (
+    "trainer.epochs",
+    "data.root",
+    "data.allow_download",
+    "backend.num_threads",
+    "backend.timeout_s",
+    "backend.dist_backend",
+    "backend.partition_dir",
+)
 
 
 def check_resume_config(saved: Dict[str, Any], cfg: DictConfig, path: str) -> Dict[str, tuple]:
@@ -337,19 +455,27 @@ def check_resume_config(saved: Dict[str, Any], cfg: DictConfig, path: str) -> Di
                 out[f"{prefix}{k}"] = v
         return out
 
-    old, new = flat({k: saved[k] for k in RESUME_COMPARED if k in saved}), flat({k: now[k] for k in RESUME_COMPARED})
+    old, new = (
+        flat({k: saved[k] for k in RESUME_COMPARED if k in saved}),
+        flat({k: now[k] for k in RESUME_COMPARED}),
+    )
     keys = set(old) | set(new)
     unknown = [k for k in cfg.resume_allow if k not in keys]
     if unknown:
         raise ValueError(f"resume_allow names {', '.join(unknown)}, which the configuration has no key for")
-    changed = {k: (old.get(k), new.get(k)) for k in sorted(keys)
-               if k in old and old.get(k) != new.get(k) and k not in RESUME_FREE}
+    changed = {
+        k: (old.get(k), new.get(k))
+        for k in sorted(keys)
+        if k in old and old.get(k) != new.get(k) and k not in RESUME_FREE
+    }
     refused = {k: v for k, v in changed.items() if k not in cfg.resume_allow}
     if refused:
         lines = "\n".join(f"  {k}: {a!r} (checkpoint) -> {b!r} (now)" for k, (a, b) in refused.items())
-        raise ValueError(f"checkpoint {path} was trained with other settings:\n{lines}\nResume with the "
-                         f"checkpoint's values, or name the keys you mean to change in resume_allow "
-                         f"(e.g. resume_allow=[{next(iter(refused))}]); trainer.epochs may always grow.")
+        raise ValueError(
+            f"checkpoint {path} was trained with other settings:\n{lines}\nResume with the "
+            f"checkpoint's values, or name the keys you mean to change in resume_allow "
+            f"(e.g. resume_allow=[{next(iter(refused))}]); trainer.epochs may always grow."
+        )
     return {k: v for k, v in changed.items() if k in cfg.resume_allow}
 
 
@@ -359,22 +485,30 @@ def _last_good(last_path: str, history) -> str:
     return "none (no epoch finished)"
 
 
-def _interrupted(cfg, backend: Backend, stop: StopRequest, last_path: str, epoch: int,
-                 step: Optional[int]) -> TrainingInterrupted:
+def _interrupted(
+    cfg, backend: Backend, stop: StopRequest, last_path: str, epoch: int, step: Optional[int]
+) -> TrainingInterrupted:
     import signal
+
     signum = stop.signum or signal.SIGTERM  # a peer's signal: this worker got none itself
     where = f"in epoch {epoch} after {step + 1} step(s)" if step is not None else f"before epoch {epoch}"
-    return TrainingInterrupted(f"{signal.Signals(signum).name}: stopped {where}; saved {last_path}. "
-                               f"Resume with:\n  {resume_command(cfg, backend, last_path)}", signum)
+    return TrainingInterrupted(
+        f"{signal.Signals(signum).name}: stopped {where}; saved {last_path}. "
+        f"Resume with:\n  {resume_command(cfg, backend, last_path)}",
+        signum,
+    )
 
 
 def resume_command(cfg: DictConfig, backend: Backend, last_path: str) -> str:
     """The command line that continues this run from ``last_path``: the launcher, the job's own
     overrides (without any earlier ``ckpt_path``) and ``ckpt_path=<last_path>``."""
     from hydra.core.hydra_config import HydraConfig
+
     overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
     overrides = [o for o in overrides if not o.lstrip("+~").startswith(("ckpt_path=", "output_dir="))]
-    overrides.append(f"output_dir={os.path.dirname(os.path.abspath(last_path))}")  # continue in the same directory
+    overrides.append(
+        f"output_dir={os.path.dirname(os.path.abspath(last_path))}"
+    )  # continue in the same directory
     overrides.append(f"ckpt_path={os.path.abspath(last_path)}")
     return " ".join([backend.launch_prefix()] + [shlex.quote(o) for o in overrides])
 
@@ -393,8 +527,10 @@ def model_epoch_stats(model, backend: Backend, gather: bool = True) -> Dict[str,
         return {}
     every = backend.gather(stats)
     keys = sorted({k for s in every for k in s})
-    return {k: (max if k.endswith("_max") else lambda v: sum(v) / len(v))([s[k] for s in every if k in s])
-            for k in keys}
+    return {
+        k: (max if k.endswith("_max") else lambda v: sum(v) / len(v))([s[k] for s in every if k in s])
+        for k in keys
+    }
 
 
 def log_warnings(caught, epoch: int, writer: bool) -> None:
@@ -404,8 +540,13 @@ def log_warnings(caught, epoch: int, writer: bool) -> None:
         groups.setdefault((w.category, w.filename, w.lineno), []).append(w)
     for (category, _, _), ws in groups.items():
         if writer:
-            log.warning("%s%s in epoch %d: %s", category.__name__, f" x{len(ws)}" if len(ws) > 1 else "",
-                        epoch, ws[0].message)
+            log.warning(
+                "%s%s in epoch %d: %s",
+                category.__name__,
+                f" x{len(ws)}" if len(ws) > 1 else "",
+                epoch,
+                ws[0].message,
+            )
 
 
 def write_metrics(history, path: str) -> None:
@@ -423,6 +564,7 @@ def build_model(model_cfg: DictConfig, shapes: Dict[str, Any]) -> "torch.nn.Modu
     """Instantiates ``model_cfg`` with the data's shapes (``in_channels``, ``out_channels``,
     ``edge_channels``, ``species_channels``); ``null`` entries keep the variant's default."""
     from hydra.utils import instantiate
+
     kwargs = {k: v for k, v in OmegaConf.to_container(model_cfg, resolve=True).items() if v is not None}
     return instantiate(kwargs, **shapes)
 
@@ -431,6 +573,7 @@ def resolve_output_dir(cfg: DictConfig) -> str:
     """Hydra's run (or sweep job) directory, which is ``output_dir`` when set
     (``configs/hydra/default.yaml``); outside Hydra ``cfg.output_dir`` or ``outputs/<name>``."""
     from hydra.core.hydra_config import HydraConfig
+
     if HydraConfig.initialized():
         return HydraConfig.get().runtime.output_dir
     return str(cfg.output_dir) if cfg.output_dir else f"outputs/{cfg.name}"
@@ -444,6 +587,7 @@ def seed_stream(seed: int, epoch: int, purpose: int) -> int:
 def peak_memory_mb(device) -> float:
     """Peak memory so far: ``max_memory_allocated`` on CUDA, the process's peak RSS on CPU."""
     from revgnn.utils.memory import peak_rss_bytes
+
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return peak_rss_bytes() / 2**20
@@ -452,8 +596,10 @@ def peak_memory_mb(device) -> float:
 def plot_learning_curve(history, metric: str, path: str) -> None:
     """Training loss and train/valid/test scores against epochs, as a PNG (written atomically)."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, (ax_loss, ax_score) = plt.subplots(1, 2, figsize=(10, 4))
     ax_loss.plot([r["epoch"] for r in history], [r["loss"] for r in history])
     ax_loss.set(xlabel="epoch", ylabel="training loss", title="loss")

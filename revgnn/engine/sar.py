@@ -16,6 +16,7 @@ mean loss. Evaluation gathers every split's predictions and runs the OGB Evaluat
 (the same numbers everywhere). Everything else (checkpoints, exact resume, NaN guard, precision,
 logging, signals) is the one loop's, :mod:`revgnn.engine.loop`.
 """
+
 from __future__ import annotations
 
 import logging
@@ -51,6 +52,7 @@ class SARTask:
 
     def __init__(self, graph, meta: Dict[str, Any], reduce, gather, device):
         from revgnn.evaluate import Scorer
+
         info = meta.get("dataset", {})
         nd = graph.node_data
         for key in ("x", "y", "train_mask"):
@@ -60,7 +62,9 @@ class SARTask:
         self.name = info.get("name", "?")
         self.task = info.get("task", "multilabel")
         if not info.get("evaluator"):
-            raise ValueError("the partition's meta.json names no OGB evaluator; partition with revgnn-partition")
+            raise ValueError(
+                "the partition's meta.json names no OGB evaluator; partition with revgnn-partition"
+            )
         self.scorer = Scorer(info["evaluator"], self.task)
         self.metric = self.scorer.metric
         self.x, self.y = nd["x"].to(device), nd["y"].to(device)
@@ -69,18 +73,23 @@ class SARTask:
         train = self.masks["train"]
         self.count = int(labelled_entries(self.y[train]).sum())
         self.total = int(reduce(torch.tensor([float(self.count)], dtype=torch.float64)).item())
-        self.shapes = dict(in_channels=self.x.size(1), out_channels=info.get("num_classes", self.y.size(1)),
-                           edge_channels=None if self.edge_attr is None else self.edge_attr.size(1),
-                           species_channels=info.get("species_channels", 0))
+        self.shapes = dict(
+            in_channels=self.x.size(1),
+            out_channels=info.get("num_classes", self.y.size(1)),
+            edge_channels=None if self.edge_attr is None else self.edge_attr.size(1),
+            species_channels=info.get("species_channels", 0),
+        )
 
     def check_trainer(self, tc) -> None:
         bad = {k: tc[k] for k, v in _FULL_GRAPH.items() if tc[k] != v}
         if tc.parts_per_step not in (None, 1):
             bad["parts_per_step"] = tc.parts_per_step
         if bad:
-            raise ValueError(f"backend=sar trains and evaluates on the full graph, one step per epoch; "
-                             f"{', '.join(f'trainer.{k}={v}' for k, v in bad.items())} cannot apply: set "
-                             f"{' '.join(f'trainer.{k}=1' for k in bad)} (backend/sar.yaml sets them)")
+            raise ValueError(
+                f"backend=sar trains and evaluates on the full graph, one step per epoch; "
+                f"{', '.join(f'trainer.{k}={v}' for k, v in bad.items())} cannot apply: set "
+                f"{' '.join(f'trainer.{k}=1' for k in bad)} (backend/sar.yaml sets them)"
+            )
 
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}({self.name}, {self.graph})"
@@ -90,8 +99,11 @@ class SARTask:
         and backward are collective)."""
         if start == 0 and self.total > 0:
             mask = self.masks["train"]
-            yield Step(0, iter([Batch((self.x, self.graph, self.edge_attr), mask, self.y[mask], self.count)]),
-                       self.total)
+            yield Step(
+                0,
+                iter([Batch((self.x, self.graph, self.edge_attr), mask, self.y[mask], self.count)]),
+                self.total,
+            )
 
     def loss(self, logits: Tensor, batch: Batch, total: int) -> Tensor:
         return task_loss(logits[batch.select], batch.y, self.task, "sum") / total
@@ -103,11 +115,18 @@ class SARTask:
         with _autocast(autocast):
             out = model(self.x, self.graph, self.edge_attr).float().cpu()
         model.train(was_training)
-        pieces = {s: (out[m.cpu()], self.y[m].cpu()) for s, m in self.masks.items()
-                  if s in ("train", "valid", "test")}
+        pieces = {
+            s: (out[m.cpu()], self.y[m].cpu())
+            for s, m in self.masks.items()
+            if s in ("train", "valid", "test")
+        }
         gathered = self.gather(pieces)
-        return {s: self.scorer.score(torch.cat([g[s][1] for g in gathered]),
-                                     torch.cat([g[s][0] for g in gathered])) for s in pieces}
+        return {
+            s: self.scorer.score(
+                torch.cat([g[s][1] for g in gathered]), torch.cat([g[s][0] for g in gathered])
+            )
+            for s in pieces
+        }
 
 
 class SARBackend(DistributedBackend):
@@ -119,13 +138,16 @@ class SARBackend(DistributedBackend):
     def __init__(self, cfg):
         super().__init__(cfg)
         if not cfg.backend.partition_dir:
-            raise ValueError("backend=sar needs backend.partition_dir=DIR, a directory written by "
-                             "`revgnn-partition data=... num_parts=P out=DIR`")
+            raise ValueError(
+                "backend=sar needs backend.partition_dir=DIR, a directory written by "
+                "`revgnn-partition data=... num_parts=P out=DIR`"
+            )
         self.fingerprint = None
 
     def make_task(self) -> SARTask:
-        from revgnn.distributed.partition import load_meta, load_partition_checked
         from revgnn.distributed.sar import SARGraph
+        from revgnn.distributed.sar_partition import load_meta, load_partition_checked
+
         root = self.cfg.backend.partition_dir
         part = load_partition_checked(root)
         graph = SARGraph(part, timeout_s=self.cfg.backend.timeout_s).to(self.device)
@@ -139,21 +161,31 @@ class SARBackend(DistributedBackend):
     def _check_data(self, info: Dict[str, Any]) -> None:
         """The ``data`` group must describe the partitioned data set (never silently another one)."""
         from omegaconf import OmegaConf
+
         saved = info.get("config")
         if saved is None:
-            log.warning("%s was written without its data config (partition_dataset without data_config): "
-                        "the data group is not checked against it", self.cfg.backend.partition_dir)
+            log.warning(
+                "%s was written without its data config (partition_dataset without data_config): "
+                "the data group is not checked against it",
+                self.cfg.backend.partition_dir,
+            )
             return
         now = OmegaConf.to_container(self.cfg.data, resolve=True)
-        diff = [f"data.{k}: {saved.get(k)!r} in the partition, {now.get(k)!r} here"
-                for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
+        diff = [
+            f"data.{k}: {saved.get(k)!r} in the partition, {now.get(k)!r} here"
+            for k in sorted(set(saved) | set(now))
+            if saved.get(k) != now.get(k)
+        ]
         if diff:
-            raise ValueError(f"backend=sar trains on the graph in {self.cfg.backend.partition_dir}, but the data "
-                             f"group describes another one ({'; '.join(diff)}): select the partitioned data "
-                             f"set (e.g. data={info.get('name')}) or partition this one with revgnn-partition")
+            raise ValueError(
+                f"backend=sar trains on the graph in {self.cfg.backend.partition_dir}, but the data "
+                f"group describes another one ({'; '.join(diff)}): select the partitioned data "
+                f"set (e.g. data={info.get('name')}) or partition this one with revgnn-partition"
+            )
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
         from revgnn.distributed.convs import convert_to_sar
+
         convert_to_sar(model)
         return super().prepare_model(model)
 

@@ -4,14 +4,14 @@ A task turns a data set into optimiser *steps*, each a list of batches, computes
 the step's loss and scores a model on every split with OGB's evaluator, so that
 :func:`revgnn.engine.loop.train` is one loop for every level and backend:
 
-* :class:`NodeTask` (a :class:`~revgnn.data.graph.NodeDataset`, e.g. ogbn-proteins): every epoch a new
+* :class:`NodeTask` (a :class:`~revgnn.data.node_dataset.NodeDataset`, e.g. ogbn-proteins): every epoch a new
   random partition into ``trainer.train_parts`` parts; a step takes ``trainer.parts_per_step`` of them
   (their induced sub-graphs, the loss on their training nodes, the gradients accumulated). Under
   ``backend=ddp`` every worker draws the same partition and the step's parts are dealt out, so
   :math:`W` workers with :math:`K/W` parts each take the step one process takes with :math:`K`.
   Evaluation is multi-view inference (``trainer.eval_views`` x ``trainer.eval_parts``), its forwards
   dealt out the same way.
-* :class:`GraphTask` (a :class:`~revgnn.data.graphs.GraphDataset`, e.g. ogbg-molhiv): every epoch the
+* :class:`GraphTask` (a :class:`~revgnn.data.graph_dataset.GraphDataset`, e.g. ogbg-molhiv): every epoch the
   training graphs are shuffled into batches of ``data.batch_size``, one step each; the model is called
   as ``model(x, edge_index, edge_attr, batch, num_graphs)`` and returns one row per graph.
 * :class:`SARTask` (:mod:`revgnn.engine.sar`): one full-graph step per epoch on every SAR worker.
@@ -27,6 +27,7 @@ contributes ``loss_sum / n_s``, so accumulated (or all-reduced) gradients are th
 ``multilabel`` data use BCE-with-logits over tasks (NaN labels are ignored, as OGB's molecule sets
 have missing labels), ``multiclass`` data cross entropy.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -42,6 +43,7 @@ __all__ = ["Batch", "Step", "NodeTask", "GraphTask", "make_task", "task_loss", "
 class Batch(NamedTuple):
     """One forward pass: the model's positional inputs, which output rows the loss uses (a mask, or
     :obj:`None` for all), their targets and how many labelled entries they hold."""
+
     inputs: Tuple[Any, ...]
     select: Optional[Tensor]
     y: Tensor
@@ -51,6 +53,7 @@ class Batch(NamedTuple):
 class Step(NamedTuple):
     """One optimiser step: its index in the epoch, this worker's batches (an iterator: sub-graphs are
     built one at a time) and the labelled entries of the whole step, over all batches and workers."""
+
     index: int
     batches: Iterator[Batch]
     total: int
@@ -96,6 +99,7 @@ class NodeTask:
 
     def __init__(self, ds, trainer_cfg, rank: int = 0, world_size: int = 1):
         from revgnn.evaluate import Scorer
+
         self.ds, self.tc = ds, trainer_cfg
         self.rank, self.world_size = rank, world_size
         self.scorer = Scorer.for_dataset(ds)
@@ -105,11 +109,15 @@ class NodeTask:
         self.entries = labelled_entries(ds.y) * self.train_mask  # loss terms per node
         k = trainer_cfg.parts_per_step or world_size
         if k % world_size:
-            raise ValueError(f"trainer.parts_per_step={k} must be a multiple of the {world_size} workers "
-                             f"(each worker takes parts_per_step / workers parts per step)")
+            raise ValueError(
+                f"trainer.parts_per_step={k} must be a multiple of the {world_size} workers "
+                f"(each worker takes parts_per_step / workers parts per step)"
+            )
         if trainer_cfg.train_parts % k:
-            raise ValueError(f"trainer.train_parts={trainer_cfg.train_parts} must be a multiple of "
-                             f"trainer.parts_per_step={k}")
+            raise ValueError(
+                f"trainer.train_parts={trainer_cfg.train_parts} must be a multiple of "
+                f"trainer.parts_per_step={k}"
+            )
         self.parts_per_step = k
         self.name, self.shapes = ds.name, shapes(ds)
 
@@ -119,14 +127,15 @@ class NodeTask:
     def train_steps(self, generator: torch.Generator, device, start: int = 0) -> Iterator[Step]:
         """This worker's steps of one epoch from step ``start`` on; the partition is drawn from
         ``generator`` alone, so every worker (and a resumed run) draws the same one."""
-        from revgnn.data.partition import Partition, random_partition
+        from revgnn.data.random_parts import Partition, random_partition
+
         ds, k, per_worker = self.ds, self.parts_per_step, self.parts_per_step // self.world_size
         part = random_partition(ds.num_nodes, self.tc.train_parts, generator)
         partition = Partition(ds.edge_index, part, self.tc.train_parts)
         counts = torch.zeros(self.tc.train_parts, dtype=torch.long).index_add_(0, part, self.entries).tolist()
         for s in range(start, self.tc.train_parts // k):
             first = s * k
-            total = sum(counts[first:first + k])
+            total = sum(counts[first : first + k])
             if total == 0:  # no labelled node in the whole step (every worker skips it)
                 continue
             mine = [first + self.rank * per_worker + j for j in range(per_worker)]
@@ -134,6 +143,7 @@ class NodeTask:
 
     def _batch(self, sub, device) -> Batch:
         from revgnn.evaluate import as_edge_index
+
         ds = self.ds
         mask = self.train_mask[sub.node_idx]
         x = ds.x[sub.node_idx].to(device)
@@ -146,13 +156,23 @@ class NodeTask:
         """This batch's share of the step loss: its summed loss over the step's labelled entries."""
         return task_loss(logits[batch.select], batch.y, self.ds.task, "sum") / total
 
-    def evaluate(self, model: nn.Module, generator: torch.Generator, device, autocast=None,
-                 reduce=None) -> Dict[str, float]:
+    def evaluate(
+        self, model: nn.Module, generator: torch.Generator, device, autocast=None, reduce=None
+    ) -> Dict[str, float]:
         """Multi-view scores; with ``reduce`` (a sum over workers) each worker runs its share of the
         forwards and the summed logits are scored everywhere."""
         from revgnn.evaluate import predict
-        logits = predict(model, self.ds, self.tc.eval_views, self.tc.eval_parts, generator, device, autocast,
-                         shard=(self.rank, self.world_size))
+
+        logits = predict(
+            model,
+            self.ds,
+            self.tc.eval_views,
+            self.tc.eval_parts,
+            generator,
+            device,
+            autocast,
+            shard=(self.rank, self.world_size),
+        )
         if reduce is not None:
             logits = reduce(logits)
         return self.scorer(logits)
@@ -165,15 +185,20 @@ class GraphTask:
 
     def __init__(self, ds, trainer_cfg=None):
         from ogb.graphproppred import Evaluator
+
         self.ds = ds
         self.evaluator = Evaluator(ds.evaluator)
         self.metric = self.evaluator.eval_metric
         if self.evaluator.num_tasks != ds.num_classes:
-            raise ValueError(f"{ds.name}: {ds.num_classes} tasks, but evaluator {ds.evaluator!r} expects "
-                             f"{self.evaluator.num_tasks}")
+            raise ValueError(
+                f"{ds.name}: {ds.num_classes} tasks, but evaluator {ds.evaluator!r} expects "
+                f"{self.evaluator.num_tasks}"
+            )
         if trainer_cfg is not None and trainer_cfg.parts_per_step not in (None, 1):
-            raise ValueError(f"trainer.parts_per_step concerns node-level partitions; {ds.name} is graph-level "
-                             f"and takes one batch of data.batch_size graphs per step")
+            raise ValueError(
+                f"trainer.parts_per_step concerns node-level partitions; {ds.name} is graph-level "
+                f"and takes one batch of data.batch_size graphs per step"
+            )
         self.name, self.shapes = ds.name, shapes(ds)
 
     def __repr__(self) -> str:
@@ -182,8 +207,13 @@ class GraphTask:
     @staticmethod
     def _inputs(data, device) -> Tuple[Any, ...]:
         edge_attr = data.edge_attr.to(device) if data.edge_attr is not None else None
-        return (data.x.to(device), data.edge_index.to(device), edge_attr, data.batch.to(device),
-                data.num_graphs)
+        return (
+            data.x.to(device),
+            data.edge_index.to(device),
+            edge_attr,
+            data.batch.to(device),
+            data.num_graphs,
+        )
 
     def train_steps(self, generator: torch.Generator, device, start: int = 0) -> Iterator[Step]:
         for s, data in enumerate(self.ds.loader("train", shuffle=True, generator=generator)):
@@ -210,8 +240,9 @@ class GraphTask:
         model.train(was_training)
         return torch.cat(out, dim=0) if out else torch.zeros(0, self.ds.num_classes)
 
-    def evaluate(self, model: nn.Module, generator: Optional[torch.Generator], device, autocast=None,
-                 reduce=None) -> Dict[str, float]:
+    def evaluate(
+        self, model: nn.Module, generator: Optional[torch.Generator], device, autocast=None, reduce=None
+    ) -> Dict[str, float]:
         scores = {}
         for split in ("train", "valid", "test"):
             logits = self.predict(model, split, device, autocast)
@@ -223,21 +254,29 @@ class GraphTask:
 
 def make_task(ds, trainer_cfg, rank: int = 0, world_size: int = 1):
     """:class:`NodeTask` for a ``NodeDataset``, :class:`GraphTask` for a ``GraphDataset``."""
-    from revgnn.data.graph import NodeDataset
-    from revgnn.data.graphs import GraphDataset
+    from revgnn.data.graph_dataset import GraphDataset
+    from revgnn.data.node_dataset import NodeDataset
+
     if isinstance(ds, NodeDataset):
         return NodeTask(ds, trainer_cfg, rank, world_size)
     if isinstance(ds, GraphDataset):
         if world_size > 1:
-            raise ValueError(f"backend=ddp deals out the parts of a node-level graph; {ds.name} is graph-level: "
-                             f"train it with backend=local")
+            raise ValueError(
+                f"backend=ddp deals out the parts of a node-level graph; {ds.name} is graph-level: "
+                f"train it with backend=local"
+            )
         return GraphTask(ds, trainer_cfg)
-    raise TypeError(f"data._target_ must build a revgnn.data.NodeDataset or revgnn.data.graphs.GraphDataset, "
-                    f"got {type(ds).__name__}")
+    raise TypeError(
+        f"data._target_ must build a revgnn.data.NodeDataset or revgnn.data.graph_dataset.GraphDataset, "
+        f"got {type(ds).__name__}"
+    )
 
 
 def shapes(ds) -> Dict[str, Any]:
     """The model's data-dependent arguments."""
-    return dict(in_channels=ds.in_channels, out_channels=ds.num_classes, edge_channels=ds.edge_channels,
-                species_channels=ds.species_channels)
-
+    return dict(
+        in_channels=ds.in_channels,
+        out_channels=ds.num_classes,
+        edge_channels=ds.edge_channels,
+        species_channels=ds.species_channels,
+    )

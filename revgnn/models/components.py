@@ -1,4 +1,5 @@
 """Encoders and head shared by the node-level models of the zoo."""
+
 from __future__ import annotations
 
 from typing import Optional
@@ -6,7 +7,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from revgnn.nn.aggr import sort_edges
+from revgnn.nn.gen_max import sort_edges
 
 
 class NodeEncoder(nn.Module):
@@ -30,8 +31,9 @@ class NodeEncoder(nn.Module):
     def __init__(self, in_channels: int, hidden_channels: int, species_channels: int = 0):
         super().__init__()
         if not 0 <= species_channels <= in_channels:
-            raise ValueError(f"species_channels={species_channels} must be between 0 and "
-                             f"in_channels={in_channels}")
+            raise ValueError(
+                f"species_channels={species_channels} must be between 0 and in_channels={in_channels}"
+            )
         self.in_channels = in_channels
         self.species_channels = species_channels
         self.species = nn.Linear(species_channels, species_channels) if species_channels else None
@@ -44,8 +46,10 @@ class NodeEncoder(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if x.size(-1) != self.in_channels:
-            raise ValueError(f"the model expects {self.in_channels} node features, got "
-                             f"{x.size(-1)}; set in_channels to match the data")
+            raise ValueError(
+                f"the model expects {self.in_channels} node features, got "
+                f"{x.size(-1)}; set in_channels to match the data"
+            )
         if self.species is not None:
             s = self.species_channels
             x = torch.cat([x[:, :-s], self.species(x[:, -s:])], dim=-1)
@@ -69,8 +73,7 @@ class Head(nn.Module):
         return self.lin(self.dropout(self.norm(h).relu()))
 
 
-def make_edge_encoder(edge_channels: Optional[int], hidden_channels: int,
-                      used: bool) -> Optional[nn.Linear]:
+def make_edge_encoder(edge_channels: Optional[int], hidden_channels: int, used: bool) -> Optional[nn.Linear]:
     """``Linear(edge_channels -> hidden)`` shared by all layers, if the convs use edges."""
     return nn.Linear(edge_channels, hidden_channels) if edge_channels and used else None
 
@@ -92,9 +95,16 @@ def encode_edges(edge_encoder: Optional[nn.Linear], edge_attr: Optional[Tensor],
     return Shared(edge_encoder(edge_attr))
 
 
-def reversible_layers(make_group_block, hidden_channels: int, num_groups: int, num_layers: int,
-                      weight_tied: bool = False, reversible: bool = True, keep_every: int = 0,
-                      quantize: Optional[int] = None):
+def reversible_layers(
+    make_group_block,
+    hidden_channels: int,
+    num_groups: int,
+    num_layers: int,
+    weight_tied: bool = False,
+    reversible: bool = True,
+    keep_every: int = 0,
+    quantize: Optional[int] = None,
+):
     """``num_layers`` reversible blocks of ``num_groups`` groups, called as ``layers(h, *args)``.
 
     ``make_group_block()`` builds the function of one group (width ``hidden_channels /
@@ -106,15 +116,19 @@ def reversible_layers(make_group_block, hidden_channels: int, num_groups: int, n
     from revgnn.nn import BlockSequence, GroupAddRev, WeightTied
 
     if hidden_channels % num_groups != 0:
-        raise ValueError(f"hidden_channels={hidden_channels} must be divisible by "
-                         f"num_groups={num_groups}")
+        raise ValueError(f"hidden_channels={hidden_channels} must be divisible by num_groups={num_groups}")
     if num_layers < 1:
         raise ValueError(f"num_layers must be >= 1, got {num_layers}")
 
     def rev_block(layer: int):
         keep = bool(keep_every) and layer > 0 and layer % keep_every == 0
-        return GroupAddRev(make_group_block(), num_groups=num_groups, disable=not reversible,
-                           keep_input=keep, quantize=quantize)
+        return GroupAddRev(
+            make_group_block(),
+            num_groups=num_groups,
+            disable=not reversible,
+            keep_input=keep,
+            quantize=quantize,
+        )
 
     if weight_tied:
         return WeightTied(rev_block(0), num_layers, keep_every=keep_every if reversible else 0)
@@ -131,8 +145,10 @@ def reversible_repr(model: nn.Module, extra: str = "") -> str:
     model holding :func:`reversible_layers` as ``model.layers``."""
     first = first_block(model.layers)
     tied = ", weight_tied=True" if model.weight_tied else ""
-    return (f"{model.__class__.__name__}({first.convs[0]}, num_layers={model.num_layers}, "
-            f"num_groups={first.num_groups}{extra}{tied})")
+    return (
+        f"{model.__class__.__name__}({first.convs[0]}, num_layers={model.num_layers}, "
+        f"num_groups={first.num_groups}{extra}{tied})"
+    )
 
 
 def count_parameters(model: nn.Module) -> int:
@@ -140,9 +156,15 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-def block_builder(conv: str, norm: Optional[str], edge_channels: Optional[int],
-                  aggr: Optional[str] = None, learn_t: bool = False, heads: int = 1,
-                  attn_dropout: float = 0.0):
+def block_builder(
+    conv: str,
+    norm: Optional[str],
+    edge_channels: Optional[int],
+    aggr: Optional[str] = None,
+    learn_t: bool = False,
+    heads: int = 1,
+    attn_dropout: float = 0.0,
+):
     """Returns ``make(channels, preact=True)`` building the pre-activation block of ``conv``.
 
     Options that ``conv`` does not have are an error rather than being ignored:
@@ -153,14 +175,25 @@ def block_builder(conv: str, norm: Optional[str], edge_channels: Optional[int],
 
     if conv not in BLOCKS:
         raise ValueError(f"unknown conv {conv!r}; choose one of {sorted(BLOCKS)}")
-    given = {"aggr": aggr is not None, "learn_t": learn_t, "heads": heads != 1,
-             "attn_dropout": attn_dropout != 0.0}
-    accepts = {"gen": {"aggr", "learn_t"}, "sage": {"aggr"}, "gat": {"heads", "attn_dropout"},
-               "gcn": set(), "gin": set()}[conv]
+    given = {
+        "aggr": aggr is not None,
+        "learn_t": learn_t,
+        "heads": heads != 1,
+        "attn_dropout": attn_dropout != 0.0,
+    }
+    accepts = {
+        "gen": {"aggr", "learn_t"},
+        "sage": {"aggr"},
+        "gat": {"heads", "attn_dropout"},
+        "gcn": set(),
+        "gin": set(),
+    }[conv]
     bad = [k for k, v in given.items() if v and k not in accepts]
     if bad:
-        raise ValueError(f"conv={conv!r} has no option(s) {', '.join(bad)}; it accepts "
-                         f"{sorted(accepts) or 'none of aggr/learn_t/heads/attn_dropout'}")
+        raise ValueError(
+            f"conv={conv!r} has no option(s) {', '.join(bad)}; it accepts "
+            f"{sorted(accepts) or 'none of aggr/learn_t/heads/attn_dropout'}"
+        )
     kwargs = {"norm": norm}
     if conv == "gen":
         kwargs.update(edge_channels=edge_channels, aggr=aggr or "max", learn_t=learn_t)
@@ -184,16 +217,29 @@ class DeepNodeGNN(nn.Module):
     builder) and :meth:`_encode` at the start of ``forward``.
     """
 
-    def _setup(self, in_channels: int, hidden_channels: int, out_channels: int, num_layers: int,
-               conv: str, edge_channels: Optional[int], species_channels: int, dropout: float,
-               norm: Optional[str], aggr: Optional[str], learn_t: bool, heads: int,
-               attn_dropout: float):
+    def _setup(
+        self,
+        in_channels: int,
+        hidden_channels: int,
+        out_channels: int,
+        num_layers: int,
+        conv: str,
+        edge_channels: Optional[int],
+        species_channels: int,
+        dropout: float,
+        norm: Optional[str],
+        aggr: Optional[str],
+        learn_t: bool,
+        heads: int,
+        attn_dropout: float,
+    ):
         from revgnn.nn import SharedDropout
 
         if num_layers < 1:
             raise ValueError(f"num_layers must be >= 1, got {num_layers}")
-        make = block_builder(conv, norm, hidden_channels if edge_channels else None,
-                             aggr, learn_t, heads, attn_dropout)
+        make = block_builder(
+            conv, norm, hidden_channels if edge_channels else None, aggr, learn_t, heads, attn_dropout
+        )
         self.num_layers = num_layers
         self.conv = conv
         self.node_encoder = NodeEncoder(in_channels, hidden_channels, species_channels)
@@ -205,5 +251,4 @@ class DeepNodeGNN(nn.Module):
     def _encode(self, x: Tensor, edge_index, edge_attr: Optional[Tensor]):
         """(node embedding, destination-sorted edge index, shared edge embedding)."""
         edge_index, edge_attr = sort_edges(edge_index, edge_attr, x.size(0))
-        return (self.node_encoder(x), edge_index,
-                encode_edges(self.edge_encoder, edge_attr, self.conv))
+        return (self.node_encoder(x), edge_index, encode_edges(self.edge_encoder, edge_attr, self.conv))

@@ -1,4 +1,5 @@
 r"""DEQ-GNN (Li et al., ICML 2021, Section 5): a GNN of "infinite depth" evaluated at an equilibrium."""
+
 from __future__ import annotations
 
 import math
@@ -13,7 +14,7 @@ from revgnn.deq import DEQ
 from revgnn.models.components import Head, NodeEncoder
 from revgnn.models.registry import build, register_model
 from revgnn.nn import LinearEdgeFeatures, SharedDropout
-from revgnn.nn.aggr import gen_conv, sort_edges
+from revgnn.nn.gen_max import gen_conv, sort_edges
 
 __all__ = ["DEQGNNLayer", "DEQGNN", "deq_gnn", "deq_gnn_small"]
 
@@ -72,27 +73,38 @@ class DEQGNNLayer(nn.Module):
             :obj:`None`. (default: :obj:`None`)
     """
 
-    def __init__(self, channels: int, edge_channels: Optional[int] = None, aggr: str = "max",
-                 learn_t: bool = False, dropout: float = 0.0, contraction: Optional[float] = None):
+    def __init__(
+        self,
+        channels: int,
+        edge_channels: Optional[int] = None,
+        aggr: str = "max",
+        learn_t: bool = False,
+        dropout: float = 0.0,
+        contraction: Optional[float] = None,
+    ):
         super().__init__()
         if contraction is not None:
             if not 0.0 < contraction < 1.0:
                 raise ValueError(f"contraction must be in (0, 1), got {contraction}")
             if aggr not in _CONTRACTIVE_AGGRS:
-                raise ValueError(f"contraction needs aggr in {_CONTRACTIVE_AGGRS} (1-Lipschitz), "
-                                 f"got {aggr!r}")
+                raise ValueError(
+                    f"contraction needs aggr in {_CONTRACTIVE_AGGRS} (1-Lipschitz), got {aggr!r}"
+                )
         self.channels = channels
         self.contraction = contraction
         self.dropout = dropout
         norm = None if contraction is not None else "layer"
         self.edge_encoder = nn.Linear(edge_channels, channels) if edge_channels else None
         self.conv_edge_encoders = nn.ModuleList(
-            [nn.Linear(channels, channels) for _ in range(2)] if edge_channels else [])
-        self.convs = nn.ModuleList([
-            GENConv(channels, channels, aggr=aggr, learn_t=learn_t, num_layers=2, norm=norm,
-                    bias=True) for _ in range(2)])
-        self.norms = nn.ModuleList([nn.LayerNorm(channels) if norm else nn.Identity()
-                                    for _ in range(2)])
+            [nn.Linear(channels, channels) for _ in range(2)] if edge_channels else []
+        )
+        self.convs = nn.ModuleList(
+            [
+                GENConv(channels, channels, aggr=aggr, learn_t=learn_t, num_layers=2, norm=norm, bias=True)
+                for _ in range(2)
+            ]
+        )
+        self.norms = nn.ModuleList([nn.LayerNorm(channels) if norm else nn.Identity() for _ in range(2)])
         if contraction is not None:
             q = 1.0 - dropout
             conv_lip = 0.5 * q * (math.sqrt(1.0 + 4.0 * contraction / q) - 1.0)
@@ -131,8 +143,14 @@ class DEQGNNLayer(nn.Module):
         e1, e2 = (shared.compose(lin) for lin in self.conv_edge_encoders)
         return e1, e2
 
-    def forward(self, z: Tensor, x: Tensor, edge_index: Adj, edge_attr: OptTensor = None,
-                mask: Optional[Tensor] = None) -> Tensor:
+    def forward(
+        self,
+        z: Tensor,
+        x: Tensor,
+        edge_index: Adj,
+        edge_attr: OptTensor = None,
+        mask: Optional[Tensor] = None,
+    ) -> Tensor:
         r"""
         Args:
             z (Tensor): State :math:`\mathbf{Z}`, :math:`[N, c]`.
@@ -151,8 +169,10 @@ class DEQGNNLayer(nn.Module):
 
     def __repr__(self) -> str:
         extra = f", contraction={self.contraction}" if self.contraction is not None else ""
-        return (f"{self.__class__.__name__}({self.channels}, aggr={self.convs[0].aggr}, "
-                f"edges={self.edge_encoder is not None}{extra})")
+        return (
+            f"{self.__class__.__name__}({self.channels}, aggr={self.convs[0].aggr}, "
+            f"edges={self.edge_encoder is not None}{extra})"
+        )
 
 
 class DEQGNN(nn.Module):
@@ -209,28 +229,54 @@ class DEQGNN(nn.Module):
             :class:`DEQGNNLayer`). (default: :obj:`None`)
     """
 
-    def __init__(self, in_channels: int, hidden_channels: int, out_channels: int,
-                 edge_channels: Optional[int] = None, species_channels: int = 0,
-                 aggr: str = "max", learn_t: bool = False, dropout: float = 0.0,
-                 solver: str = "anderson", max_iter: int = 30, tol: float = 1e-4,
-                 stop_mode: str = "rel", solver_options: Optional[Dict[str, Any]] = None,
-                 backward: str = "implicit", backward_solver: Optional[str] = None,
-                 backward_max_iter: Optional[int] = None, backward_tol: Optional[float] = None,
-                 phantom_steps: int = 5, phantom_damping: float = 0.8, warm_start: bool = False,
-                 pretrain_epochs: int = 0, pretrain_depth: int = 8,
-                 contraction: Optional[float] = None):
+    def __init__(
+        self,
+        in_channels: int,
+        hidden_channels: int,
+        out_channels: int,
+        edge_channels: Optional[int] = None,
+        species_channels: int = 0,
+        aggr: str = "max",
+        learn_t: bool = False,
+        dropout: float = 0.0,
+        solver: str = "anderson",
+        max_iter: int = 30,
+        tol: float = 1e-4,
+        stop_mode: str = "rel",
+        solver_options: Optional[Dict[str, Any]] = None,
+        backward: str = "implicit",
+        backward_solver: Optional[str] = None,
+        backward_max_iter: Optional[int] = None,
+        backward_tol: Optional[float] = None,
+        phantom_steps: int = 5,
+        phantom_damping: float = 0.8,
+        warm_start: bool = False,
+        pretrain_epochs: int = 0,
+        pretrain_depth: int = 8,
+        contraction: Optional[float] = None,
+    ):
         super().__init__()
         if pretrain_epochs < 0 or pretrain_depth < 1:
             raise ValueError("pretrain_epochs must be >= 0 and pretrain_depth >= 1")
         self.node_encoder = NodeEncoder(in_channels, hidden_channels, species_channels)
         self.dropout = SharedDropout(dropout)
         layer = DEQGNNLayer(hidden_channels, edge_channels, aggr, learn_t, dropout, contraction)
-        self.deq = DEQ(layer, solver=solver, max_iter=max_iter, tol=tol, stop_mode=stop_mode,
-                       solver_options=solver_options, backward=backward,
-                       backward_solver=backward_solver, backward_max_iter=backward_max_iter,
-                       backward_tol=backward_tol, phantom_steps=phantom_steps,
-                       phantom_damping=phantom_damping, unroll_steps=pretrain_depth,
-                       warm_start=warm_start)
+        self.deq = DEQ(
+            layer,
+            solver=solver,
+            max_iter=max_iter,
+            tol=tol,
+            stop_mode=stop_mode,
+            solver_options=solver_options,
+            backward=backward,
+            backward_solver=backward_solver,
+            backward_max_iter=backward_max_iter,
+            backward_tol=backward_tol,
+            phantom_steps=phantom_steps,
+            phantom_damping=phantom_damping,
+            unroll_steps=pretrain_depth,
+            warm_start=warm_start,
+        )
         self.head = Head(hidden_channels, out_channels, dropout)
         self.equilibrium_backward = backward
         self.pretrain_epochs = pretrain_epochs
@@ -270,8 +316,10 @@ class DEQGNN(nn.Module):
         return self.head(z)
 
     def __repr__(self) -> str:
-        return (f"{self.__class__.__name__}({self.layer}, solver={self.deq.solver}, "
-                f"backward={self.equilibrium_backward}, phase={self.phase})")
+        return (
+            f"{self.__class__.__name__}({self.layer}, solver={self.deq.solver}, "
+            f"backward={self.equilibrium_backward}, phase={self.phase})"
+        )
 
 
 @register_model
@@ -280,12 +328,18 @@ def deq_gnn(**overrides: Any) -> DEQGNN:
     (``hidden_channels=224`` for DEQ-GNN-224), dropout 0.1, Anderson forward, implicit backward.
     51,384 / 537,784 parameters at 64 / 224 channels (paper: 51.3K / 537K); paper test ROC-AUC
     83.17 / 85.84."""
-    return build(DEQGNN, dict(PROTEINS, hidden_channels=64, aggr="max", dropout=0.1,
-                              solver="anderson", max_iter=30, tol=1e-4), overrides)
+    return build(
+        DEQGNN,
+        dict(PROTEINS, hidden_channels=64, aggr="max", dropout=0.1, solver="anderson", max_iter=30, tol=1e-4),
+        overrides,
+    )
 
 
 @register_model
 def deq_gnn_small(**overrides: Any) -> DEQGNN:
     """A CPU-sized DEQ-GNN (32 channels, 20 forward iterations) for smoke runs."""
-    return build(DEQGNN, dict(PROTEINS, hidden_channels=32, aggr="max", dropout=0.1,
-                              solver="anderson", max_iter=20, tol=1e-3), overrides)
+    return build(
+        DEQGNN,
+        dict(PROTEINS, hidden_channels=32, aggr="max", dropout=0.1, solver="anderson", max_iter=20, tol=1e-3),
+        overrides,
+    )

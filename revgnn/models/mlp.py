@@ -1,4 +1,5 @@
 """MLP baseline: node features only, no graph."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -27,15 +28,29 @@ class MLP(nn.Module):
             edge features are not used. (default: :obj:`None`)
     """
 
-    def __init__(self, in_channels: int, hidden_channels: int, out_channels: int,
-                 num_layers: int = 2, species_channels: int = 0, dropout: float = 0.0,
-                 edge_channels: Any = None):
+    def __init__(
+        self,
+        in_channels: int,
+        hidden_channels: int,
+        out_channels: int,
+        num_layers: int = 2,
+        species_channels: int = 0,
+        dropout: float = 0.0,
+        edge_channels: Any = None,
+    ):
         super().__init__()
         self.node_encoder = NodeEncoder(in_channels, hidden_channels, species_channels)
-        self.layers = nn.ModuleList([
-            nn.Sequential(nn.Linear(hidden_channels, hidden_channels),
-                          nn.LayerNorm(hidden_channels), nn.ReLU(), nn.Dropout(dropout))
-            for _ in range(num_layers)])
+        self.layers = nn.ModuleList(
+            [
+                nn.Sequential(
+                    nn.Linear(hidden_channels, hidden_channels),
+                    nn.LayerNorm(hidden_channels),
+                    nn.ReLU(),
+                    nn.Dropout(dropout),
+                )
+                for _ in range(num_layers)
+            ]
+        )
         self.head = Head(hidden_channels, out_channels, dropout)
 
     def reset_parameters(self) -> None:

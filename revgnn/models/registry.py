@@ -5,6 +5,7 @@ its name is the function's name. ``create_model(name, **overrides)`` calls it;
 overrides are checked against the model class so a typo is an error that lists
 what exists, never silently ignored.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -52,8 +53,12 @@ def create_model(name: str, **overrides: Any) -> nn.Module:
 def model_arguments(cls: Type[nn.Module]) -> List[str]:
     """The keyword arguments of ``cls.__init__``."""
     params = inspect.signature(cls.__init__).parameters
-    return [p for p in params if p != "self" and params[p].kind in
-            (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+    return [
+        p
+        for p in params
+        if p != "self"
+        and params[p].kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    ]
 
 
 def build(cls: Type[nn.Module], defaults: Dict[str, Any], overrides: Dict[str, Any]) -> nn.Module:
@@ -61,6 +66,8 @@ def build(cls: Type[nn.Module], defaults: Dict[str, Any], overrides: Dict[str, A
     allowed = model_arguments(cls)
     unknown = sorted(set(overrides) - set(allowed))
     if unknown:
-        raise TypeError(f"{cls.__name__} has no argument(s) {', '.join(map(repr, unknown))}; "
-                        f"valid overrides: {', '.join(allowed)}")
+        raise TypeError(
+            f"{cls.__name__} has no argument(s) {', '.join(map(repr, unknown))}; "
+            f"valid overrides: {', '.join(allowed)}"
+        )
     return cls(**{**defaults, **overrides})

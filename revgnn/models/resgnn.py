@@ -1,4 +1,5 @@
 """ResGNN: the non-reversible DeeperGCN res+ baseline (Li et al., 2020)."""
+
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -31,18 +32,42 @@ class ResGNN(DeepNodeGNN):
     Args: as :class:`~revgnn.models.RevGNN` without the reversible options.
     """
 
-    def __init__(self, in_channels: int, hidden_channels: int, out_channels: int,
-                 num_layers: int, conv: str = "gen", edge_channels: Optional[int] = None,
-                 species_channels: int = 0, dropout: float = 0.0,
-                 norm: Optional[str] = "layer", aggr: Optional[str] = None,
-                 learn_t: bool = False, heads: int = 1, attn_dropout: float = 0.0):
+    def __init__(
+        self,
+        in_channels: int,
+        hidden_channels: int,
+        out_channels: int,
+        num_layers: int,
+        conv: str = "gen",
+        edge_channels: Optional[int] = None,
+        species_channels: int = 0,
+        dropout: float = 0.0,
+        norm: Optional[str] = "layer",
+        aggr: Optional[str] = None,
+        learn_t: bool = False,
+        heads: int = 1,
+        attn_dropout: float = 0.0,
+    ):
         super().__init__()
-        make = self._setup(in_channels, hidden_channels, out_channels, num_layers, conv,
-                           edge_channels, species_channels, dropout, norm, aggr, learn_t,
-                           heads, attn_dropout)
+        make = self._setup(
+            in_channels,
+            hidden_channels,
+            out_channels,
+            num_layers,
+            conv,
+            edge_channels,
+            species_channels,
+            dropout,
+            norm,
+            aggr,
+            learn_t,
+            heads,
+            attn_dropout,
+        )
         self.layers = nn.ModuleList(
-            [make(hidden_channels, preact=False)] +
-            [Residual(make(hidden_channels)) for _ in range(num_layers - 1)])
+            [make(hidden_channels, preact=False)]
+            + [Residual(make(hidden_channels)) for _ in range(num_layers - 1)]
+        )
 
     def reset_parameters(self) -> None:
         for module in (self.node_encoder, self.edge_encoder, self.head, *self.layers):
@@ -64,19 +89,28 @@ class ResGNN(DeepNodeGNN):
 def resgnn(**overrides: Any) -> ResGNN:
     """ResGNN-112 x 64 (DeeperGCN res+, GENConv max, per-layer edge encoder) on
     proteins shapes: 2,374,456 parameters; paper test ROC-AUC 85.94."""
-    return build(ResGNN, dict(PROTEINS, hidden_channels=64, num_layers=112, conv="gen",
-                              aggr="max", dropout=0.1), overrides)
+    return build(
+        ResGNN,
+        dict(PROTEINS, hidden_channels=64, num_layers=112, conv="gen", aggr="max", dropout=0.1),
+        overrides,
+    )
 
 
 @register_model
 def resgnn_small(**overrides: Any) -> ResGNN:
     """A CPU-sized res+ model (16 layers x 64) to compare with ``revgnn_small``."""
-    return build(ResGNN, dict(PROTEINS, hidden_channels=64, num_layers=16, conv="gen",
-                              aggr="max", dropout=0.1), overrides)
+    return build(
+        ResGNN,
+        dict(PROTEINS, hidden_channels=64, num_layers=16, conv="gen", aggr="max", dropout=0.1),
+        overrides,
+    )
 
 
 @register_model
 def gnn_1layer(**overrides: Any) -> ResGNN:
     """One GENConv layer between the proteins encoders and head: the shallow baseline."""
-    return build(ResGNN, dict(PROTEINS, hidden_channels=64, num_layers=1, conv="gen",
-                              aggr="max", dropout=0.1), overrides)
+    return build(
+        ResGNN,
+        dict(PROTEINS, hidden_channels=64, num_layers=1, conv="gen", aggr="max", dropout=0.1),
+        overrides,
+    )

@@ -1,4 +1,5 @@
 """RevGNN and WT-RevGNN (Li et al., ICML 2021) and their registered variants."""
+
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -72,20 +73,54 @@ class RevGNN(DeepNodeGNN):
             autocast (see :class:`~revgnn.nn.GroupAddRev`). (default: :obj:`None`)
     """
 
-    def __init__(self, in_channels: int, hidden_channels: int, out_channels: int,
-                 num_layers: int, num_groups: int = 2, conv: str = "gen",
-                 edge_channels: Optional[int] = None, species_channels: int = 0,
-                 dropout: float = 0.0, norm: Optional[str] = "layer", aggr: Optional[str] = None,
-                 learn_t: bool = False, heads: int = 1, attn_dropout: float = 0.0,
-                 weight_tied: bool = False, reversible: bool = True, keep_every: int = 0, quantize: Optional[int] = None):
+    def __init__(
+        self,
+        in_channels: int,
+        hidden_channels: int,
+        out_channels: int,
+        num_layers: int,
+        num_groups: int = 2,
+        conv: str = "gen",
+        edge_channels: Optional[int] = None,
+        species_channels: int = 0,
+        dropout: float = 0.0,
+        norm: Optional[str] = "layer",
+        aggr: Optional[str] = None,
+        learn_t: bool = False,
+        heads: int = 1,
+        attn_dropout: float = 0.0,
+        weight_tied: bool = False,
+        reversible: bool = True,
+        keep_every: int = 0,
+        quantize: Optional[int] = None,
+    ):
         super().__init__()
-        make = self._setup(in_channels, hidden_channels, out_channels, num_layers, conv,
-                           edge_channels, species_channels, dropout, norm, aggr, learn_t,
-                           heads, attn_dropout)
+        make = self._setup(
+            in_channels,
+            hidden_channels,
+            out_channels,
+            num_layers,
+            conv,
+            edge_channels,
+            species_channels,
+            dropout,
+            norm,
+            aggr,
+            learn_t,
+            heads,
+            attn_dropout,
+        )
         self.weight_tied = weight_tied
-        self.layers = reversible_layers(lambda: make(hidden_channels // num_groups),
-                                        hidden_channels, num_groups, num_layers, weight_tied,
-                                        reversible, keep_every, quantize)
+        self.layers = reversible_layers(
+            lambda: make(hidden_channels // num_groups),
+            hidden_channels,
+            num_groups,
+            num_layers,
+            weight_tied,
+            reversible,
+            keep_every,
+            quantize,
+        )
 
     def reset_parameters(self) -> None:
         for module in (self.node_encoder, self.edge_encoder, self.head):
@@ -106,49 +141,87 @@ class RevGNN(DeepNodeGNN):
 def revgnn_deep(**overrides: Any) -> RevGNN:
     """RevGNN-Deep for ogbn-proteins: 1001 layers x 80 channels, 2 groups, GENConv
     (max), dropout 0.1; 20,031,384 parameters; paper test ROC-AUC 87.74 ± 0.13."""
-    return build(RevGNN, dict(PROTEINS, hidden_channels=80, num_layers=1001, num_groups=2,
-                              conv="gen", aggr="max", dropout=0.1), overrides)
+    return build(
+        RevGNN,
+        dict(
+            PROTEINS, hidden_channels=80, num_layers=1001, num_groups=2, conv="gen", aggr="max", dropout=0.1
+        ),
+        overrides,
+    )
 
 
 @register_model
 def revgnn_wide(**overrides: Any) -> RevGNN:
     """RevGNN-Wide for ogbn-proteins: 448 layers x 224 channels, 2 groups, GENConv
     (max), dropout 0.2; 68,471,608 parameters; paper test ROC-AUC 88.24 ± 0.15."""
-    return build(RevGNN, dict(PROTEINS, hidden_channels=224, num_layers=448, num_groups=2,
-                              conv="gen", aggr="max", dropout=0.2), overrides)
+    return build(
+        RevGNN,
+        dict(
+            PROTEINS, hidden_channels=224, num_layers=448, num_groups=2, conv="gen", aggr="max", dropout=0.2
+        ),
+        overrides,
+    )
 
 
 @register_model
 def revgnn_112(**overrides: Any) -> RevGNN:
     """RevGNN of the paper's 112-layer ablation (proteins; 64/80/224 channels via
     ``hidden_channels``; paper: 85.48 / 85.97 / 87.02)."""
-    return build(RevGNN, dict(PROTEINS, hidden_channels=64, num_layers=112, num_groups=2,
-                              conv="gen", aggr="max", dropout=0.1), overrides)
+    return build(
+        RevGNN,
+        dict(PROTEINS, hidden_channels=64, num_layers=112, num_groups=2, conv="gen", aggr="max", dropout=0.1),
+        overrides,
+    )
 
 
 @register_model
 def wt_revgnn(**overrides: Any) -> RevGNN:
     """WT-RevGNN: one reversible GENConv block applied 112 times (proteins; paper
     WT-RevGNN-64/80/224: 82.89 / 83.46 / 85.28). Parameters are O(1) in depth."""
-    return build(RevGNN, dict(PROTEINS, hidden_channels=64, num_layers=112, num_groups=2,
-                              conv="gen", aggr="max", dropout=0.1, weight_tied=True), overrides)
+    return build(
+        RevGNN,
+        dict(
+            PROTEINS,
+            hidden_channels=64,
+            num_layers=112,
+            num_groups=2,
+            conv="gen",
+            aggr="max",
+            dropout=0.1,
+            weight_tied=True,
+        ),
+        overrides,
+    )
 
 
 @register_model
 def revgnn_small(**overrides: Any) -> RevGNN:
     """A CPU-sized RevGNN (16 layers x 64, GENConv max, dropout 0.1) that trains
     on a generated proteins-like graph in minutes."""
-    return build(RevGNN, dict(PROTEINS, hidden_channels=64, num_layers=16, num_groups=2,
-                              conv="gen", aggr="max", dropout=0.1), overrides)
+    return build(
+        RevGNN,
+        dict(PROTEINS, hidden_channels=64, num_layers=16, num_groups=2, conv="gen", aggr="max", dropout=0.1),
+        overrides,
+    )
 
 
 @register_model
 def revgnn_products(**overrides: Any) -> RevGNN:
     """RevGNN for ogbn-products (PyG example): 112 layers x 160, SAGEConv, 2 groups,
     dropout 0.5, 100 features, 47 classes; reported 83.07 ± 0.30."""
-    return build(RevGNN, dict(in_channels=100, out_channels=47, hidden_channels=160,
-                              num_layers=112, num_groups=2, conv="sage", dropout=0.5),
-                 overrides)
+    return build(
+        RevGNN,
+        dict(
+            in_channels=100,
+            out_channels=47,
+            hidden_channels=160,
+            num_layers=112,
+            num_groups=2,
+            conv="sage",
+            dropout=0.5,
+        ),
+        overrides,
+    )
 
 
 @register_model
@@ -156,6 +229,19 @@ def revgat_arxiv(**overrides: Any) -> RevGNN:
     """Reversible GAT for ogbn-arxiv: 256 hidden in 2 groups, BatchNorm inside the
     blocks, 128 features, 40 classes (RevGAT reports 74.02 ± 0.18). RevGAT uses 3
     heads; here the heads must divide the 128 channels of a group, so 2."""
-    return build(RevGNN, dict(in_channels=128, out_channels=40, hidden_channels=256,
-                              num_layers=3, num_groups=2, conv="gat", heads=2, norm="batch",
-                              dropout=0.5, attn_dropout=0.0), overrides)
+    return build(
+        RevGNN,
+        dict(
+            in_channels=128,
+            out_channels=40,
+            hidden_channels=256,
+            num_layers=3,
+            num_groups=2,
+            conv="gat",
+            heads=2,
+            norm="batch",
+            dropout=0.5,
+            attn_dropout=0.0,
+        ),
+        overrides,
+    )

@@ -1,16 +1,42 @@
 """Building blocks to import into your own PyG models."""
-from revgnn.nn.blocks import (BLOCKS, GATBlock, GCNBlock, GENBlock, GINBlock, PreActBlock,
-                              Residual, SAGEBlock, make_block)
+
+from revgnn.deq import DEQ
+from revgnn.nn.blocks import (
+    BLOCKS,
+    GATBlock,
+    GCNBlock,
+    GENBlock,
+    GINBlock,
+    PreActBlock,
+    Residual,
+    SAGEBlock,
+    make_block,
+)
 from revgnn.nn.dropout import SharedDropout
 from revgnn.nn.edge_features import LinearEdgeFeatures
 from revgnn.nn.group_rev import GroupAddRev
 from revgnn.nn.invertible import InvertibleFunction, PerGroup, Shared
 from revgnn.nn.norm_act import layer_norm_relu
 from revgnn.nn.tied import BlockSequence, WeightTied
-from revgnn.deq import DEQ
 
 __all__ = [
-    "GroupAddRev", "Shared", "PerGroup", "LinearEdgeFeatures", "InvertibleFunction", "SharedDropout", "WeightTied", "BlockSequence",
-    "PreActBlock", "GENBlock", "GATBlock", "GCNBlock", "SAGEBlock", "GINBlock", "Residual",
-    "BLOCKS", "make_block", "DEQ", "layer_norm_relu",
+    "GroupAddRev",
+    "Shared",
+    "PerGroup",
+    "LinearEdgeFeatures",
+    "InvertibleFunction",
+    "SharedDropout",
+    "WeightTied",
+    "BlockSequence",
+    "PreActBlock",
+    "GENBlock",
+    "GATBlock",
+    "GCNBlock",
+    "SAGEBlock",
+    "GINBlock",
+    "Residual",
+    "BLOCKS",
+    "make_block",
+    "DEQ",
+    "layer_norm_relu",
 ]

@@ -14,6 +14,7 @@ dropout_mask=None)`` and maps ``[N, channels]`` to ``[N, channels]``, so a
 block of ``channels = hidden / C`` is one group of a :math:`C`-group
 reversible layer. The convolutions are PyG's.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, Optional, Type
@@ -22,8 +23,8 @@ from torch import Tensor, nn
 from torch_geometric.nn import GATConv, GCNConv, GENConv, GINConv, GraphNorm, SAGEConv
 from torch_geometric.typing import Adj, OptTensor
 
-from revgnn.nn.aggr import gen_conv
 from revgnn.nn.edge_features import LinearEdgeFeatures
+from revgnn.nn.gen_max import gen_conv
 from revgnn.nn.norm_act import layer_norm_relu
 
 NORMS = ("layer", "batch", "graph", None)
@@ -72,8 +73,14 @@ class PreActBlock(nn.Module):
     def conv_forward(self, h: Tensor, edge_index: Adj, edge_attr: OptTensor) -> Tensor:
         raise NotImplementedError
 
-    def forward(self, x: Tensor, edge_index: Adj, edge_attr: OptTensor = None,
-                dropout_mask: OptTensor = None, batch: OptTensor = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        edge_index: Adj,
+        edge_attr: OptTensor = None,
+        dropout_mask: OptTensor = None,
+        batch: OptTensor = None,
+    ) -> Tensor:
         """``batch`` (graph index per node) is used by GraphNorm only; in a
         :class:`~revgnn.nn.GroupAddRev` every group receives it whole."""
         h = x
@@ -107,7 +114,7 @@ class GENBlock(PreActBlock):
     :class:`~revgnn.nn.edge_features.LinearEdgeFeatures` (the model's shared
     edge embedding in factored form, which makes the per-block encoder 10x
     cheaper on proteins). Max aggregation runs through
-    :func:`~revgnn.nn.aggr.gen_max_aggregate`, whose C++ kernel then never
+    :func:`~revgnn.nn.gen_max.gen_max_aggregate`, whose C++ kernel then never
     forms the :math:`E \times C` edge encoding or messages at all (the PyTorch
     fallback keeps one :math:`E \times C` tensor); pass a destination-sorted
     :class:`torch_geometric.EdgeIndex` to avoid sorting edges in every call.
@@ -130,13 +137,29 @@ class GENBlock(PreActBlock):
 
     supports_edge_attr = True
 
-    def __init__(self, channels: int, edge_channels: Optional[int] = None, aggr: str = "max",
-                 learn_t: bool = False, t: float = 1.0, mlp_layers: int = 2,
-                 norm: Optional[str] = "layer", preact: bool = True):
+    def __init__(
+        self,
+        channels: int,
+        edge_channels: Optional[int] = None,
+        aggr: str = "max",
+        learn_t: bool = False,
+        t: float = 1.0,
+        mlp_layers: int = 2,
+        norm: Optional[str] = "layer",
+        preact: bool = True,
+    ):
         super().__init__(channels, norm, preact)
         self.edge_encoder = nn.Linear(edge_channels, channels) if edge_channels else None
-        self.conv = GENConv(channels, channels, aggr=aggr, t=t, learn_t=learn_t,
-                            num_layers=mlp_layers, norm="layer", bias=True)
+        self.conv = GENConv(
+            channels,
+            channels,
+            aggr=aggr,
+            t=t,
+            learn_t=learn_t,
+            num_layers=mlp_layers,
+            norm="layer",
+            bias=True,
+        )
 
     def conv_forward(self, h: Tensor, edge_index: Adj, edge_attr: OptTensor) -> Tensor:
         # the edge encoder stays in factored form: the aggregation kernel applies it per edge in
@@ -167,13 +190,21 @@ class GATBlock(PreActBlock):
 
     supports_edge_attr = True
 
-    def __init__(self, channels: int, heads: int = 1, edge_channels: Optional[int] = None,
-                 attn_dropout: float = 0.0, norm: Optional[str] = "layer", preact: bool = True):
+    def __init__(
+        self,
+        channels: int,
+        heads: int = 1,
+        edge_channels: Optional[int] = None,
+        attn_dropout: float = 0.0,
+        norm: Optional[str] = "layer",
+        preact: bool = True,
+    ):
         super().__init__(channels, norm, preact)
         if channels % heads != 0:
             raise ValueError(f"GATBlock: channels={channels} must be divisible by heads={heads}")
-        self.conv = GATConv(channels, channels // heads, heads=heads, dropout=attn_dropout,
-                            edge_dim=edge_channels)
+        self.conv = GATConv(
+            channels, channels // heads, heads=heads, dropout=attn_dropout, edge_dim=edge_channels
+        )
 
     def conv_forward(self, h: Tensor, edge_index: Adj, edge_attr: OptTensor) -> Tensor:
         if self.conv.lin_edge is None:
@@ -197,8 +228,7 @@ class GCNBlock(PreActBlock):
 class SAGEBlock(PreActBlock):
     r"""SAGEConv (Hamilton et al., 2017) in a pre-activation block (no edge features)."""
 
-    def __init__(self, channels: int, aggr: str = "mean", norm: Optional[str] = "layer",
-                 preact: bool = True):
+    def __init__(self, channels: int, aggr: str = "mean", norm: Optional[str] = "layer", preact: bool = True):
         super().__init__(channels, norm, preact)
         self.conv = SAGEConv(channels, channels, aggr=aggr)
 
@@ -219,7 +249,11 @@ class GINBlock(PreActBlock):
 
 
 BLOCKS: Dict[str, Type[PreActBlock]] = {
-    "gen": GENBlock, "gat": GATBlock, "gcn": GCNBlock, "sage": SAGEBlock, "gin": GINBlock,
+    "gen": GENBlock,
+    "gat": GATBlock,
+    "gcn": GCNBlock,
+    "sage": SAGEBlock,
+    "gin": GINBlock,
 }
 
 

@@ -1,4 +1,5 @@
 r"""Dropout whose mask is drawn once per forward pass and shared by all layers."""
+
 from __future__ import annotations
 
 from typing import Optional

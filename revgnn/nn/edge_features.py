@@ -17,6 +17,7 @@ costs :math:`E \cdot d \cdot c` multiply-adds per layer instead of
 only the floating-point association differs. Gradients reach
 :math:`\mathbf{W}_0, \mathbf{b}_0` through the composed weight.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -42,7 +43,7 @@ class TallLinear(torch.autograd.Function):
     def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:  # type: ignore[override]
         autocast = capture_autocast(x.device)
         if autocast is not None:  # what autocast does to a linear, made explicit so that
-            dtype = autocast[1]   # backward sees the same dtypes
+            dtype = autocast[1]  # backward sees the same dtypes
             x, weight = x.to(dtype), weight.to(dtype)
             bias = bias.to(dtype) if bias is not None else None
         ctx.save_for_backward(x, weight)
@@ -76,8 +77,9 @@ class LinearEdgeFeatures:
 
     def __init__(self, raw: Tensor, weight: Tensor, bias: Optional[Tensor] = None):
         if raw.size(-1) != weight.size(1):
-            raise ValueError(f"edge features have {raw.size(-1)} columns but the encoder "
-                             f"expects {weight.size(1)}")
+            raise ValueError(
+                f"edge features have {raw.size(-1)} columns but the encoder expects {weight.size(1)}"
+            )
         self.raw, self.weight, self.bias = raw, weight, bias
 
     @classmethod

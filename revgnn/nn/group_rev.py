@@ -1,4 +1,5 @@
 r"""Grouped additive reversible residual block (a drop-in for PyG's ``GroupAddRev``)."""
+
 from __future__ import annotations
 
 import copy
@@ -9,9 +10,17 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from revgnn.nn.invertible import (PerGroup, RNGState, Shared, any_requires_grad,
-                                  apply_invertible, capture_rng, frozen_buffers, replay_rng,
-                                  rng_advanced)
+from revgnn.nn.invertible import (
+    PerGroup,
+    RNGState,
+    Shared,
+    any_requires_grad,
+    apply_invertible,
+    capture_rng,
+    frozen_buffers,
+    replay_rng,
+    rng_advanced,
+)
 
 GroupArgs = List[Tuple[Tuple[Any, ...], Dict[str, Any]]]
 
@@ -95,23 +104,35 @@ class GroupAddRev(nn.Module):
         >>> x = block(x, edge_index, Shared(edge_attr), dropout_mask)
     """
 
-    def __init__(self, conv: Union[nn.Module, nn.ModuleList], split_dim: int = -1,
-                 num_groups: Optional[int] = None, disable: bool = False,
-                 num_bwd_passes: int = 1, preserve_rng_state: bool = True,
-                 keep_input: bool = False, quantize: Optional[int] = None):
+    def __init__(
+        self,
+        conv: Union[nn.Module, nn.ModuleList],
+        split_dim: int = -1,
+        num_groups: Optional[int] = None,
+        disable: bool = False,
+        num_bwd_passes: int = 1,
+        preserve_rng_state: bool = True,
+        keep_input: bool = False,
+        quantize: Optional[int] = None,
+    ):
         super().__init__()
         if quantize is not None and not 1 <= quantize <= 50:
-            raise ValueError(f"quantize must be the number of fractional bits, 1..50 (e.g. 16), "
-                             f"got {quantize}")
+            raise ValueError(
+                f"quantize must be the number of fractional bits, 1..50 (e.g. 16), got {quantize}"
+            )
         if isinstance(conv, nn.ModuleList):
             if num_groups is not None and num_groups != len(conv):
-                raise ValueError(f"GroupAddRev got num_groups={num_groups} but a ModuleList "
-                                 f"of {len(conv)} modules; pass one or the other.")
+                raise ValueError(
+                    f"GroupAddRev got num_groups={num_groups} but a ModuleList "
+                    f"of {len(conv)} modules; pass one or the other."
+                )
             convs = conv
         else:
             if num_groups is None:
-                raise ValueError("GroupAddRev needs `num_groups` when `conv` is a single "
-                                 "module (or pass a ModuleList with one module per group).")
+                raise ValueError(
+                    "GroupAddRev needs `num_groups` when `conv` is a single "
+                    "module (or pass a ModuleList with one module per group)."
+                )
             convs = nn.ModuleList([conv])
             for _ in range(num_groups - 1):
                 clone = copy.deepcopy(conv)
@@ -119,8 +140,10 @@ class GroupAddRev(nn.Module):
                     clone.reset_parameters()
                 convs.append(clone)
         if len(convs) < 2:
-            raise ValueError(f"GroupAddRev needs at least 2 groups, got {len(convs)}: with "
-                             f"one group the input cannot be recovered from the output.")
+            raise ValueError(
+                f"GroupAddRev needs at least 2 groups, got {len(convs)}: with "
+                f"one group the input cannot be recovered from the output."
+            )
         if num_bwd_passes < 1:
             raise ValueError(f"num_bwd_passes must be >= 1, got {num_bwd_passes}")
         self.convs = convs
@@ -148,8 +171,9 @@ class GroupAddRev(nn.Module):
     def forward(self, x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
         if self.disable or not torch.is_grad_enabled() or not self._needs_graph(x, args, kwargs):
             return self._coupling(x, args, kwargs, record_rng=False)[0]
-        return apply_invertible(self, x, args, kwargs, keep_input=self.keep_input,
-                                num_bwd_passes=self.num_bwd_passes)
+        return apply_invertible(
+            self, x, args, kwargs, keep_input=self.keep_input, num_bwd_passes=self.num_bwd_passes
+        )
 
     @torch.no_grad()
     def inverse(self, y: Tensor, *args: Any, **kwargs: Any) -> Tensor:
@@ -167,8 +191,11 @@ class GroupAddRev(nn.Module):
         return torch.cat(xs, dim=self.split_dim)
 
     def _needs_graph(self, x: Tensor, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> bool:
-        return (x.requires_grad or any(p.requires_grad for p in self.parameters())
-                or any_requires_grad((args, kwargs)))
+        return (
+            x.requires_grad
+            or any(p.requires_grad for p in self.parameters())
+            or any_requires_grad((args, kwargs))
+        )
 
     # ------------------------------------------------------------------ helpers
 
@@ -180,7 +207,8 @@ class GroupAddRev(nn.Module):
             raise ValueError(
                 f"GroupAddRev with {self.num_groups} groups needs the channel count "
                 f"(size {channels} of dim {self.split_dim}) to be divisible by "
-                f"{self.num_groups}; change the hidden size or num_groups.")
+                f"{self.num_groups}; change the hidden size or num_groups."
+            )
         return channels
 
     def _split_value(self, v: Any, channels: int) -> List[Any]:
@@ -189,19 +217,26 @@ class GroupAddRev(nn.Module):
             return [v.value] * C
         if isinstance(v, PerGroup):
             if len(v.values) != C:
-                raise ValueError(f"PerGroup argument has {len(v.values)} values but the "
-                                 f"block has {C} groups.")
+                raise ValueError(
+                    f"PerGroup argument has {len(v.values)} values but the block has {C} groups."
+                )
             return v.values
-        if (isinstance(v, Tensor) and v.dim() > 0 and (v.is_floating_point() or v.dtype == torch.bool)
-                and v.size(self.split_dim) == channels):
+        if (
+            isinstance(v, Tensor)
+            and v.dim() > 0
+            and (v.is_floating_point() or v.dtype == torch.bool)
+            and v.size(self.split_dim) == channels
+        ):
             return list(v.chunk(C, dim=self.split_dim))
         return [v] * C
 
     def _group_args(self, args: Tuple[Any, ...], kwargs: Dict[str, Any], channels: int) -> GroupArgs:
         split_args = [self._split_value(a, channels) for a in args]
         split_kwargs = {k: self._split_value(v, channels) for k, v in kwargs.items()}
-        return [(tuple(a[i] for a in split_args), {k: v[i] for k, v in split_kwargs.items()})
-                for i in range(self.num_groups)]
+        return [
+            (tuple(a[i] for a in split_args), {k: v[i] for k, v in split_kwargs.items()})
+            for i in range(self.num_groups)
+        ]
 
     def _check_shape(self, out: Tensor, group: Tensor, i: int) -> None:
         if not isinstance(out, Tensor) or out.shape != group.shape:
@@ -210,13 +245,14 @@ class GroupAddRev(nn.Module):
                 f"GroupAddRev: the module of group {i} ({type(self.convs[i]).__name__}) "
                 f"returned {shape} for an input group of shape {tuple(group.shape)}; a "
                 f"reversible block must keep the shape (for a conv: in_channels == "
-                f"out_channels == channels / num_groups).")
+                f"out_channels == channels / num_groups)."
+            )
 
     def _grid(self, t: Tensor) -> Tensor:
         """``t`` rounded to multiples of 2^-quantize (straight-through), or ``t``."""
         if self.quantize is None:
             return t
-        scale = float(2 ** self.quantize)
+        scale = float(2**self.quantize)
         return t + (torch.round(t.detach() * scale) / scale - t.detach())
 
     def _f(self, i: int, inp: Tensor, groups: GroupArgs) -> Tensor:
@@ -234,10 +270,14 @@ class GroupAddRev(nn.Module):
         peak = y.detach().abs().max().item() if y.numel() else 0.0
         if peak >= limit:
             self._warned_range = True
-            warnings.warn(f"GroupAddRev(quantize={self.quantize}): values reached {peak:.3g} >= "
-                          f"{limit:.3g}, beyond which the coupling is no longer exact in "
-                          f"{y.dtype}; reconstruction then drifts as without quantize. Use a "
-                          f"smaller quantize.", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"GroupAddRev(quantize={self.quantize}): values reached {peak:.3g} >= "
+                f"{limit:.3g}, beyond which the coupling is no longer exact in "
+                f"{y.dtype}; reconstruction then drifts as without quantize. Use a "
+                f"smaller quantize.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
     @staticmethod
     def _sum(tensors: Sequence[Tensor]) -> Tensor:
@@ -248,8 +288,9 @@ class GroupAddRev(nn.Module):
 
     # ----------------------------------------------------------- the coupling
 
-    def _coupling(self, x: Tensor, args: Tuple[Any, ...], kwargs: Dict[str, Any],
-                  record_rng: bool) -> Tuple[Tensor, List[Optional[RNGState]]]:
+    def _coupling(
+        self, x: Tensor, args: Tuple[Any, ...], kwargs: Dict[str, Any], record_rng: bool
+    ) -> Tuple[Tensor, List[Optional[RNGState]]]:
         groups = self._group_args(args, kwargs, self._channels(x))
         xs = self._grid(x).chunk(self.num_groups, dim=self.split_dim)
         y_in = self._sum(xs[1:])
@@ -265,14 +306,22 @@ class GroupAddRev(nn.Module):
         self._check_range(y)
         return y, states
 
-    def _inverse_forward(self, x: Tensor, args: Tuple[Any, ...], kwargs: Dict[str, Any]
-                         ) -> Tuple[Tensor, List[Optional[RNGState]]]:
+    def _inverse_forward(
+        self, x: Tensor, args: Tuple[Any, ...], kwargs: Dict[str, Any]
+    ) -> Tuple[Tensor, List[Optional[RNGState]]]:
         return self._coupling(x, args, kwargs, record_rng=self.preserve_rng_state)
 
-    def _inverse_backward(self, y: Tensor, grad_y: Tensor, args: Tuple[Any, ...],
-                          kwargs: Dict[str, Any], rng_states: List[Optional[RNGState]],
-                          x_kept: Optional[Tensor], arg_leaves: List[Tensor],
-                          params: List[nn.Parameter]):
+    def _inverse_backward(
+        self,
+        y: Tensor,
+        grad_y: Tensor,
+        args: Tuple[Any, ...],
+        kwargs: Dict[str, Any],
+        rng_states: List[Optional[RNGState]],
+        x_kept: Optional[Tensor],
+        arg_leaves: List[Tensor],
+        params: List[nn.Parameter],
+    ):
         C, dim = self.num_groups, self.split_dim
         groups = self._group_args(args, kwargs, y.size(dim))
         ys = y.chunk(C, dim=dim)
@@ -300,10 +349,9 @@ class GroupAddRev(nn.Module):
                 gs[i - 1] = gs[i - 1] + g_in
         out, g_0 = step(0, self._sum(xs[1:]).detach().requires_grad_())
         xs[0] = kept[0] if kept is not None else ys[0] - out
-        grad_x = torch.cat([gs[0]] + [gs[i] if g_0 is None else gs[i] + g_0
-                                      for i in range(1, C)], dim=dim)
+        grad_x = torch.cat([gs[0]] + [gs[i] if g_0 is None else gs[i] + g_0 for i in range(1, C)], dim=dim)
         x = x_kept if x_kept is not None else torch.cat(xs, dim=dim)
-        return x, grad_x, acc[:len(arg_leaves)], acc[len(arg_leaves):]
+        return x, grad_x, acc[: len(arg_leaves)], acc[len(arg_leaves) :]
 
     def __repr__(self) -> str:
         extra = ", disable=True" if self.disable else ""

@@ -28,6 +28,7 @@ recomputation, so they are updated once per step, as in a plain model. An
 active ``torch.autocast`` context is recorded in forward and re-entered for
 the recomputation, so mixed-precision blocks recompute the same values.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -69,13 +70,15 @@ class OutputSlot:
                 "revgnn: the output of a reversible block is needed for its backward "
                 "pass, but it was handed to another reversible block whose backward "
                 "did not run (its result does not reach the loss). Pass a copy to that "
-                "block instead, e.g. `other_block(y.clone(), ...)`, or use its output.")
+                "block instead, e.g. `other_block(y.clone(), ...)`, or use its output."
+            )
         if not self.consumed and self.tensor._version != self.version:
             raise RuntimeError(
                 "revgnn: the output of a reversible block was modified in-place after "
                 "the forward pass, so the block can no longer reconstruct its input. "
                 "Use an out-of-place operation instead (e.g. `y = y.relu()` rather "
-                "than `y.relu_()`).")
+                "than `y.relu_()`)."
+            )
         return self.tensor
 
 
@@ -221,8 +224,7 @@ class ArgBinding:
     def bind(self, tensors: Sequence[Tensor]) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
         """``(args, kwargs)`` with the differentiable tensors replaced by ``tensors``."""
         it = iter(tensors)
-        return pytree.tree_unflatten([next(it) if v is _HOLE else v for v in self._leaves],
-                                     self._spec)
+        return pytree.tree_unflatten([next(it) if v is _HOLE else v for v in self._leaves], self._spec)
 
 
 def any_requires_grad(tree: Any) -> bool:
@@ -263,7 +265,7 @@ class InvertibleFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, call: _Call, x: Tensor, *tensors: Tensor) -> Tensor:  # type: ignore[override]
-        arg_tensors = tensors[:len(tensors) - len(call.params)]
+        arg_tensors = tensors[: len(tensors) - len(call.params)]
         args, kwargs = call.binding.bind([t.detach() for t in arg_tensors])
         with torch.no_grad():
             y, rng_states = call.block._inverse_forward(x.detach(), args, kwargs)
@@ -283,17 +285,17 @@ class InvertibleFunction(torch.autograd.Function):
                 f"revgnn: backward ran through a reversible block more than "
                 f"num_bwd_passes={call.num_bwd_passes} times. Construct the block with "
                 f"a larger `num_bwd_passes` if you need repeated backward passes "
-                f"(e.g. `retain_graph=True`).")
+                f"(e.g. `retain_graph=True`)."
+            )
         ctx.passes_left -= 1
         last_pass = ctx.passes_left == 0
 
         saved = ctx.saved_tensors
         x_kept = saved[-1] if call.keep_input else None
-        arg_tensors = saved[:len(saved) - 1] if call.keep_input else saved
+        arg_tensors = saved[: len(saved) - 1] if call.keep_input else saved
         num_args = len(arg_tensors)
         needs = ctx.needs_input_grad[1:]  # (x, *arg tensors, *params)
-        arg_leaves = [t.detach().requires_grad_(bool(needs[1 + i]))
-                      for i, t in enumerate(arg_tensors)]
+        arg_leaves = [t.detach().requires_grad_(bool(needs[1 + i])) for i, t in enumerate(arg_tensors)]
         args, kwargs = call.binding.bind(arg_leaves)
         params = call.params
         wanted_params = [p for i, p in enumerate(params) if needs[1 + num_args + i]]
@@ -301,8 +303,15 @@ class InvertibleFunction(torch.autograd.Function):
         y = call.out_slot.take()
         with autocast_as(ctx.autocast):
             x, grad_x, arg_grads, param_grads = call.block._inverse_backward(
-                y, grad_y, args, kwargs, ctx.rng_states, x_kept,
-                [leaf for leaf in arg_leaves if leaf.requires_grad], wanted_params)
+                y,
+                grad_y,
+                args,
+                kwargs,
+                ctx.rng_states,
+                x_kept,
+                [leaf for leaf in arg_leaves if leaf.requires_grad],
+                wanted_params,
+            )
 
         if call.out_slot.consumed or last_pass:
             call.out_slot.tensor = None  # a consumer refills it on the next pass
@@ -316,8 +325,15 @@ class InvertibleFunction(torch.autograd.Function):
         return (None, grad_x if needs[0] else None, *out_arg_grads, *out_param_grads)
 
 
-def apply_invertible(block: nn.Module, x: Tensor, args: Tuple[Any, ...],
-                     kwargs: Dict[str, Any], *, keep_input: bool, num_bwd_passes: int) -> Tensor:
+def apply_invertible(
+    block: nn.Module,
+    x: Tensor,
+    args: Tuple[Any, ...],
+    kwargs: Dict[str, Any],
+    *,
+    keep_input: bool,
+    num_bwd_passes: int,
+) -> Tensor:
     """Calls ``block`` through :class:`InvertibleFunction` and tags its output."""
     binding = ArgBinding(args, kwargs)
     params = list(block._inverse_params)

@@ -30,6 +30,7 @@ back to their PyTorch implementation (same function, slower).
 
     python -m revgnn.nn.kernels      # build them all now (verbose) and say where
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -91,19 +92,27 @@ def _compiler() -> str:
 def _torch_parts() -> Dict[str, str]:
     import torch
 
-    return {"torch": torch.__version__,
-            "torch_git": str(getattr(torch.version, "git_version", "")),
-            "torch_cuda": str(torch.version.cuda), "torch_hip": str(getattr(torch.version, "hip", None)),
-            "cxx11_abi": str(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", "?"))}
+    return {
+        "torch": torch.__version__,
+        "torch_git": str(getattr(torch.version, "git_version", "")),
+        "torch_cuda": str(torch.version.cuda),
+        "torch_hip": str(getattr(torch.version, "hip", None)),
+        "cxx11_abi": str(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", "?")),
+    }
 
 
 @lru_cache(maxsize=None)
 def environment_key() -> Dict[str, str]:
     """What makes a kernel binary built here differ from one built elsewhere (the source aside)."""
-    return {"layout": _LAYOUT, **_torch_parts(),
-            "python_abi": str(sysconfig.get_config_var("EXT_SUFFIX") or sys.implementation.cache_tag),
-            "compiler": _compiler(), "cflags": " ".join(CFLAGS), "ldflags": " ".join(LDFLAGS),
-            "cpu": hashlib.sha1(_cpu_signature().encode()).hexdigest()}
+    return {
+        "layout": _LAYOUT,
+        **_torch_parts(),
+        "python_abi": str(sysconfig.get_config_var("EXT_SUFFIX") or sys.implementation.cache_tag),
+        "compiler": _compiler(),
+        "cflags": " ".join(CFLAGS),
+        "ldflags": " ".join(LDFLAGS),
+        "cpu": hashlib.sha1(_cpu_signature().encode()).hexdigest(),
+    }
 
 
 def _digest(text: str, n: int = 12) -> str:
@@ -119,6 +128,7 @@ def cache_root() -> Path:
     root = os.environ.get("TORCH_EXTENSIONS_DIR")
     if not root:
         from torch.utils.cpp_extension import get_default_build_root
+
         root = get_default_build_root()
     return Path(root) / "revgnn"
 
@@ -165,8 +175,14 @@ def _compile(name: str, directory: Path, module: str, verbose: bool) -> ModuleTy
     """Runs torch's ninja build of kernel ``name`` in ``directory``; returns the loaded module."""
     from torch.utils.cpp_extension import load
 
-    return load(name=module, sources=[str(SOURCE_DIR / f"{name}.cpp")], extra_cflags=list(CFLAGS),
-                extra_ldflags=list(LDFLAGS), build_directory=str(directory), verbose=verbose)
+    return load(
+        name=module,
+        sources=[str(SOURCE_DIR / f"{name}.cpp")],
+        extra_cflags=list(CFLAGS),
+        extra_ldflags=list(LDFLAGS),
+        build_directory=str(directory),
+        verbose=verbose,
+    )
 
 
 def _build(name: str, verbose: bool = False) -> ModuleType:
@@ -210,10 +226,14 @@ def _load(name: str) -> Optional[ModuleType]:
     try:
         return _build(name)
     except Exception as err:  # no compiler, no ninja, unsupported platform: fall back
-        warnings.warn(f"revgnn: could not build the C++ kernel {name!r} ({type(err).__name__}: "
-                      f"{str(err).strip().splitlines()[-1] if str(err).strip() else err}); using the "
-                      "slower PyTorch path. Install a C++ compiler and `pip install ninja`, or set "
-                      "REVGNN_KERNELS=0 to silence this.", RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"revgnn: could not build the C++ kernel {name!r} ({type(err).__name__}: "
+            f"{str(err).strip().splitlines()[-1] if str(err).strip() else err}); using the "
+            "slower PyTorch path. Install a C++ compiler and `pip install ninja`, or set "
+            "REVGNN_KERNELS=0 to silence this.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
         return None
 
 

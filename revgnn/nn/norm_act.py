@@ -15,6 +15,7 @@ inverse standard deviations (the ReLU mask is recomputed); elsewhere it calls th
 PyTorch ops. The weight and bias gradients are summed in fixed blocks of rows, so results do not
 depend on the thread count.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -26,6 +27,7 @@ from torch.autograd.function import once_differentiable
 
 def _kernel():
     from revgnn.nn import kernels
+
     return kernels.layer_norm_relu()
 
 
@@ -33,8 +35,7 @@ class LayerNormReLU(torch.autograd.Function):
     """The C++ kernel as an autograd function; ``mask`` is :obj:`None` or shaped like ``x``."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor, eps: float,
-                mask: Optional[Tensor]) -> Tensor:  # type: ignore[override]
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor, eps: float, mask: Optional[Tensor]) -> Tensor:  # type: ignore[override]
         out, mean, rstd = _kernel().forward(x, weight, bias, eps, mask)
         ctx.save_for_backward(x, weight, bias, mean, rstd, mask)
         return out
@@ -44,8 +45,9 @@ class LayerNormReLU(torch.autograd.Function):
     def backward(ctx, grad_out: Tensor):  # type: ignore[override]
         x, weight, bias, mean, rstd, mask = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        gx, gw, gb = _kernel().backward(grad_out.contiguous(), x, weight, bias, mean, rstd, mask,
-                                        need_x, need_w, need_b)
+        gx, gw, gb = _kernel().backward(
+            grad_out.contiguous(), x, weight, bias, mean, rstd, mask, need_x, need_w, need_b
+        )
         return (gx if need_x else None, gw if need_w else None, gb if need_b else None, None, None)
 
 
@@ -67,16 +69,30 @@ def layer_norm_relu(x: Tensor, norm: nn.LayerNorm, mask: Optional[Tensor] = None
         mask (torch.Tensor, optional): Multiplies the result (a dropout mask), shaped like ``x``.
     """
     w, b = norm.weight, norm.bias
-    fused = (type(norm) is nn.LayerNorm and plain_module(norm) and x.dim() == 2 and w is not None and b is not None and tuple(norm.normalized_shape) == (x.size(1),)
-             and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
-             and all(t.dtype == x.dtype and t.device == x.device and t.is_contiguous() for t in (w, b))
-             and not torch.is_autocast_enabled("cpu")
-             and (mask is None or (mask.shape == x.shape and mask.dtype == x.dtype
-                                   and mask.device == x.device and not mask.requires_grad))
-             and _kernel() is not None)
+    fused = (
+        type(norm) is nn.LayerNorm
+        and plain_module(norm)
+        and x.dim() == 2
+        and w is not None
+        and b is not None
+        and tuple(norm.normalized_shape) == (x.size(1),)
+        and x.device.type == "cpu"
+        and x.dtype in (torch.float32, torch.float64)
+        and all(t.dtype == x.dtype and t.device == x.device and t.is_contiguous() for t in (w, b))
+        and not torch.is_autocast_enabled("cpu")
+        and (
+            mask is None
+            or (
+                mask.shape == x.shape
+                and mask.dtype == x.dtype
+                and mask.device == x.device
+                and not mask.requires_grad
+            )
+        )
+        and _kernel() is not None
+    )
     if fused:
-        return LayerNormReLU.apply(_rows(x), w, b, norm.eps,
-                                   _rows(mask) if mask is not None else None)
+        return LayerNormReLU.apply(_rows(x), w, b, norm.eps, _rows(mask) if mask is not None else None)
     h = norm(x).relu()
     return h * mask if mask is not None else h
 
@@ -93,8 +109,12 @@ def sequential_forward(seq: nn.Sequential, x: Tensor) -> Tensor:
     i = 0
     while i < len(mods):
         mod = mods[i]
-        if (isinstance(mod, nn.LayerNorm) and i + 1 < len(mods) and type(mods[i + 1]) is nn.ReLU
-                and plain_module(mods[i + 1])):
+        if (
+            isinstance(mod, nn.LayerNorm)
+            and i + 1 < len(mods)
+            and type(mods[i + 1]) is nn.ReLU
+            and plain_module(mods[i + 1])
+        ):
             x = layer_norm_relu(x, mod)
             i += 2
             continue
@@ -108,5 +128,10 @@ def plain_module(module: nn.Module) -> bool:
     """No forward hooks on ``module`` or globally: calling its functional form instead of the
     module skips nothing the user registered."""
     from torch.nn.modules import module as nn_module
-    return not (module._forward_hooks or module._forward_pre_hooks
-                or nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks)
+
+    return not (
+        module._forward_hooks
+        or module._forward_pre_hooks
+        or nn_module._global_forward_hooks
+        or nn_module._global_forward_pre_hooks
+    )

@@ -1,4 +1,5 @@
 r"""Weight tying: one block applied many times."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -33,8 +34,7 @@ class WeightTied(nn.Module):
         if num_layers < 1:
             raise ValueError(f"WeightTied needs num_layers >= 1, got {num_layers}")
         if keep_every and not hasattr(block, "keep_input"):
-            raise ValueError("keep_every needs a reversible block (GroupAddRev); "
-                             f"got {type(block).__name__}")
+            raise ValueError(f"keep_every needs a reversible block (GroupAddRev); got {type(block).__name__}")
         self.block = block
         self.num_layers = num_layers
         self.keep_every = keep_every

@@ -3,11 +3,16 @@
 ``revgnn.utils.launch`` imports nothing heavy (entry points call it before torch is
 loaded); the memory helpers and ``FlatParameters`` are imported on first use.
 """
+
 import importlib
 from typing import Any
 
-_HOME = {"SavedTensorBytes": "memory", "peak_rss_bytes": "memory", "release_free_memory": "memory",
-         "FlatParameters": "flat"}
+_HOME = {
+    "SavedTensorBytes": "memory",
+    "peak_rss_bytes": "memory",
+    "release_free_memory": "memory",
+    "FlatParameters": "flat",
+}
 __all__ = list(_HOME)
 
 

@@ -21,6 +21,7 @@ Rules that look at a parameter's shape (Adafactor's factored moments, LAMB's per
 ratio) are not element-wise and must not be flattened: :meth:`FlatParameters.check_optimizer`
 refuses optimisers outside :data:`ELEMENTWISE`.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -32,8 +33,19 @@ from torch import Tensor, nn
 from revgnn.utils.memory import release_free_memory
 
 #: torch.optim classes whose update of each element depends only on that element's history.
-ELEMENTWISE = ("SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad",
-               "Adadelta", "ASGD", "Rprop")
+ELEMENTWISE = (
+    "SGD",
+    "Adam",
+    "AdamW",
+    "Adamax",
+    "NAdam",
+    "RAdam",
+    "RMSprop",
+    "Adagrad",
+    "Adadelta",
+    "ASGD",
+    "Rprop",
+)
 
 #: Alignment of every parameter's slice in the buffer (PyTorch's CPU and CUDA allocators give 64).
 ALIGN_BYTES = 64
@@ -64,8 +76,8 @@ class FlatParameters:
     slice of one buffer and each ``.grad`` a slice of a second (:attr:`grad`). Give the optimiser
     :attr:`params` (the buffer in chunks of at most :data:`CHUNK_BYTES`); call :meth:`zero_grad`
     (not ``optimizer.zero_grad``, which drops the gradient buffer; :meth:`sync` then raises) after
-    each step and :meth:`sync` before it. On CPU the memory the parameters' old storage occupied is returned to
-    the operating system (:func:`~revgnn.utils.memory.release_free_memory`).
+    each step and :meth:`sync` before it. On CPU the memory the parameters' old storage occupied is
+    returned to the operating system (:func:`~revgnn.utils.memory.release_free_memory`).
 
     Build the module on its device and dtype first: a later ``module.to(...)`` replaces the
     parameters' storage and is detected by :meth:`sync`.
@@ -86,16 +98,20 @@ class FlatParameters:
             raise ValueError(f"{type(module).__name__} has no trainable parameters to flatten")
         kinds = sorted({(str(p.dtype), str(p.device)) for _, p in named})
         if len(kinds) > 1:
-            raise ValueError(f"FlatParameters needs one dtype and device for all trainable parameters; "
-                             f"{type(module).__name__} has {kinds}. Cast or move the model as a whole "
-                             f"first, or train without flattening (trainer.flat_params=false).")
+            raise ValueError(
+                f"FlatParameters needs one dtype and device for all trainable parameters; "
+                f"{type(module).__name__} has {kinds}. Cast or move the model as a whole "
+                f"first, or train without flattening (trainer.flat_params=false)."
+            )
         owner: dict = {}
         for name, p in named:
             other = owner.setdefault(p.untyped_storage().data_ptr(), name)
             if other != name and p.numel() > 0:
-                raise ValueError(f"parameters {other!r} and {name!r} share storage (tied through views, "
-                                 f"or the module is already flattened); copying them into one buffer "
-                                 f"would untie them")
+                raise ValueError(
+                    f"parameters {other!r} and {name!r} share storage (tied through views, "
+                    f"or the module is already flattened); copying them into one buffer "
+                    f"would untie them"
+                )
         first = named[0][1]
         # Each slice starts on a 64-byte boundary, as PyTorch's allocators align every tensor:
         # BLAS kernels pick their code path by alignment, so unaligned views would round
@@ -111,9 +127,9 @@ class FlatParameters:
         with torch.no_grad():
             for (name, p), offset in zip(named, offsets):
                 n = p.numel()
-                view = data[offset:offset + n].view(p.shape)
+                view = data[offset : offset + n].view(p.shape)
                 view.copy_(p)
-                gview = grad[offset:offset + n].view(p.shape)
+                gview = grad[offset : offset + n].view(p.shape)
                 if p.grad is not None:
                     gview.copy_(p.grad)
                 p.data = view
@@ -128,14 +144,15 @@ class FlatParameters:
         #: with its slice of the flat gradient as ``.grad``.
         self.params: List[nn.Parameter] = []
         for start in range(0, total, chunk):
-            piece = nn.Parameter(data[start:start + chunk])
-            piece.grad = grad[start:start + chunk]
+            piece = nn.Parameter(data[start : start + chunk])
+            piece.grad = grad[start : start + chunk]
             self.params.append(piece)
         self._chunk_grads = [piece.grad for piece in self.params]
         #: Identifies the layout (names, shapes, dtype, chunking): optimiser state saved for one
         #: layout means nothing for another.
-        self.layout = hashlib.sha1(repr((str(first.dtype), chunk, align,
-                                         [(n, tuple(p.shape)) for n, p in named])).encode()).hexdigest()[:16]
+        self.layout = hashlib.sha1(
+            repr((str(first.dtype), chunk, align, [(n, tuple(p.shape)) for n, p in named])).encode()
+        ).hexdigest()[:16]
         if first.device.type == "cpu":  # the parameters' old storage: back to the OS
             release_free_memory()
 
@@ -155,9 +172,11 @@ class FlatParameters:
         name = type(optimizer).__name__
         if type(optimizer).__module__.startswith("torch.optim") and name in ELEMENTWISE:
             return
-        raise ValueError(f"{name} is not a known element-wise optimiser ({', '.join(ELEMENTWISE)}); over "
-                         f"flattened parameters its update could differ from the per-tensor one. Train "
-                         f"without flattening (trainer.flat_params=false).")
+        raise ValueError(
+            f"{name} is not a known element-wise optimiser ({', '.join(ELEMENTWISE)}); over "
+            f"flattened parameters its update could differ from the per-tensor one. Train "
+            f"without flattening (trainer.flat_params=false)."
+        )
 
     def sync(self) -> None:
         """Checks that every parameter still lives in the buffer, and brings gradients back into it.
@@ -174,22 +193,30 @@ class FlatParameters:
         """
         changed = any(p.requires_grad for p in self._frozen)
         if _REGISTRATIONS[0] != self._registrations:  # a parameter or module was (re)assigned somewhere
-            changed = changed or ([id(p) for p in self._module.parameters() if p.requires_grad]
-                                  != [id(p) for _, p, _, _ in self._entries])
+            changed = changed or (
+                [id(p) for p in self._module.parameters() if p.requires_grad]
+                != [id(p) for _, p, _, _ in self._entries]
+            )
             self._registrations = _REGISTRATIONS[0]
         for piece, g in zip(self.params, self._chunk_grads):
             if piece.grad is not g:
-                raise RuntimeError("the flat gradient was dropped (optimizer.zero_grad()?): gradients "
-                                   "accumulated onto the previous step's; zero them with "
-                                   "FlatParameters.zero_grad() instead")
+                raise RuntimeError(
+                    "the flat gradient was dropped (optimizer.zero_grad()?): gradients "
+                    "accumulated onto the previous step's; zero them with "
+                    "FlatParameters.zero_grad() instead"
+                )
         for name, p, gview, ptr in self._entries:
             if changed or not p.requires_grad:
-                raise RuntimeError("the module's trainable parameters changed after FlatParameters (a "
-                                   "parameter replaced, added, frozen or unfrozen); flatten the final model")
+                raise RuntimeError(
+                    "the module's trainable parameters changed after FlatParameters (a "
+                    "parameter replaced, added, frozen or unfrozen); flatten the final model"
+                )
             if p.data_ptr() != ptr:
-                raise RuntimeError(f"parameter {name!r} no longer lives in the flat buffer (was the model "
-                                   f"moved, cast or assigned new tensors after FlatParameters?); "
-                                   f"flatten after .to(device)")
+                raise RuntimeError(
+                    f"parameter {name!r} no longer lives in the flat buffer (was the model "
+                    f"moved, cast or assigned new tensors after FlatParameters?); "
+                    f"flatten after .to(device)"
+                )
             g = p.grad
             if g is not gview:
                 if g is None:
@@ -206,8 +233,9 @@ class FlatParameters:
         return f"{self.__class__.__name__}(tensors={len(self._entries)}, numel={self.numel})"
 
 
-def build_optimizer(module: nn.Module, factory: Callable[[Iterable[Tensor]], torch.optim.Optimizer],
-                    flat: bool) -> Tuple[torch.optim.Optimizer, Optional[FlatParameters]]:
+def build_optimizer(
+    module: nn.Module, factory: Callable[[Iterable[Tensor]], torch.optim.Optimizer], flat: bool
+) -> Tuple[torch.optim.Optimizer, Optional[FlatParameters]]:
     """``factory(params)`` (e.g. a Hydra-instantiated partial ``torch.optim.Adam``) over
     ``module.parameters()``, or with ``flat`` over a :class:`FlatParameters` of ``module``
     (checked to be element-wise); returns the optimiser and the ``FlatParameters`` or ``None``."""
@@ -219,9 +247,12 @@ def build_optimizer(module: nn.Module, factory: Callable[[Iterable[Tensor]], tor
     return optimizer, flat_params
 
 
-def optimizer_step(optimizer: torch.optim.Optimizer, flat: Optional[FlatParameters],
-                   max_norm: float = 0.0,
-                   reduce_gradients: Optional[Callable[[object], None]] = None) -> None:
+def optimizer_step(
+    optimizer: torch.optim.Optimizer,
+    flat: Optional[FlatParameters],
+    max_norm: float = 0.0,
+    reduce_gradients: Optional[Callable[[object], None]] = None,
+) -> None:
     """The end of a training step, after ``backward``: bring the gradients into the flat buffer
     (``flat``), sum them over workers (``reduce_gradients``, given the flat gradient or the
     parameters), clip their global norm to ``max_norm`` (when > 0), update, and clear the gradients

@@ -16,6 +16,7 @@ wait (libgomp's default) made steps 4-30x slower when other processes shared
 the cores (see :mod:`revgnn.utils.threads`). It is set whether or not the
 re-execution happens.
 """
+
 from __future__ import annotations
 
 import ctypes.util
@@ -25,8 +26,13 @@ import sys
 from typing import Optional
 
 _CANDIDATES = ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4")
-_SEARCH_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64",
-                "/usr/lib", "/usr/local/lib")
+_SEARCH_DIRS = (
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib64",
+    "/usr/lib",
+    "/usr/local/lib",
+)
 
 
 def find_tcmalloc() -> Optional[str]:
@@ -54,10 +60,14 @@ def use_tcmalloc() -> None:
     in a ``main()``, before heavy imports (torch).
     """
     from revgnn.utils.threads import openmp_env_defaults
+
     openmp_env_defaults()  # os.environ: this process (torch not imported yet) and the re-exec
-    if (sys.platform != "linux" or allocator() == "tcmalloc"
-            or os.environ.get("REVGNN_ALLOCATOR", "tcmalloc") == "system"
-            or os.environ.get("_REVGNN_REEXEC")):
+    if (
+        sys.platform != "linux"
+        or allocator() == "tcmalloc"
+        or os.environ.get("REVGNN_ALLOCATOR", "tcmalloc") == "system"
+        or os.environ.get("_REVGNN_REEXEC")
+    ):
         return
     lib = find_tcmalloc()
     if lib is None:

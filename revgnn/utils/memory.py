@@ -1,5 +1,6 @@
 """Memory measures (bytes saved for backward, deterministic; peak RSS) and returning freed heap
 memory to the OS."""
+
 from __future__ import annotations
 
 import resource
@@ -71,6 +72,7 @@ def release_free_memory() -> None:
     freed pages otherwise), else glibc's ``malloc_trim(0)``; nothing where neither exists.
     """
     import ctypes
+
     try:
         lib = ctypes.CDLL(None)
     except (OSError, TypeError):  # no process handle (e.g. Windows)

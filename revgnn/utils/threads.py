@@ -47,6 +47,7 @@ Environment: an explicit ``OMP_WAIT_POLICY``, ``GOMP_SPINCOUNT`` or ``OMP_NUM_TH
 overridden; ``REVGNN_THREADS=torch`` turns all of this off (torch's and OpenMP's defaults, as
 before).
 """
+
 from __future__ import annotations
 
 import math
@@ -56,8 +57,16 @@ import warnings
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, MutableMapping, Optional, Set
 
-__all__ = ["configure_threads", "default_num_threads", "cgroup_cpu_quota", "affinity_cpus",
-           "openmp_env_defaults", "openmp_started", "ThreadSettings", "SPIN_COUNT"]
+__all__ = [
+    "configure_threads",
+    "default_num_threads",
+    "cgroup_cpu_quota",
+    "affinity_cpus",
+    "openmp_env_defaults",
+    "openmp_started",
+    "ThreadSettings",
+    "SPIN_COUNT",
+]
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 PROC_CGROUP = "/proc/self/cgroup"
@@ -128,8 +137,10 @@ def cgroup_cpu_quota(root: str = CGROUP_ROOT, proc_cgroup: str = PROC_CGROUP) ->
                 if d in seen:
                     continue
                 seen.add(d)
-                quota, period = (_read(os.path.join(d, "cpu.cfs_quota_us")),
-                                 _read(os.path.join(d, "cpu.cfs_period_us")))
+                quota, period = (
+                    _read(os.path.join(d, "cpu.cfs_quota_us")),
+                    _read(os.path.join(d, "cpu.cfs_period_us")),
+                )
                 try:
                     q, p = float(quota or "-1"), float(period or "0")
                 except ValueError:
@@ -151,9 +162,13 @@ def affinity_cpus(getaffinity: Optional[Callable[[int], Iterable[int]]] = None) 
     return max(1, os.cpu_count() or 1)
 
 
-def default_num_threads(torch_default: Optional[int] = None, *,
-                        getaffinity: Optional[Callable[[int], Iterable[int]]] = None,
-                        cgroup_root: str = CGROUP_ROOT, proc_cgroup: str = PROC_CGROUP) -> int:
+def default_num_threads(
+    torch_default: Optional[int] = None,
+    *,
+    getaffinity: Optional[Callable[[int], Iterable[int]]] = None,
+    cgroup_root: str = CGROUP_ROOT,
+    proc_cgroup: str = PROC_CGROUP,
+) -> int:
     """The thread count revgnn uses by default: ``min(affinity CPUs, floor(cgroup quota), torch_default)``,
     at least 1. A quota of 1.5 CPUs gives 1 (see the module docstring); no quota, the affinity
     count; ``torch_default`` (torch's own choice, ``torch.get_num_threads()`` before any change) is
@@ -193,10 +208,10 @@ def openmp_env_defaults(env: Optional[MutableMapping[str, str]] = None) -> Dict[
 class ThreadSettings:
     """What :func:`configure_threads` left in place."""
 
-    num_threads: int             #: torch's intra-op threads now
-    source: str                  #: ``"argument"``, ``"OMP_NUM_THREADS"``, ``"default"`` or ``"torch"``
-    openmp_env: Dict[str, str]   #: the OpenMP wait variables the runtime started with ({}: its defaults)
-    openmp_env_applied: bool     #: False if the runtime had started before revgnn's could be set
+    num_threads: int  #: torch's intra-op threads now
+    source: str  #: ``"argument"``, ``"OMP_NUM_THREADS"``, ``"default"`` or ``"torch"``
+    openmp_env: Dict[str, str]  #: the OpenMP wait variables the runtime started with ({}: its defaults)
+    openmp_env_applied: bool  #: False if the runtime had started before revgnn's could be set
 
 
 def configure_threads(num_threads: Optional[int] = None, *, warn: bool = True) -> ThreadSettings:
@@ -222,11 +237,14 @@ def configure_threads(num_threads: Optional[int] = None, *, warn: bool = True) -
         if openmp_started():
             applied = False
             if warn:
-                warnings.warn("revgnn.utils.threads.configure_threads(): torch was imported first, so "
-                              "OpenMP keeps spin-waiting ~3 ms per wait (steps 10x+ slower when other "
-                              "processes share the cores); call it before `import torch`, or export "
-                              f"GOMP_SPINCOUNT={SPIN_COUNT} (or OMP_WAIT_POLICY=PASSIVE)",
-                              RuntimeWarning, stacklevel=2)
+                warnings.warn(
+                    "revgnn.utils.threads.configure_threads(): torch was imported first, so "
+                    "OpenMP keeps spin-waiting ~3 ms per wait (steps 10x+ slower when other "
+                    "processes share the cores); call it before `import torch`, or export "
+                    f"GOMP_SPINCOUNT={SPIN_COUNT} (or OMP_WAIT_POLICY=PASSIVE)",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
         else:
             openmp_env_defaults()
     import torch
@@ -241,6 +259,9 @@ def configure_threads(num_threads: Optional[int] = None, *, warn: bool = True) -
         n, source = default_num_threads(torch.get_num_threads()), "default"
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)
-    return ThreadSettings(num_threads=torch.get_num_threads(), source=source,
-                          openmp_env={k: os.environ[k] for k in _WAIT_VARS if k in os.environ} if applied else {},
-                          openmp_env_applied=applied)
+    return ThreadSettings(
+        num_threads=torch.get_num_threads(),
+        source=source,
+        openmp_env={k: os.environ[k] for k in _WAIT_VARS if k in os.environ} if applied else {},
+        openmp_env_applied=applied,
+    )

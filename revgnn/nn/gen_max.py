@@ -35,6 +35,7 @@ as PyG. (torch-scatter's ``segment_max_csr`` returns an argmax too, but was
 11x slower than native ``scatter_reduce`` here: 15.4 vs 1.35 ms for
 200k x 32.)
 """
+
 from __future__ import annotations
 
 from typing import Optional, Tuple, Union
@@ -42,7 +43,6 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
-
 from torch_geometric import EdgeIndex
 
 from revgnn.nn.edge_features import LinearEdgeFeatures
@@ -72,8 +72,9 @@ def sort_edges(edge_index, edge_attr: Optional[Tensor], num_nodes: int):
     return edge_index, edge_attr
 
 
-def _csc(edge_index: Tensor, edge_attr: Optional[Tensor], num_nodes: int
-         ) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
+def _csc(
+    edge_index: Tensor, edge_attr: Optional[Tensor], num_nodes: int
+) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
     """(source, destination) per edge in destination order, the CSC pointer ``[N + 1]``, and
     the edge features in that order."""
     edge_index, edge_attr = sort_edges(edge_index, edge_attr, num_nodes)
@@ -86,6 +87,7 @@ def _kernel():
     """The compiled module or None; imported here, not at the top, so that ``python -m
     revgnn.nn.kernels`` (the build command) does not find itself already imported."""
     from revgnn.nn import kernels
+
     return kernels.gen_max()
 
 
@@ -97,8 +99,16 @@ class FusedGENMax(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x: Tensor, attr: Optional[Tensor], weight: Optional[Tensor],
-                bias: Optional[Tensor], ptr: Tensor, src: Tensor, eps: float) -> Tensor:  # type: ignore[override]
+    def forward(
+        ctx,
+        x: Tensor,
+        attr: Optional[Tensor],
+        weight: Optional[Tensor],
+        bias: Optional[Tensor],
+        ptr: Tensor,
+        src: Tensor,
+        eps: float,
+    ) -> Tensor:  # type: ignore[override]
         x = x.contiguous()
         ptr, src = ptr.long().contiguous(), src.long().contiguous()  # int32 / strided indices too
         attr = attr.contiguous() if attr is not None else None
@@ -114,11 +124,25 @@ class FusedGENMax(torch.autograd.Function):
         x, attr, wt, bias, ptr, src, arg, tied = ctx.saved_tensors
         need_x, need_attr, need_w, need_b = ctx.needs_input_grad[:4]
         # one gradient buffer per thread for the scatter into source rows (summed after)
-        buffers = max(1, min(torch.get_num_threads(),
-                             SCATTER_BUFFER_BYTES // max(1, x.numel() * x.element_size())))
+        buffers = max(
+            1, min(torch.get_num_threads(), SCATTER_BUFFER_BYTES // max(1, x.numel() * x.element_size()))
+        )
         gx, ga, gw, gb = _kernel().backward(
-            grad_out.contiguous(), arg, tied, x, ptr, src, attr, wt, bias, buffers,
-            need_x, need_attr, need_w, need_b)
+            grad_out.contiguous(),
+            arg,
+            tied,
+            x,
+            ptr,
+            src,
+            attr,
+            wt,
+            bias,
+            buffers,
+            need_x,
+            need_attr,
+            need_w,
+            need_b,
+        )
         grad_x = (gx[0] if buffers == 1 else gx.sum(0)) if need_x else None
         grad_w = gw.sum(0) if need_w and wt is not None else None
         grad_b = gb.sum(0) if need_b and bias is not None else None
@@ -130,15 +154,17 @@ class GENMaxAggregate(torch.autograd.Function):
     """``max_j relu(x[src_j] + e_j) + eps`` per destination; see the module docstring."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, edge_attr: Optional[Tensor], src: Tensor, dst: Tensor,
-                degree: Tensor, eps: float) -> Tensor:  # type: ignore[override]
+    def forward(
+        ctx, x: Tensor, edge_attr: Optional[Tensor], src: Tensor, dst: Tensor, degree: Tensor, eps: float
+    ) -> Tensor:  # type: ignore[override]
         msg = x.index_select(0, src)  # a fresh E x C buffer: updated in place below
         if edge_attr is not None:
             msg.add_(edge_attr)
         msg.clamp_min_(0.0)
         index = dst.view(-1, 1).expand_as(msg)
         out = msg.new_zeros(degree.numel(), msg.size(1)).scatter_reduce_(
-            0, index, msg, "amax", include_self=False)
+            0, index, msg, "amax", include_self=False
+        )
         ctx.save_for_backward(msg, out, src, dst)
         ctx.has_edge_attr = edge_attr is not None
         result = out + eps
@@ -148,10 +174,10 @@ class GENMaxAggregate(torch.autograd.Function):
     def backward(ctx, grad_out: Tensor):  # type: ignore[override]
         msg, out, src, dst = ctx.saved_tensors
         index = dst.view(-1, 1).expand_as(msg)
-        winner = msg == out.index_select(0, dst)          # argmax mask (ties included)
+        winner = msg == out.index_select(0, dst)  # argmax mask (ties included)
         ties = out.new_zeros(out.shape).scatter_add_(0, index, winner.to(out.dtype))
         grad_msg = (grad_out / ties.clamp_min(1.0)).index_select(0, dst)
-        grad_msg.mul_(winner & (msg > 0))                 # max, then ReLU
+        grad_msg.mul_(winner & (msg > 0))  # max, then ReLU
         grad_x = grad_e = None
         if ctx.needs_input_grad[0]:
             grad_x = torch.zeros_like(grad_out).index_add_(0, src, grad_msg)
@@ -163,16 +189,20 @@ class GENMaxAggregate(torch.autograd.Function):
 def _kernel_applies(x: Tensor, tensors, num_edges: int) -> bool:
     """CPU, float32/64 throughout, built, and fewer than 2^31 edges (the kernel keeps the
     winning edge's offset within its node's segment as an int32)."""
-    return (x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and x.dim() == 2
-            and all(t is None or (t.dtype == x.dtype and t.device == x.device) for t in tensors)
-            and num_edges < 2 ** 31 and _kernel() is not None)
+    return (
+        x.device.type == "cpu"
+        and x.dtype in (torch.float32, torch.float64)
+        and x.dim() == 2
+        and all(t is None or (t.dtype == x.dtype and t.device == x.device) for t in tensors)
+        and num_edges < 2**31
+        and _kernel() is not None
+    )
 
 
 EdgeTerm = Union[Tensor, LinearEdgeFeatures, None]
 
 
-def gen_max_aggregate(x: Tensor, edge_index: Tensor, edge_attr: EdgeTerm = None,
-                      eps: float = 1e-7) -> Tensor:
+def gen_max_aggregate(x: Tensor, edge_index: Tensor, edge_attr: EdgeTerm = None, eps: float = 1e-7) -> Tensor:
     r"""Fused :math:`\max_{j \in \mathcal{N}(i)} \mathrm{ReLU}(\mathbf{x}_j +
     \mathbf{e}_{ji}) + \epsilon` (GENConv's max aggregation).
 
@@ -213,8 +243,9 @@ def gen_conv(conv, x: Tensor, edge_index, edge_attr: Optional[Tensor] = None) ->
     (``takes_factored_edges``: the SAR GENConv, whose max aggregation runs the
     kernel shard by shard).
     """
-    plain = not any(hasattr(conv, name) for name in
-                    ("lin_src", "lin_dst", "lin_edge", "lin_aggr_out", "msg_norm"))
+    plain = not any(
+        hasattr(conv, name) for name in ("lin_src", "lin_dst", "lin_edge", "lin_aggr_out", "msg_norm")
+    )
     if conv.aggr == "max" and plain and isinstance(edge_index, Tensor) and isinstance(x, Tensor):
         return sequential_forward(conv.mlp, gen_max_aggregate(x, edge_index, edge_attr, conv.eps) + x)
     if isinstance(edge_attr, LinearEdgeFeatures) and not getattr(conv, "takes_factored_edges", False):

@@ -1,13 +1,15 @@
-"""Writes tiny raw OGB node-property data sets in OGB's on-disk layout.
+"""Writes tiny raw OGB data sets in OGB's on-disk layout: :func:`write_fake_ogbn` (node property:
+ogbn-proteins, arxiv, products) and :func:`write_fake_ogbg` (graph property: ogbg-molhiv).
 
-ogbn-proteins (and arxiv, products) cannot be downloaded everywhere; tests and the ``--smoke`` mode of
-``scripts/reproduce_proteins.py`` write a small raw directory with this module and load it through the
-real :class:`ogb.nodeproppred.PygNodePropPredDataset` code, so the whole loading path is exercised.
+OGB's data cannot be downloaded everywhere; tests and ``revgnn-reproduce --smoke`` write a small raw
+directory with this module and load it through OGB's real loaders, so the whole loading path is
+exercised.
 Layout (headerless gzip CSV)::
 
     <root>/ogbn_proteins/raw/{edge, edge-feat, node-label, node_species, num-node-list, num-edge-list}.csv.gz
     <root>/ogbn_proteins/split/species/{train, valid, test}.csv.gz      # beside raw/, not in it
 """
+
 from __future__ import annotations
 
 import os
@@ -15,8 +17,9 @@ import os.path as osp
 
 import numpy as np
 import pandas as pd
+import torch
 
-__all__ = ["write_fake_ogbn"]
+__all__ = ["write_fake_ogbn", "write_fake_ogbg"]
 
 # name -> (dir, split dir, node features, edge features, tasks or classes, extra node file)
 _SPECS = {
@@ -30,8 +33,14 @@ def _write(path: str, array) -> None:
     pd.DataFrame(np.asarray(array)).to_csv(path, header=False, index=False, compression="gzip")
 
 
-def write_fake_ogbn(root: str, name: str = "ogbn-proteins", num_nodes: int = 64, avg_degree: int = 6,
-                    num_species: int = 8, seed: int = 0) -> str:
+def write_fake_ogbn(
+    root: str,
+    name: str = "ogbn-proteins",
+    num_nodes: int = 64,
+    avg_degree: int = 6,
+    num_species: int = 8,
+    seed: int = 0,
+) -> str:
     """Writes a random raw data set ``name`` under ``root``; returns its directory.
 
     Labels are random (this is for plumbing, not learning). For ogbn-proteins every node gets one of
@@ -75,4 +84,47 @@ def write_fake_ogbn(root: str, name: str = "ogbn-proteins", num_nodes: int = 64,
         train, valid, test = np.array_split(perm, 3)
     for split_name_, idx in (("train", train), ("valid", valid), ("test", test)):
         _write(osp.join(split, f"{split_name_}.csv.gz"), np.sort(idx))
+    return path
+
+
+def write_fake_ogbg(root: str, name: str = "ogbg-molhiv", num_graphs: int = 40, seed: int = 0) -> str:
+    """Writes a tiny raw ``ogbg-molhiv`` under ``root`` in OGB's layout; returns its directory::
+
+        <root>/ogbg_molhiv/raw/{edge, edge-feat, node-feat, graph-label, num-node-list,
+                                num-edge-list}.csv.gz                     # headerless gzip CSV
+        <root>/ogbg_molhiv/split/scaffold/{train, valid, test}.csv.gz    # beside raw/, not in it
+
+    The molecules come from :func:`~revgnn.data.graph_dataset.mol_like` (so the labels are
+    learnable); each bond is stored once and OGB adds the reverse direction, as in the real files.
+    """
+    if name != "ogbg-molhiv":
+        raise ValueError(f"no fake layout for {name!r}; only 'ogbg-molhiv'")
+    from revgnn.data.graph_dataset import mol_like
+
+    ds = mol_like(num_graphs=num_graphs, min_nodes=6, max_nodes=12, distance=3, seed=seed)
+    path = osp.join(root, "ogbg_molhiv")
+    raw, split = osp.join(path, "raw"), osp.join(path, "split", "scaffold")
+    os.makedirs(raw, exist_ok=True)
+    os.makedirs(split, exist_ok=True)
+
+    edges, edge_feats = [], []
+    for g in ds.graphs:
+        half = g.edge_index.size(1) // 2  # first half: one direction of every bond
+        edges.append(g.edge_index[:, :half].T.numpy())
+        edge_feats.append(g.edge_attr[:half].numpy())
+    _write(osp.join(raw, "edge.csv.gz"), np.concatenate(edges))
+    _write(osp.join(raw, "edge-feat.csv.gz"), np.concatenate(edge_feats))
+    _write(osp.join(raw, "node-feat.csv.gz"), torch.cat([g.x for g in ds.graphs]).numpy())
+    _write(osp.join(raw, "graph-label.csv.gz"), torch.cat([g.y for g in ds.graphs]).numpy())
+    _write(osp.join(raw, "num-node-list.csv.gz"), [g.num_nodes for g in ds.graphs])
+    _write(osp.join(raw, "num-edge-list.csv.gz"), [len(e) for e in edges])
+    # every split gets both classes (OGB's ROC-AUC needs them): interleave positives and negatives
+    labels = np.array([int(g.y) for g in ds.graphs])
+    pos, neg = np.nonzero(labels == 1)[0], np.nonzero(labels == 0)[0]
+    order = [int(i) for pair in zip(pos, neg) for i in pair]
+    order += [int(i) for i in np.concatenate([pos[len(neg) :], neg[len(pos) :]])]
+    k = max(2, num_graphs // 10)
+    splits = {"valid": order[:k], "test": order[k : 2 * k], "train": order[2 * k :]}
+    for key, idx in splits.items():
+        _write(osp.join(split, f"{key}.csv.gz"), np.sort(np.array(idx, dtype=np.int64)))
     return path

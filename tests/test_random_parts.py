@@ -1,8 +1,9 @@
-"""Random partitions and induced sub-graphs (revgnn.data.partition) and the proteins_like generator."""
+"""Random partitions and induced sub-graphs (revgnn.data.random_parts) and the proteins_like generator."""
+
 import torch
 
-from revgnn.data.graph import sum_edge_features
-from revgnn.data.partition import partition_graph, random_partition
+from revgnn.data.node_dataset import sum_edge_features
+from revgnn.data.random_parts import partition_graph, random_partition
 from revgnn.data.synthetic import proteins_like
 
 
@@ -10,8 +11,11 @@ def _reference_subgraph(edge_index, part, k):
     """Slow, obviously correct induced sub-graph of part k (global -> local via a dict)."""
     nodes = sorted((part == k).nonzero().view(-1).tolist())
     local = {v: i for i, v in enumerate(nodes)}
-    edges = [(local[s], local[d], e) for e, (s, d) in enumerate(edge_index.t().tolist())
-             if s in local and d in local]
+    edges = [
+        (local[s], local[d], e)
+        for e, (s, d) in enumerate(edge_index.t().tolist())
+        if s in local and d in local
+    ]
     return nodes, edges
 
 

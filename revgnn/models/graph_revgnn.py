@@ -6,6 +6,7 @@ the variants here use DeeperGCN's ogbg-molhiv recipe (Li et al., 2020: GENConv w
 aggregation, t = 1, 256 channels, 7 layers, 1-layer MLP in the conv, dropout 0.2, mean readout) with the
 residual blocks replaced by 2-group reversible blocks.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -19,8 +20,8 @@ from torch_geometric.typing import Adj, OptTensor
 from revgnn.models.components import reversible_layers, reversible_repr
 from revgnn.models.registry import build, register_model
 from revgnn.nn import GENBlock, Shared, SharedDropout
-from revgnn.nn.aggr import sort_edges
 from revgnn.nn.blocks import make_norm
+from revgnn.nn.gen_max import sort_edges
 
 __all__ = ["GraphRevGNN", "READOUTS", "ENCODERS"]
 
@@ -85,30 +86,50 @@ class GraphRevGNN(nn.Module):
             :class:`~revgnn.nn.GroupAddRev`). (default: :obj:`None`)
     """
 
-    def __init__(self, in_channels: int, hidden_channels: int, out_channels: int, num_layers: int,
-                 num_groups: int = 2, edge_channels: Optional[int] = None, species_channels: int = 0,
-                 dropout: float = 0.0, norm: Optional[str] = "graph", aggr: str = "softmax",
-                 learn_t: bool = True, t: float = 1.0, mlp_layers: int = 1, readout: str = "mean",
-                 encoder: str = "ogb", weight_tied: bool = False, reversible: bool = True,
-                 keep_every: int = 0, quantize: Optional[int] = None):
+    def __init__(
+        self,
+        in_channels: int,
+        hidden_channels: int,
+        out_channels: int,
+        num_layers: int,
+        num_groups: int = 2,
+        edge_channels: Optional[int] = None,
+        species_channels: int = 0,
+        dropout: float = 0.0,
+        norm: Optional[str] = "graph",
+        aggr: str = "softmax",
+        learn_t: bool = True,
+        t: float = 1.0,
+        mlp_layers: int = 1,
+        readout: str = "mean",
+        encoder: str = "ogb",
+        weight_tied: bool = False,
+        reversible: bool = True,
+        keep_every: int = 0,
+        quantize: Optional[int] = None,
+    ):
         super().__init__()
         if readout not in READOUTS:
             raise ValueError(f"unknown readout {readout!r}; choose one of {READOUTS}")
         if encoder not in ENCODERS:
             raise ValueError(f"unknown encoder {encoder!r}; choose one of {ENCODERS}")
         if species_channels:
-            raise ValueError(f"GraphRevGNN has no species encoder; species_channels must be 0, got "
-                             f"{species_channels}")
+            raise ValueError(
+                f"GraphRevGNN has no species encoder; species_channels must be 0, got {species_channels}"
+            )
         self.in_channels, self.edge_channels = in_channels, edge_channels
         self.num_layers, self.weight_tied, self.encoder = num_layers, weight_tied, encoder
         if encoder == "ogb":
             from ogb.graphproppred.mol_encoder import AtomEncoder, BondEncoder
             from ogb.utils.features import get_atom_feature_dims, get_bond_feature_dims
+
             atoms, bonds = len(get_atom_feature_dims()), len(get_bond_feature_dims())
             if in_channels != atoms or edge_channels not in (None, bonds):
-                raise ValueError(f"encoder='ogb' embeds OGB's {atoms} atom and {bonds} bond features; "
-                                 f"the data has in_channels={in_channels}, edge_channels="
-                                 f"{edge_channels} (use encoder='linear' for float features)")
+                raise ValueError(
+                    f"encoder='ogb' embeds OGB's {atoms} atom and {bonds} bond features; "
+                    f"the data has in_channels={in_channels}, edge_channels="
+                    f"{edge_channels} (use encoder='linear' for float features)"
+                )
             self.node_encoder = AtomEncoder(hidden_channels)
             self.edge_encoder = BondEncoder(hidden_channels) if edge_channels else None
         else:
@@ -116,14 +137,28 @@ class GraphRevGNN(nn.Module):
             self.edge_encoder = nn.Linear(edge_channels, hidden_channels) if edge_channels else None
         self.dropout = SharedDropout(dropout)
         self.layers = reversible_layers(
-            lambda: GENBlock(hidden_channels // num_groups,
-                             edge_channels=hidden_channels if edge_channels else None, aggr=aggr,
-                             learn_t=learn_t, t=t, mlp_layers=mlp_layers, norm=norm),
-            hidden_channels, num_groups, num_layers, weight_tied, reversible, keep_every, quantize)
+            lambda: GENBlock(
+                hidden_channels // num_groups,
+                edge_channels=hidden_channels if edge_channels else None,
+                aggr=aggr,
+                learn_t=learn_t,
+                t=t,
+                mlp_layers=mlp_layers,
+                norm=norm,
+            ),
+            hidden_channels,
+            num_groups,
+            num_layers,
+            weight_tied,
+            reversible,
+            keep_every,
+            quantize,
+        )
         self.norm = make_norm(norm, hidden_channels)
         self.readout = readout
-        self.attention = (AttentionalAggregation(nn.Linear(hidden_channels, 1))
-                          if readout == "attention" else None)
+        self.attention = (
+            AttentionalAggregation(nn.Linear(hidden_channels, 1)) if readout == "attention" else None
+        )
         self.head_dropout = nn.Dropout(dropout)
         self.lin = nn.Linear(hidden_channels, out_channels)
 
@@ -136,21 +171,30 @@ class GraphRevGNN(nn.Module):
                 if isinstance(emb, nn.Embedding):
                     nn.init.xavier_uniform_(emb.weight)
 
-    def forward(self, x: Tensor, edge_index: Adj, edge_attr: OptTensor = None,
-                batch: OptTensor = None, num_graphs: Optional[int] = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        edge_index: Adj,
+        edge_attr: OptTensor = None,
+        batch: OptTensor = None,
+        num_graphs: Optional[int] = None,
+    ) -> Tensor:
         """Returns ``[num_graphs, out_channels]`` logits; ``batch`` maps nodes to graphs (:obj:`None`:
         one graph)."""
         if x.size(-1) != self.in_channels:
-            raise ValueError(f"the model expects {self.in_channels} node features, got {x.size(-1)}; "
-                             f"set in_channels to match the data")
+            raise ValueError(
+                f"the model expects {self.in_channels} node features, got {x.size(-1)}; "
+                f"set in_channels to match the data"
+            )
         if batch is None:
             batch = torch.zeros(x.size(0), dtype=torch.long, device=x.device)
         if num_graphs is None:
             num_graphs = int(batch.max()) + 1 if batch.numel() else 0
         edge_index, edge_attr = sort_edges(edge_index, edge_attr, x.size(0))
         h = self.node_encoder(x)
-        edges = Shared(self.edge_encoder(edge_attr)
-                       if self.edge_encoder is not None and edge_attr is not None else None)
+        edges = Shared(
+            self.edge_encoder(edge_attr) if self.edge_encoder is not None and edge_attr is not None else None
+        )
         mask = self.dropout(h)
         h = self.layers(h, edge_index, edges, mask, batch=batch)
         if self.norm is not None:
@@ -175,24 +219,60 @@ def revgnn_molhiv(**overrides: Any) -> GraphRevGNN:
     """RevGNN for ogbg-molhiv with GraphNorm in the blocks: 7 reversible GENConv blocks x 256 channels
     (2 groups), learnable softmax aggregation, dropout 0.2, mean readout; 745,999 parameters (paper:
     78.62 test ROC-AUC)."""
-    return build(GraphRevGNN, dict(MOLHIV, hidden_channels=256, num_layers=7, num_groups=2,
-                                   norm="graph", aggr="softmax", learn_t=True, dropout=0.2,
-                                   readout="mean"), overrides)
+    return build(
+        GraphRevGNN,
+        dict(
+            MOLHIV,
+            hidden_channels=256,
+            num_layers=7,
+            num_groups=2,
+            norm="graph",
+            aggr="softmax",
+            learn_t=True,
+            dropout=0.2,
+            readout="mean",
+        ),
+        overrides,
+    )
 
 
 @register_model
 def revgnn_molhiv_batchnorm(**overrides: Any) -> GraphRevGNN:
     """:func:`revgnn_molhiv` with BatchNorm in the blocks; 743,951 parameters (paper: 77.82 test
     ROC-AUC)."""
-    return build(GraphRevGNN, dict(MOLHIV, hidden_channels=256, num_layers=7, num_groups=2,
-                                   norm="batch", aggr="softmax", learn_t=True, dropout=0.2,
-                                   readout="mean"), overrides)
+    return build(
+        GraphRevGNN,
+        dict(
+            MOLHIV,
+            hidden_channels=256,
+            num_layers=7,
+            num_groups=2,
+            norm="batch",
+            aggr="softmax",
+            learn_t=True,
+            dropout=0.2,
+            readout="mean",
+        ),
+        overrides,
+    )
 
 
 @register_model
 def revgnn_mol_small(**overrides: Any) -> GraphRevGNN:
     """A CPU-sized graph-level RevGNN (8 blocks x 64, GraphNorm) for the generated ``mol_like`` set;
     63,953 parameters."""
-    return build(GraphRevGNN, dict(MOLHIV, hidden_channels=64, num_layers=8, num_groups=2,
-                                   norm="graph", aggr="softmax", learn_t=True, dropout=0.1,
-                                   readout="mean"), overrides)
+    return build(
+        GraphRevGNN,
+        dict(
+            MOLHIV,
+            hidden_channels=64,
+            num_layers=8,
+            num_groups=2,
+            norm="graph",
+            aggr="softmax",
+            learn_t=True,
+            dropout=0.1,
+            readout="mean",
+        ),
+        overrides,
+    )

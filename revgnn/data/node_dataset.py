@@ -1,4 +1,5 @@
 """The one in-memory graph format the training loop consumes."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -7,7 +8,7 @@ from typing import Dict, Optional
 import torch
 from torch import Tensor
 
-from revgnn.data.partition import sort_by_destination
+from revgnn.data.random_parts import sort_by_destination
 
 __all__ = ["NodeDataset"]
 
@@ -19,7 +20,7 @@ class NodeDataset:
     """A single graph with node labels and a train/valid/test split.
 
     Edges are stored sorted by destination (then source) so that every induced sub-graph is sorted as
-    well (see :mod:`revgnn.data.partition`).
+    well (see :mod:`revgnn.data.random_parts`).
 
     Attributes:
         name (str): Data set name, e.g. ``"ogbn-proteins"`` or ``"proteins_like"``.
@@ -55,13 +56,16 @@ class NodeDataset:
         if self.edge_index.dim() != 2 or self.edge_index.size(0) != 2:
             raise ValueError(f"{self.name}: edge_index must be [2, E], got {list(self.edge_index.shape)}")
         if self.edge_attr is not None and self.edge_attr.size(0) != self.edge_index.size(1):
-            raise ValueError(f"{self.name}: edge_attr has {self.edge_attr.size(0)} rows for "
-                             f"{self.edge_index.size(1)} edges")
+            raise ValueError(
+                f"{self.name}: edge_attr has {self.edge_attr.size(0)} rows for "
+                f"{self.edge_index.size(1)} edges"
+            )
         if self.y.size(0) != n:
             raise ValueError(f"{self.name}: y has {self.y.size(0)} rows for {n} nodes")
         if self.edge_index.numel() and int(self.edge_index.max()) >= n:
-            raise ValueError(f"{self.name}: edge_index refers to node {int(self.edge_index.max())} "
-                             f"but there are {n} nodes")
+            raise ValueError(
+                f"{self.name}: edge_index refers to node {int(self.edge_index.max())} but there are {n} nodes"
+            )
         for key in ("train", "valid", "test"):
             if key not in self.split_idx:
                 raise ValueError(f"{self.name}: split_idx lacks {key!r}")
@@ -97,10 +101,14 @@ class NodeDataset:
         return self
 
     def __repr__(self) -> str:
-        return (f"{self.__class__.__name__}({self.name}, nodes={self.num_nodes}, edges={self.num_edges}, "
-                f"x={list(self.x.shape)}, edge_attr={None if self.edge_attr is None else list(self.edge_attr.shape)}, "
-                f"task={self.task}, classes={self.num_classes}, "
-                + ", ".join(f"{k}={v.numel()}" for k, v in self.split_idx.items()) + ")")
+        return (
+            f"{self.__class__.__name__}({self.name}, nodes={self.num_nodes}, edges={self.num_edges}, "
+            f"x={list(self.x.shape)}, "
+            f"edge_attr={None if self.edge_attr is None else list(self.edge_attr.shape)}, "
+            f"task={self.task}, classes={self.num_classes}, "
+            + ", ".join(f"{k}={v.numel()}" for k, v in self.split_idx.items())
+            + ")"
+        )
 
 
 def species_one_hot(species: Tensor) -> tuple[Tensor, Tensor]:

@@ -38,6 +38,7 @@ Python::
     part = load_partition('parts/pl4', rank=1, world_size=4)  # one worker
     part = load_partition_checked('parts/pl4')  # all torchrun workers at once
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -55,10 +56,17 @@ if TYPE_CHECKING:  # torch is imported where it is used: ``--help`` stays fast
     from torch import Tensor
 
 __all__ = [
-    'PartitionMismatchError', 'partition_nodes', 'build_partitions',
-    'partition_fingerprint', 'save_partitions', 'load_meta',
-    'load_partition', 'load_partition_checked', 'partition_dataset',
-    'PartitionConfig', 'main'
+    "PartitionMismatchError",
+    "partition_nodes",
+    "build_partitions",
+    "partition_fingerprint",
+    "save_partitions",
+    "load_meta",
+    "load_partition",
+    "load_partition_checked",
+    "partition_dataset",
+    "PartitionConfig",
+    "main",
 ]
 
 # 2: part files are checked against their sha256 in meta.json, the
@@ -71,14 +79,11 @@ class PartitionMismatchError(RuntimeError):
     corrupted or foreign file, or workers reading different partitionings."""
 
 
-def _repartition(root: str, num_parts: Any = '<P>', verb='re-partition'
-                 ) -> str:
-    return (f'{verb}: revgnn-partition data=<data set> '
-            f'num_parts={num_parts} out={root}')
+def _repartition(root: str, num_parts: Any = "<P>", verb="re-partition") -> str:
+    return f"{verb}: revgnn-partition data=<data set> num_parts={num_parts} out={root}"
 
 
-def _metis_parts(edge_index: Tensor, num_nodes: int, num_parts: int,
-                 seed: int) -> Tensor:
+def _metis_parts(edge_index: Tensor, num_nodes: int, num_parts: int, seed: int) -> Tensor:
     import pymetis
     import torch
 
@@ -92,17 +97,17 @@ def _metis_parts(edge_index: Tensor, num_nodes: int, num_parts: int,
     xadj = torch.zeros(num_nodes + 1, dtype=torch.long)
     xadj[1:] = torch.cumsum(torch.bincount(src, minlength=num_nodes), 0)
     opts = pymetis.Options(seed=seed)
-    if hasattr(pymetis, 'CSRAdjacency'):  # pymetis >= 2025.2
+    if hasattr(pymetis, "CSRAdjacency"):  # pymetis >= 2025.2
         adj = pymetis.CSRAdjacency(xadj.numpy(), dst.numpy())
         _, membership = pymetis.part_graph(num_parts, adj, options=opts)
     else:
-        _, membership = pymetis.part_graph(num_parts, xadj=xadj.numpy(),
-                                           adjncy=dst.numpy(), options=opts)
+        _, membership = pymetis.part_graph(num_parts, xadj=xadj.numpy(), adjncy=dst.numpy(), options=opts)
     return torch.as_tensor(membership, dtype=torch.long)
 
 
-def partition_nodes(edge_index: Tensor, num_nodes: int, num_parts: int,
-                    method: str = 'metis', seed: int = 0) -> Tensor:
+def partition_nodes(
+    edge_index: Tensor, num_nodes: int, num_parts: int, method: str = "metis", seed: int = 0
+) -> Tensor:
     r"""Assigns every node to one of ``num_parts`` parts.
 
     Args:
@@ -118,17 +123,17 @@ def partition_nodes(edge_index: Tensor, num_nodes: int, num_parts: int,
         torch.Tensor: ``[N]`` part id of each node.
     """
     import torch
+
     if num_parts < 1:
-        raise ValueError(f'num_parts must be >= 1, got {num_parts}')
-    if method not in ('metis', 'random'):
-        raise ValueError(
-            f"Unknown partition method '{method}' (use 'metis' or 'random')")
+        raise ValueError(f"num_parts must be >= 1, got {num_parts}")
+    if method not in ("metis", "random"):
+        raise ValueError(f"Unknown partition method '{method}' (use 'metis' or 'random')")
     if num_parts == 1:
         return torch.zeros(num_nodes, dtype=torch.long)
-    if method == 'metis':
+    if method == "metis":
         return _metis_parts(edge_index, num_nodes, num_parts, seed)
     gen = torch.Generator().manual_seed(seed)
-    return torch.randint(0, num_parts, (num_nodes, ), generator=gen)
+    return torch.randint(0, num_parts, (num_nodes,), generator=gen)
 
 
 def partition_fingerprint(parts: List[dict]) -> str:
@@ -138,23 +143,29 @@ def partition_fingerprint(parts: List[dict]) -> str:
     edges (``src``, ``dst``). Two partitionings with equal part sizes but
     different assignments get different fingerprints."""
     import torch
+
     first = parts[0]
     h = hashlib.sha256(
         f"revgnn-partition:{FORMAT_VERSION}:{first['num_nodes']}:"
-        f"{first['num_edges']}:{first['offsets'].tolist()}".encode())
+        f"{first['num_edges']}:{first['offsets'].tolist()}".encode()
+    )
     for part in parts:
         h.update(f":{part['rank']}:{part['src'].numel()}:".encode())
-        for key in ('node_ids', 'src', 'dst'):
+        for key in ("node_ids", "src", "dst"):
             h.update(part[key].to(torch.int64).contiguous().numpy())
     return h.hexdigest()
 
 
-def build_partitions(edge_index: Tensor, num_nodes: int, num_parts: int,
-                     method: str = 'metis', seed: int = 0,
-                     parts: Optional[Tensor] = None,
-                     edge_attr: Optional[Tensor] = None,
-                     node_data: Optional[Dict[str, Tensor]] = None,
-                     ) -> List[dict]:
+def build_partitions(
+    edge_index: Tensor,
+    num_nodes: int,
+    num_parts: int,
+    method: str = "metis",
+    seed: int = 0,
+    parts: Optional[Tensor] = None,
+    edge_attr: Optional[Tensor] = None,
+    node_data: Optional[Dict[str, Tensor]] = None,
+) -> List[dict]:
     r"""Partitions a graph and builds one self-contained dict per worker.
 
     Args:
@@ -182,21 +193,19 @@ def build_partitions(edge_index: Tensor, num_nodes: int, num_parts: int,
         (:func:`partition_fingerprint`).
     """
     import torch
+
     edge_index = edge_index.long()
     E = edge_index.size(1)
     if edge_index.numel() and int(edge_index.max()) >= num_nodes:
-        raise ValueError('edge_index refers to a node id >= num_nodes')
-    method_used = method if parts is None else 'given'
+        raise ValueError("edge_index refers to a node id >= num_nodes")
+    method_used = method if parts is None else "given"
     if parts is None:
-        parts = partition_nodes(edge_index, num_nodes, num_parts, method,
-                                seed)
+        parts = partition_nodes(edge_index, num_nodes, num_parts, method, seed)
     parts = parts.long()
-    if parts.numel() != num_nodes or (num_nodes and (
-            int(parts.min()) < 0 or int(parts.max()) >= num_parts)):
-        raise ValueError('parts must hold a part id in [0, num_parts) '
-                         'for every node')
+    if parts.numel() != num_nodes or (num_nodes and (int(parts.min()) < 0 or int(parts.max()) >= num_parts)):
+        raise ValueError("parts must hold a part id in [0, num_parts) for every node")
     if edge_attr is not None and edge_attr.size(0) != E:
-        raise ValueError('edge_attr must have one row per edge')
+        raise ValueError("edge_attr must have one row per edge")
 
     # New ids: ordered by (part, original id) -> contiguous ranges.
     order = torch.argsort(parts * num_nodes + torch.arange(num_nodes))
@@ -214,48 +223,46 @@ def build_partitions(edge_index: Tensor, num_nodes: int, num_parts: int,
         lo, hi = int(offsets[p]), int(offsets[p + 1])
         eids = (dst_part == p).nonzero().view(-1)
         # Sort by (source part, target, source): shard-major, CSR-friendly.
-        key = ((src_part[eids] * (num_nodes + 1) + (dst_new[eids] - lo)) *
-               (num_nodes + 1) + src_new[eids])
+        key = (src_part[eids] * (num_nodes + 1) + (dst_new[eids] - lo)) * (num_nodes + 1) + src_new[eids]
         eids = eids[torch.argsort(key)]
         shard_ptr = torch.zeros(num_parts + 1, dtype=torch.long)
-        shard_ptr[1:] = torch.cumsum(
-            torch.bincount(src_part[eids], minlength=num_parts), 0)
+        shard_ptr[1:] = torch.cumsum(torch.bincount(src_part[eids], minlength=num_parts), 0)
         # a copy: a view would make torch.save write all of `order`
         local_nodes = order[lo:hi].clone()
-        out.append({
-            'format_version': FORMAT_VERSION,
-            'rank': p,
-            'num_parts': num_parts,
-            'num_nodes': num_nodes,
-            'num_edges': E,
-            'method': method_used,
-            'offsets': offsets.clone(),
-            'node_ids': local_nodes,
-            'src': src_new[eids],
-            'dst': dst_new[eids] - lo,
-            'shard_ptr': shard_ptr,
-            'edge_ids': eids,
-            'edge_attr': None if edge_attr is None else edge_attr[eids],
-            'node_data': {k: v[local_nodes]
-                          for k, v in (node_data or {}).items()},
-        })
+        out.append(
+            {
+                "format_version": FORMAT_VERSION,
+                "rank": p,
+                "num_parts": num_parts,
+                "num_nodes": num_nodes,
+                "num_edges": E,
+                "method": method_used,
+                "offsets": offsets.clone(),
+                "node_ids": local_nodes,
+                "src": src_new[eids],
+                "dst": dst_new[eids] - lo,
+                "shard_ptr": shard_ptr,
+                "edge_ids": eids,
+                "edge_attr": None if edge_attr is None else edge_attr[eids],
+                "node_data": {k: v[local_nodes] for k, v in (node_data or {}).items()},
+            }
+        )
     fingerprint = partition_fingerprint(out)
     for part in out:
-        part['fingerprint'] = fingerprint
+        part["fingerprint"] = fingerprint
     return out
 
 
 def _file_sha256(path: str) -> str:
     h = hashlib.sha256()
     buf = memoryview(bytearray(1 << 20))
-    with open(path, 'rb', buffering=0) as f:
+    with open(path, "rb", buffering=0) as f:
         while n := f.readinto(buf):
             h.update(buf[:n])
     return h.hexdigest()
 
 
-def save_partitions(parts: List[dict], root: str,
-                    extra_meta: Optional[dict] = None) -> None:
+def save_partitions(parts: List[dict], root: str, extra_meta: Optional[dict] = None) -> None:
     """Writes ``part_{p}.pt`` for every worker, then ``meta.json`` with the
     sizes, the fingerprint, each part file's sha256 and ``extra_meta`` (e.g.
     the data set's description under ``"dataset"``).
@@ -265,8 +272,9 @@ def save_partitions(parts: List[dict], root: str,
     for a mix of old and new part files.
     """
     import torch
+
     os.makedirs(root, exist_ok=True)
-    meta_path = os.path.join(root, 'meta.json')
+    meta_path = os.path.join(root, "meta.json")
     if os.path.exists(meta_path):
         os.remove(meta_path)
     digests = {}
@@ -277,20 +285,20 @@ def save_partitions(parts: List[dict], root: str,
     first = parts[0]
     meta = {
         **(extra_meta or {}),
-        'format_version': FORMAT_VERSION,
-        'num_parts': first['num_parts'],
-        'num_nodes': first['num_nodes'],
-        'num_edges': first['num_edges'],
-        'method': first['method'],
-        'fingerprint': first['fingerprint'],
-        'part_sizes': (first['offsets'][1:] - first['offsets'][:-1]).tolist(),
-        'edges_per_part': [int(p['src'].numel()) for p in parts],
-        'node_data': sorted(first['node_data']),
-        'edge_attr': first['edge_attr'] is not None,
-        'part_sha256': digests,
+        "format_version": FORMAT_VERSION,
+        "num_parts": first["num_parts"],
+        "num_nodes": first["num_nodes"],
+        "num_edges": first["num_edges"],
+        "method": first["method"],
+        "fingerprint": first["fingerprint"],
+        "part_sizes": (first["offsets"][1:] - first["offsets"][:-1]).tolist(),
+        "edges_per_part": [int(p["src"].numel()) for p in parts],
+        "node_data": sorted(first["node_data"]),
+        "edge_attr": first["edge_attr"] is not None,
+        "part_sha256": digests,
     }
-    tmp = f'{meta_path}.tmp{os.getpid()}'
-    with open(tmp, 'w') as f:
+    tmp = f"{meta_path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
         json.dump(meta, f, indent=2)
     os.replace(tmp, meta_path)
 
@@ -298,22 +306,23 @@ def save_partitions(parts: List[dict], root: str,
 def load_meta(root: str) -> dict:
     """Reads ``root/meta.json`` and checks it is of this format; raises
     :class:`PartitionMismatchError` saying to (re-)partition if not."""
-    path = os.path.join(root, 'meta.json')
+    path = os.path.join(root, "meta.json")
     if not os.path.isfile(path):
         raise PartitionMismatchError(
-            f'{path} not found: copy the partition directory to this host '
-            f"or {_repartition(root, verb='partition the graph first')}")
+            f"{path} not found: copy the partition directory to this host "
+            f"or {_repartition(root, verb='partition the graph first')}"
+        )
     try:
         with open(path) as f:
             meta = json.load(f)
     except (OSError, ValueError) as e:
-        raise PartitionMismatchError(
-            f'{path} cannot be read ({e}); {_repartition(root)}') from e
-    if meta.get('format_version') != FORMAT_VERSION:
+        raise PartitionMismatchError(f"{path} cannot be read ({e}); {_repartition(root)}") from e
+    if meta.get("format_version") != FORMAT_VERSION:
         raise PartitionMismatchError(
             f"{path} is partition format {meta.get('format_version')}, but "
-            f'this revgnn reads format {FORMAT_VERSION} (with part file '
-            f"hashes); {_repartition(root, meta.get('num_parts', '<P>'))}")
+            f"this revgnn reads format {FORMAT_VERSION} (with part file "
+            f"hashes); {_repartition(root, meta.get('num_parts', '<P>'))}"
+        )
     return meta
 
 
@@ -332,38 +341,45 @@ def load_partition(root: str, rank: int, world_size: int) -> dict:
         dict: the part, as built by :func:`build_partitions`.
     """
     import torch
+
     meta = load_meta(root)
-    P = meta['num_parts']
+    P = meta["num_parts"]
     if P != world_size:
         raise PartitionMismatchError(
-            f'{root} holds {P} parts but the job runs {world_size} workers; '
-            f'launch {P} workers or {_repartition(root, world_size)}')
-    name = f'part_{rank}.pt'
+            f"{root} holds {P} parts but the job runs {world_size} workers; "
+            f"launch {P} workers or {_repartition(root, world_size)}"
+        )
+    name = f"part_{rank}.pt"
     path = os.path.join(root, name)
     if not os.path.isfile(path):
         raise PartitionMismatchError(
-            f'{path} is missing: copy all of {root} to every host, or '
-            f'{_repartition(root, P)}')
-    expected, actual = meta['part_sha256'].get(name), _file_sha256(path)
+            f"{path} is missing: copy all of {root} to every host, or {_repartition(root, P)}"
+        )
+    expected, actual = meta["part_sha256"].get(name), _file_sha256(path)
     if actual != expected:
         raise PartitionMismatchError(
-            f'{path} does not match {root}/meta.json (sha256 {actual[:16]}, '
-            f'expected {str(expected)[:16]}): the file is corrupted, '
-            f'truncated, renamed or from another partitioning; copy the '
-            f'directory again or {_repartition(root, P)}')
+            f"{path} does not match {root}/meta.json (sha256 {actual[:16]}, "
+            f"expected {str(expected)[:16]}): the file is corrupted, "
+            f"truncated, renamed or from another partitioning; copy the "
+            f"directory again or {_repartition(root, P)}"
+        )
     try:
-        part = torch.load(path, map_location='cpu', weights_only=True)
+        part = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
         raise PartitionMismatchError(
-            f'{path} cannot be loaded ({type(e).__name__}: {e}); '
-            f'{_repartition(root, P)}') from e
-    if (part['rank'], part['num_parts'], part['fingerprint']) != (
-            rank, P, meta['fingerprint']):  # only a hand-edited meta.json
+            f"{path} cannot be loaded ({type(e).__name__}: {e}); {_repartition(root, P)}"
+        ) from e
+    if (part["rank"], part["num_parts"], part["fingerprint"]) != (
+        rank,
+        P,
+        meta["fingerprint"],
+    ):  # only a hand-edited meta.json
         raise PartitionMismatchError(
             f"{path} is part {part['rank']} of {part['num_parts']} "
             f"(fingerprint {part['fingerprint'][:16]}), not part {rank} of "
             f"{P} of {root}/meta.json ({meta['fingerprint'][:16]}); "
-            f'{_repartition(root, P)}')
+            f"{_repartition(root, P)}"
+        )
     return part
 
 
@@ -384,41 +400,53 @@ def load_partition_checked(root: str) -> dict:
         dict: this worker's part, as :func:`load_partition` returns it.
     """
     import torch.distributed as dist
+
     if not (dist.is_available() and dist.is_initialized()):
         return load_partition(root, 0, 1)
     from .comm import all_gather_object_checked
+
     rank, world = dist.get_rank(), dist.get_world_size()
     part, cause, error = None, None, None
     try:
         part = load_partition(root, rank, world)
     except Exception as e:  # report it: every rank must reach the exchange
         cause = e
-        error = str(e) if isinstance(e, PartitionMismatchError) \
-            else f'{os.path.join(root, f"part_{rank}.pt")}: ' \
-                 f'{type(e).__name__}: {e}'
-    fingerprint = None if part is None else part['fingerprint']
+        error = (
+            str(e)
+            if isinstance(e, PartitionMismatchError)
+            else f"{os.path.join(root, f'part_{rank}.pt')}: {type(e).__name__}: {e}"
+        )
+    fingerprint = None if part is None else part["fingerprint"]
     reports = all_gather_object_checked(
         (socket.gethostname(), os.path.abspath(root), fingerprint, error),
-        'partition check (load_partition_checked)')
-    failed = [f'  rank {r} on {host}: {err}'
-              for r, (host, _, _, err) in enumerate(reports) if err]
+        "partition check (load_partition_checked)",
+    )
+    failed = [f"  rank {r} on {host}: {err}" for r, (host, _, _, err) in enumerate(reports) if err]
     if failed:
         raise PartitionMismatchError(
-            f'partition check failed on {len(failed)} of {world} workers:\n'
-            + '\n'.join(failed)) from cause
+            f"partition check failed on {len(failed)} of {world} workers:\n" + "\n".join(failed)
+        ) from cause
     if len({fp for _, _, fp, _ in reports}) > 1:
         raise PartitionMismatchError(
-            'the workers read different partitionings (a host holds another '
+            "the workers read different partitionings (a host holds another "
             "partitioning's directory); give every host a copy of the same "
-            'one:\n' + '\n'.join(
-                f'  rank {r} on {host}: {path}/part_{r}.pt has fingerprint '
-                f'{fp[:16]}' for r, (host, path, fp, _) in enumerate(reports)))
+            "one:\n"
+            + "\n".join(
+                f"  rank {r} on {host}: {path}/part_{r}.pt has fingerprint {fp[:16]}"
+                for r, (host, path, fp, _) in enumerate(reports)
+            )
+        )
     return part
 
 
-def partition_dataset(ds: Any, out: str, num_parts: int,
-                      method: str = 'metis', seed: int = 0,
-                      data_config: Optional[dict] = None) -> dict:
+def partition_dataset(
+    ds: Any,
+    out: str,
+    num_parts: int,
+    method: str = "metis",
+    seed: int = 0,
+    data_config: Optional[dict] = None,
+) -> dict:
     r"""Partitions a node-level data set for SAR and writes it to ``out``.
 
     Node features ``x``, labels ``y`` and the split masks (``train_mask``,
@@ -447,37 +475,49 @@ def partition_dataset(ds: Any, out: str, num_parts: int,
     """
     import torch
 
-    from revgnn.data.graph import NodeDataset
+    from revgnn.data.node_dataset import NodeDataset
+
     if not isinstance(ds, NodeDataset):
-        from revgnn.data.graphs import GraphDataset
+        from revgnn.data.graph_dataset import GraphDataset
+
         if isinstance(ds, GraphDataset):
             raise ValueError(
-                f'SAR trains full-graph on node-level data; {ds.name} is '
-                f'graph-level (many small graphs): train it without SAR '
-                f'(revgnn-train backend=local)')
-        raise TypeError(f'partition_dataset needs a revgnn.data.NodeDataset, '
-                        f'got {type(ds).__name__}')
+                f"SAR trains full-graph on node-level data; {ds.name} is "
+                f"graph-level (many small graphs): train it without SAR "
+                f"(revgnn-train backend=local)"
+            )
+        raise TypeError(f"partition_dataset needs a revgnn.data.NodeDataset, got {type(ds).__name__}")
     t = time.perf_counter()
     n = ds.num_nodes
-    node_data = {'x': ds.x, 'y': ds.y}
+    node_data = {"x": ds.x, "y": ds.y}
     for split, idx in ds.split_idx.items():
         mask = torch.zeros(n, dtype=torch.bool)
         mask[idx] = True
-        node_data[f'{split}_mask'] = mask
-    parts = build_partitions(ds.edge_index, n, num_parts, method, seed,
-                             edge_attr=ds.edge_attr, node_data=node_data)
-    info = dict(name=ds.name, task=ds.task, num_classes=ds.num_classes,
-                evaluator=ds.evaluator, species_channels=ds.species_channels)
+        node_data[f"{split}_mask"] = mask
+    parts = build_partitions(
+        ds.edge_index, n, num_parts, method, seed, edge_attr=ds.edge_attr, node_data=node_data
+    )
+    info = dict(
+        name=ds.name,
+        task=ds.task,
+        num_classes=ds.num_classes,
+        evaluator=ds.evaluator,
+        species_channels=ds.species_channels,
+    )
     if data_config is not None:
-        info['config'] = data_config
-    save_partitions(parts, out, {'dataset': info})
-    own = [int(pt['shard_ptr'][pt['rank'] + 1] - pt['shard_ptr'][pt['rank']])
-           for pt in parts]
-    return {'out': out, 'nodes': n, 'edges': ds.num_edges,
-            'parts': num_parts, 'method': method,
-            'cut_edges': ds.num_edges - sum(own),
-            'part_sizes': [len(pt['node_ids']) for pt in parts],
-            'seconds': round(time.perf_counter() - t, 2)}
+        info["config"] = data_config
+    save_partitions(parts, out, {"dataset": info})
+    own = [int(pt["shard_ptr"][pt["rank"] + 1] - pt["shard_ptr"][pt["rank"]]) for pt in parts]
+    return {
+        "out": out,
+        "nodes": n,
+        "edges": ds.num_edges,
+        "parts": num_parts,
+        "method": method,
+        "cut_edges": ds.num_edges - sum(own),
+        "part_sizes": [len(pt["node_ids"]) for pt in parts],
+        "seconds": round(time.perf_counter() - t, 2),
+    }
 
 
 # ---- the revgnn-partition command -------------------------------------------
@@ -485,8 +525,9 @@ def partition_dataset(ds: Any, out: str, num_parts: int,
 
 class PartitionMethod(str, Enum):
     """``metis``: minimum edge cut (``pymetis``). ``random``: uniform."""
-    metis = 'metis'
-    random = 'random'
+
+    metis = "metis"
+    random = "random"
 
 
 @dataclass
@@ -501,6 +542,7 @@ class PartitionConfig:
         seed: seed of the partitioner.
         out: directory for ``part_{p}.pt`` and ``meta.json``.
     """
+
     data: Any = MISSING
     num_parts: int = MISSING
     method: PartitionMethod = PartitionMethod.metis
@@ -514,7 +556,8 @@ def register_partition_config() -> None:
     from hydra.core.config_store import ConfigStore
 
     import revgnn.config  # noqa: F401  (registers the data group's schemas)
-    ConfigStore.instance().store(name='partition_schema', node=PartitionConfig)
+
+    ConfigStore.instance().store(name="partition_schema", node=PartitionConfig)
 
 
 def partition_from_config(cfg: Any) -> dict:
@@ -522,30 +565,35 @@ def partition_from_config(cfg: Any) -> dict:
     calls :func:`partition_dataset`; returns its statistics."""
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
-    for key, example in (('num_parts', 'num_parts=4'),
-                         ('out', 'out=parts/pl4')):
+
+    for key, example in (("num_parts", "num_parts=4"), ("out", "out=parts/pl4")):
         if OmegaConf.is_missing(cfg, key):
-            raise ValueError(f'{key} is required, e.g. {example}')
+            raise ValueError(f"{key} is required, e.g. {example}")
     if cfg.num_parts < 1:
-        raise ValueError(f'num_parts must be >= 1, got {cfg.num_parts}')
-    return partition_dataset(instantiate(cfg.data), cfg.out, cfg.num_parts,
-                             cfg.method.value, cfg.seed,
-                             OmegaConf.to_container(cfg.data, resolve=True))
+        raise ValueError(f"num_parts must be >= 1, got {cfg.num_parts}")
+    return partition_dataset(
+        instantiate(cfg.data),
+        cfg.out,
+        cfg.num_parts,
+        cfg.method.value,
+        cfg.seed,
+        OmegaConf.to_container(cfg.data, resolve=True),
+    )
 
 
 def main() -> None:
     """``revgnn-partition``: partitions a data set of the ``data`` group and
     prints the statistics of :func:`partition_dataset` as one JSON line."""
     import hydra
+
     register_partition_config()
 
-    @hydra.main(version_base='1.3', config_path='pkg://revgnn.configs',
-                config_name='partition')
+    @hydra.main(version_base="1.3", config_path="pkg://revgnn.configs", config_name="partition")
     def run(cfg) -> None:
         print(json.dumps(partition_from_config(cfg)))
 
     run()
 
 
-if __name__ == '__main__':
+if __name__ == "__main__":
     main()

@@ -8,13 +8,12 @@
   exactly PyG's classes allowed, no silent download, clear errors for missing or corrupt files).
 * :func:`mol_like`: a generated molecule-like data set with ogbg-molhiv's schema whose label needs
   multi-hop reasoning, for CPU smoke runs and demos.
-* :func:`write_fake_ogbg`: writes a tiny raw ogbg-molhiv directory (molecules from :func:`mol_like`) in
-  OGB's layout, so tests load it through the real OGB code.
+
+Tests write raw OGB-layout copies with :mod:`revgnn.testing.fake_ogb`.
 """
+
 from __future__ import annotations
 
-import os
-import os.path as osp
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
@@ -22,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["GraphDataset", "load_ogbg", "mol_like", "write_fake_ogbg", "OGBG_DATASETS"]
+__all__ = ["GraphDataset", "load_ogbg", "mol_like", "OGBG_DATASETS"]
 
 TASKS = ("multilabel", "multiclass")
 OGBG_DATASETS = ("ogbg-molhiv", "ogbg-molpcba", "ogbg-moltox21", "ogbg-molbace", "ogbg-molbbbp")
@@ -68,8 +67,10 @@ class GraphDataset:
                 raise ValueError(f"{self.name}: split_idx lacks {key!r}")
             idx = self.split_idx[key]
             if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= len(self.graphs)):
-                raise ValueError(f"{self.name}: split {key!r} refers to graph {int(idx.max())} but there "
-                                 f"are {len(self.graphs)} graphs")
+                raise ValueError(
+                    f"{self.name}: split {key!r} refers to graph {int(idx.max())} but there "
+                    f"are {len(self.graphs)} graphs"
+                )
 
     @property
     def num_graphs(self) -> int:
@@ -81,27 +82,39 @@ class GraphDataset:
             return [self.graphs[i] for i in idx.tolist()]
         return self.graphs[idx]
 
-    def loader(self, split: str, shuffle: bool = False, generator: Optional[torch.Generator] = None,
-               batch_size: Optional[int] = None):
+    def loader(
+        self,
+        split: str,
+        shuffle: bool = False,
+        generator: Optional[torch.Generator] = None,
+        batch_size: Optional[int] = None,
+    ):
         """A PyG ``DataLoader`` over ``split``; ``generator`` makes a shuffled order reproducible."""
         from torch_geometric.loader import DataLoader
-        return DataLoader(self.subset(split), batch_size=batch_size or self.batch_size, shuffle=shuffle,
-                          generator=generator)
+
+        return DataLoader(
+            self.subset(split), batch_size=batch_size or self.batch_size, shuffle=shuffle, generator=generator
+        )
 
     def labels(self, split: str) -> Tensor:
         """``[G, T]`` labels of ``split`` in split order (NaN = missing)."""
         return torch.cat([g.y.view(1, -1) for g in self.subset(split)], dim=0)
 
     def __repr__(self) -> str:
-        return (f"{self.__class__.__name__}({self.name}, graphs={self.num_graphs}, task={self.task}, "
-                f"tasks={self.num_classes}, x={self.in_channels}, edge_attr={self.edge_channels}, "
-                + ", ".join(f"{k}={v.numel()}" for k, v in self.split_idx.items()) + ")")
+        return (
+            f"{self.__class__.__name__}({self.name}, graphs={self.num_graphs}, task={self.task}, "
+            f"tasks={self.num_classes}, x={self.in_channels}, edge_attr={self.edge_channels}, "
+            + ", ".join(f"{k}={v.numel()}" for k, v in self.split_idx.items())
+            + ")"
+        )
 
 
 # ------------------------------------------------------------------------------------------- OGB
 
-def load_ogbg(name: str = "ogbg-molhiv", root: str = "data", allow_download: bool = False,
-              batch_size: int = 32) -> GraphDataset:
+
+def load_ogbg(
+    name: str = "ogbg-molhiv", root: str = "data", allow_download: bool = False, batch_size: int = 32
+) -> GraphDataset:
     """Loads an OGB graph-property data set through ``ogb.graphproppred.PygGraphPropPredDataset``.
 
     Args:
@@ -111,6 +124,7 @@ def load_ogbg(name: str = "ogbg-molhiv", root: str = "data", allow_download: boo
         batch_size (int): Graphs per step. (default: :obj:`32`)
     """
     from revgnn.data.ogbn import _check_layout, _load_pyg
+
     if name not in OGBG_DATASETS:
         raise ValueError(f"unknown OGB graph data set {name!r}; expected one of {OGBG_DATASETS}")
     _check_layout(name, root, allow_download)
@@ -119,18 +133,23 @@ def load_ogbg(name: str = "ogbg-molhiv", root: str = "data", allow_download: boo
         raise ValueError(f"{name}: task type {dataset.task_type!r} is not supported (binary tasks only)")
     data = dataset._data
     return GraphDataset(
-        name=name, graphs=dataset, split_idx={k: v.view(-1).long() for k, v in split_idx.items()},
-        task="multilabel", num_classes=dataset.num_tasks, evaluator=name,
+        name=name,
+        graphs=dataset,
+        split_idx={k: v.view(-1).long() for k, v in split_idx.items()},
+        task="multilabel",
+        num_classes=dataset.num_tasks,
+        evaluator=name,
         in_channels=int(data.x.size(1)),
         edge_channels=None if data.edge_attr is None else int(data.edge_attr.size(1)),
-        batch_size=batch_size)
+        batch_size=batch_size,
+    )
 
 
 # -------------------------------------------------------------------------------- generated data
 
 # indices into OGB's allowable-feature lists (ogb.utils.features)
-_C, _N, _O = 5, 6, 7                    # atomic number - 1
-_SINGLE, _DOUBLE, _AROMATIC = 0, 1, 3   # bond types
+_C, _N, _O = 5, 6, 7  # atomic number - 1
+_SINGLE, _DOUBLE, _AROMATIC = 0, 1, 3  # bond types
 
 
 def _molecule(rng: np.random.Generator, num_nodes: int, ring_prob: float):
@@ -167,7 +186,7 @@ def _molecule(rng: np.random.Generator, num_nodes: int, ring_prob: float):
 def _distances(adj: np.ndarray) -> np.ndarray:
     """All-pairs shortest-path lengths (hops) of a small graph; unreachable = a large number."""
     n = adj.shape[0]
-    dist = np.full((n, n), 10 ** 6, dtype=np.int64)
+    dist = np.full((n, n), 10**6, dtype=np.int64)
     np.fill_diagonal(dist, 0)
     reach = np.eye(n, dtype=bool)
     frontier = reach
@@ -180,9 +199,18 @@ def _distances(adj: np.ndarray) -> np.ndarray:
     return dist
 
 
-def mol_like(num_graphs: int = 2000, min_nodes: int = 12, max_nodes: int = 28, distance: int = 5,
-             hetero_atoms: int = 2, ring_prob: float = 0.5, valid_fraction: float = 0.1,
-             test_fraction: float = 0.1, batch_size: int = 32, seed: int = 0) -> GraphDataset:
+def mol_like(
+    num_graphs: int = 2000,
+    min_nodes: int = 12,
+    max_nodes: int = 28,
+    distance: int = 5,
+    hetero_atoms: int = 2,
+    ring_prob: float = 0.5,
+    valid_fraction: float = 0.1,
+    test_fraction: float = 0.1,
+    batch_size: int = 32,
+    seed: int = 0,
+) -> GraphDataset:
     """Generates ``mol_like``: molecule-shaped graphs with ogbg-molhiv's schema and a multi-hop label.
 
     Each graph is a carbon skeleton (a random tree of maximum degree 4 with ring closures) in which
@@ -211,9 +239,11 @@ def mol_like(num_graphs: int = 2000, min_nodes: int = 12, max_nodes: int = 28, d
         seed (int): Generator seed. (default: :obj:`0`)
     """
     from torch_geometric.data import Data
+
     if not 2 * hetero_atoms <= min_nodes <= max_nodes:
-        raise ValueError(f"need 2 * hetero_atoms <= min_nodes <= max_nodes, got {hetero_atoms}, "
-                         f"{min_nodes}, {max_nodes}")
+        raise ValueError(
+            f"need 2 * hetero_atoms <= min_nodes <= max_nodes, got {hetero_atoms}, {min_nodes}, {max_nodes}"
+        )
     if distance < 1:
         raise ValueError(f"distance must be >= 1, got {distance}")
     rng = np.random.default_rng(seed)
@@ -222,7 +252,7 @@ def mol_like(num_graphs: int = 2000, min_nodes: int = 12, max_nodes: int = 28, d
         n = int(rng.integers(min_nodes, max_nodes + 1))
         src, dst, degree, adj, dist, ring = _molecule(rng, n, ring_prob)
         atoms = np.full(n, _C)
-        hetero = rng.permutation(n)[:2 * hetero_atoms]
+        hetero = rng.permutation(n)[: 2 * hetero_atoms]
         nitrogen, oxygen = hetero[:hetero_atoms], hetero[hetero_atoms:]
         atoms[nitrogen], atoms[oxygen] = _N, _O
         label = int((dist[np.ix_(nitrogen, oxygen)] == distance).any())
@@ -233,65 +263,48 @@ def mol_like(num_graphs: int = 2000, min_nodes: int = 12, max_nodes: int = 28, d
         aromatic[src[bond == _AROMATIC]] = aromatic[dst[bond == _AROMATIC]] = 1
         valence = {_C: 4, _N: 3, _O: 2}
         hydrogens = np.clip(np.array([valence[a] for a in atoms]) - degree, 0, 8)
-        x = np.stack([atoms, np.zeros(n, np.int64), np.minimum(degree, 10), np.full(n, 5),
-                      hydrogens, np.zeros(n, np.int64), np.where(aromatic == 1, 1, 2), aromatic,
-                      ring.astype(np.int64)], axis=1)
+        x = np.stack(
+            [
+                atoms,
+                np.zeros(n, np.int64),
+                np.minimum(degree, 10),
+                np.full(n, 5),
+                hydrogens,
+                np.zeros(n, np.int64),
+                np.where(aromatic == 1, 1, 2),
+                aromatic,
+                ring.astype(np.int64),
+            ],
+            axis=1,
+        )
         ea = np.stack([bond, np.zeros_like(bond), (bond != _SINGLE).astype(np.int64)], axis=1)
         edge_index = np.stack([np.concatenate([src, dst]), np.concatenate([dst, src])])
-        graphs.append(Data(x=torch.from_numpy(x), edge_index=torch.from_numpy(edge_index),
-                           edge_attr=torch.from_numpy(np.concatenate([ea, ea])),
-                           y=torch.tensor([[label]]), num_nodes=n))
+        graphs.append(
+            Data(
+                x=torch.from_numpy(x),
+                edge_index=torch.from_numpy(edge_index),
+                edge_attr=torch.from_numpy(np.concatenate([ea, ea])),
+                y=torch.tensor([[label]]),
+                num_nodes=n,
+            )
+        )
     perm = torch.from_numpy(rng.permutation(num_graphs))
     n_valid, n_test = int(valid_fraction * num_graphs), int(test_fraction * num_graphs)
-    split_idx = {"train": perm[n_valid + n_test:].sort().values,
-                 "valid": perm[:n_valid].sort().values,
-                 "test": perm[n_valid:n_valid + n_test].sort().values}
+    split_idx = {
+        "train": perm[n_valid + n_test :].sort().values,
+        "valid": perm[:n_valid].sort().values,
+        "test": perm[n_valid : n_valid + n_test].sort().values,
+    }
     positive = float(np.mean([int(g.y) for g in graphs])) if graphs else 0.0
-    return GraphDataset(name="mol_like", graphs=graphs, split_idx=split_idx, task="multilabel",
-                        num_classes=1, evaluator="ogbg-molhiv", in_channels=9, edge_channels=3,
-                        batch_size=batch_size, info={"positive_fraction": positive})
-
-
-def write_fake_ogbg(root: str, name: str = "ogbg-molhiv", num_graphs: int = 40, seed: int = 0) -> str:
-    """Writes a tiny raw ``ogbg-molhiv`` under ``root`` in OGB's layout; returns its directory::
-
-        <root>/ogbg_molhiv/raw/{edge, edge-feat, node-feat, graph-label, num-node-list,
-                                num-edge-list}.csv.gz                     # headerless gzip CSV
-        <root>/ogbg_molhiv/split/scaffold/{train, valid, test}.csv.gz    # beside raw/, not in it
-
-    The molecules come from :func:`mol_like` (so the labels are learnable); each bond is stored once
-    and OGB adds the reverse direction, as in the real files.
-    """
-    import pandas as pd
-    if name != "ogbg-molhiv":
-        raise ValueError(f"no fake layout for {name!r}; only 'ogbg-molhiv'")
-    ds = mol_like(num_graphs=num_graphs, min_nodes=6, max_nodes=12, distance=3, seed=seed)
-    path = osp.join(root, "ogbg_molhiv")
-    raw, split = osp.join(path, "raw"), osp.join(path, "split", "scaffold")
-    os.makedirs(raw, exist_ok=True)
-    os.makedirs(split, exist_ok=True)
-
-    def write(file: str, array) -> None:
-        pd.DataFrame(np.asarray(array)).to_csv(file, header=False, index=False, compression="gzip")
-
-    edges, edge_feats = [], []
-    for g in ds.graphs:
-        half = g.edge_index.size(1) // 2  # first half: one direction of every bond
-        edges.append(g.edge_index[:, :half].T.numpy())
-        edge_feats.append(g.edge_attr[:half].numpy())
-    write(osp.join(raw, "edge.csv.gz"), np.concatenate(edges))
-    write(osp.join(raw, "edge-feat.csv.gz"), np.concatenate(edge_feats))
-    write(osp.join(raw, "node-feat.csv.gz"), torch.cat([g.x for g in ds.graphs]).numpy())
-    write(osp.join(raw, "graph-label.csv.gz"), torch.cat([g.y for g in ds.graphs]).numpy())
-    write(osp.join(raw, "num-node-list.csv.gz"), [g.num_nodes for g in ds.graphs])
-    write(osp.join(raw, "num-edge-list.csv.gz"), [len(e) for e in edges])
-    # every split gets both classes (OGB's ROC-AUC needs them): interleave positives and negatives
-    labels = np.array([int(g.y) for g in ds.graphs])
-    pos, neg = np.nonzero(labels == 1)[0], np.nonzero(labels == 0)[0]
-    order = [int(i) for pair in zip(pos, neg) for i in pair]
-    order += [int(i) for i in np.concatenate([pos[len(neg):], neg[len(pos):]])]
-    k = max(2, num_graphs // 10)
-    splits = {"valid": order[:k], "test": order[k:2 * k], "train": order[2 * k:]}
-    for key, idx in splits.items():
-        write(osp.join(split, f"{key}.csv.gz"), np.sort(np.array(idx, dtype=np.int64)))
-    return path
+    return GraphDataset(
+        name="mol_like",
+        graphs=graphs,
+        split_idx=split_idx,
+        task="multilabel",
+        num_classes=1,
+        evaluator="ogbg-molhiv",
+        in_channels=9,
+        edge_channels=3,
+        batch_size=batch_size,
+        info={"positive_fraction": positive},
+    )

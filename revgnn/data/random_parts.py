@@ -14,6 +14,7 @@ Because every step is stable and monotone in the global ids, a graph whose edges
 destination yields sub-graphs whose edges are sorted by destination as well, which lets PyG use its
 segment (CSR) aggregation path.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -112,8 +113,9 @@ class Partition:
         return f"{self.__class__.__name__}(num_parts={self.num_parts}, kept_edges={self.edge_ids.numel()})"
 
 
-def partition_graph(edge_index: Tensor, num_nodes: int, num_parts: int,
-                    generator: Optional[torch.Generator] = None) -> Partition:
+def partition_graph(
+    edge_index: Tensor, num_nodes: int, num_parts: int, generator: Optional[torch.Generator] = None
+) -> Partition:
     """Draws a random balanced partition and returns its induced sub-graphs (see :class:`Partition`)."""
     return Partition(edge_index, random_partition(num_nodes, num_parts, generator), num_parts)
 

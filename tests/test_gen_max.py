@@ -1,5 +1,6 @@
 """The fused GENConv max aggregation equals PyG's GENConv exactly (float64), in both
 implementations: the C++ kernel (revgnn.nn.kernels) and the PyTorch fallback."""
+
 import os
 import shutil
 
@@ -10,7 +11,7 @@ from torch_geometric import EdgeIndex
 from torch_geometric.nn import GENConv
 
 from revgnn.nn import GENBlock, LinearEdgeFeatures, kernels
-from revgnn.nn.aggr import FusedGENMax, _csc, gen_max_aggregate
+from revgnn.nn.gen_max import FusedGENMax, _csc, gen_max_aggregate
 from revgnn.utils import SavedTensorBytes
 
 
@@ -40,22 +41,22 @@ def impl(request, monkeypatch):
 def graph(n=40, e=200, seed=0):
     g = torch.Generator().manual_seed(seed)
     ei = torch.randint(0, n - 3, (2, e), generator=g)  # the last 3 nodes get no edges
-    ei = torch.cat([ei, ei[:, :5]], dim=1)             # and some parallel edges
+    ei = torch.cat([ei, ei[:, :5]], dim=1)  # and some parallel edges
     return ei
 
 
 def sort(ei, n, *edge_tensors):
     perm = (ei[1] * n + ei[0]).argsort()
-    return (EdgeIndex(ei[:, perm], sparse_size=(n, n), sort_order="col"),
-            *[t[perm] for t in edge_tensors])
+    return (EdgeIndex(ei[:, perm], sparse_size=(n, n), sort_order="col"), *[t[perm] for t in edge_tensors])
 
 
 @pytest.mark.parametrize("scatter", [True, False])
 @pytest.mark.parametrize("sorted_input", [True, False])
 @pytest.mark.parametrize("factored", [True, False])
 def test_gen_block_matches_pyg_genconv(impl, scatter, sorted_input, factored, monkeypatch):
-    monkeypatch.setattr(torch_geometric.typing, "WITH_TORCH_SCATTER",
-                        scatter and torch_geometric.typing.WITH_TORCH_SCATTER)
+    monkeypatch.setattr(
+        torch_geometric.typing, "WITH_TORCH_SCATTER", scatter and torch_geometric.typing.WITH_TORCH_SCATTER
+    )
     n, c = 40, 6
     ei = graph(n)
     torch.manual_seed(0)
@@ -136,7 +137,7 @@ def test_ties_split_the_gradient_like_pyg(impl, edges):
 def test_kernel_gradcheck():
     torch.manual_seed(0)
     n, c, d = 12, 5, 3
-    ei, = sort(graph(n, 60), n)
+    (ei,) = sort(graph(n, 60), n)
     src, _, ptr, _ = _csc(ei, None, n)
     raw = torch.randn(ei.size(1), d, dtype=torch.float64, requires_grad=True)
     x = torch.randn(n, c, dtype=torch.float64, requires_grad=True)
@@ -145,8 +146,9 @@ def test_kernel_gradcheck():
     require_kernel()
     assert torch.autograd.gradcheck(lambda *a: FusedGENMax.apply(*a, ptr, src, 1e-7), (x, raw, w, b))
     dense = torch.randn(ei.size(1), c, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda a, e: FusedGENMax.apply(a, e, None, None, ptr, src, 1e-7),
-                                    (x, dense))
+    assert torch.autograd.gradcheck(
+        lambda a, e: FusedGENMax.apply(a, e, None, None, ptr, src, 1e-7), (x, dense)
+    )
 
 
 def test_kernel_threads_are_deterministic():
@@ -165,11 +167,11 @@ def test_kernel_threads_are_deterministic():
             torch.set_num_threads(t)
             xx = x.clone().requires_grad_()
             out = gen_max_aggregate(xx, ei, LinearEdgeFeatures.from_linear(raw, lin))
-            gw, = torch.autograd.grad(out, [xx], torch.ones_like(out))
+            (gw,) = torch.autograd.grad(out, [xx], torch.ones_like(out))
             results.setdefault(t, []).append((out, gw))
     finally:
         torch.set_num_threads(threads)
-    (o1, g1), = results[1]
+    ((o1, g1),) = results[1]
     (o2, g2), (o2b, g2b) = results[2]
     assert torch.equal(o1, o2) and torch.equal(o2, o2b) and torch.equal(o1, results[4][0][0])
     assert torch.equal(g2, g2b)
@@ -179,7 +181,7 @@ def test_kernel_threads_are_deterministic():
 def test_noncontiguous_group_input_and_nan(impl):
     """A group of a GroupAddRev is a column slice (non-contiguous); a NaN message propagates."""
     n, c = 20, 4
-    ei, = sort(graph(n, 80), n)
+    (ei,) = sort(graph(n, 80), n)
     full = torch.randn(n, 2 * c, dtype=torch.float64)
     x = full[:, :c]
     ref = gen_max_aggregate(x.contiguous(), ei)
@@ -240,17 +242,16 @@ def test_factored_edges_under_bf16_autocast(impl):
         assert (a - b).norm() <= 0.05 * b.norm() + 1e-6
 
 
-
 def test_winner_offsets_beyond_float32_integers():
     """The winning edge's offset in its node's segment is kept in integer lanes: a node whose
     winner sits past 2^24 edges (where a float32 lane would round the offset) still gets its
     gradient on the right edge."""
     require_kernel()
-    deg = 2 ** 24 + 2  # last offset 2^24 + 1: odd, not a float32 value
+    deg = 2**24 + 2  # last offset 2^24 + 1: odd, not a float32 value
     x = torch.zeros(2, 1)
-    x[1, 0] = 1.0                                        # node 1 sends the largest message
+    x[1, 0] = 1.0  # node 1 sends the largest message
     src = torch.zeros(deg, dtype=torch.long)
-    src[-1] = 1                                          # ... over the segment's last edge
+    src[-1] = 1  # ... over the segment's last edge
     ei = EdgeIndex(torch.stack([src, torch.zeros_like(src)]), sparse_size=(2, 2), sort_order="col")
     xx = x.clone().requires_grad_()
     out = gen_max_aggregate(xx, ei)

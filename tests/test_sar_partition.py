@@ -1,0 +1,326 @@
+"""Partitioning for SAR: contiguous relabelling, shards, files, integrity
+(hashes, fingerprints, the collective check) and the Hydra command."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from revgnn.distributed.launch import run_workers
+from revgnn.distributed.sar_partition import (
+    FORMAT_VERSION,
+    PartitionMismatchError,
+    build_partitions,
+    load_partition,
+    load_partition_checked,
+    partition_dataset,
+    partition_from_config,
+    partition_nodes,
+    register_partition_config,
+    save_partitions,
+)
+
+
+def _graph(n=60, e=300, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, n, (2, e), generator=g), n
+
+
+def _equal_size_assignments(n=60):
+    """Two different node assignments with identical part sizes."""
+    a = torch.arange(n) % 2
+    return a, 1 - a
+
+
+def _save_pair(tmp_path):
+    """Directories ``a`` and ``b``: two partitionings of one graph into two
+    parts of equal sizes, complete and self-consistent."""
+    ei, n = _graph()
+    x = torch.randn(n, 4)
+    roots = []
+    for name, parts in zip("ab", _equal_size_assignments(n)):
+        built = build_partitions(ei, n, 2, parts=parts, node_data={"x": x})
+        save_partitions(built, str(tmp_path / name))
+        roots.append(str(tmp_path / name))
+    return roots
+
+
+@pytest.mark.parametrize("method", ["metis", "random"])
+@pytest.mark.parametrize("num_parts", [1, 2, 3, 4])
+def test_parts_cover_graph_exactly(method, num_parts):
+    ei, n = _graph()
+    ea = torch.randn(ei.size(1), 3)
+    x = torch.randn(n, 5)
+    parts = build_partitions(ei, n, num_parts, method, edge_attr=ea, node_data={"x": x})
+    offsets = parts[0]["offsets"]
+    seen_nodes, seen_edges = [], []
+    for p, part in enumerate(parts):
+        lo, hi = int(offsets[p]), int(offsets[p + 1])
+        assert part["node_ids"].numel() == hi - lo
+        assert torch.equal(part["node_data"]["x"], x[part["node_ids"]])
+        eids = part["edge_ids"]
+        seen_nodes.append(part["node_ids"])
+        seen_edges.append(eids)
+        # every local edge points into this part; sources sorted by shard
+        new_id = torch.empty(n, dtype=torch.long)
+        for q, pq in enumerate(parts):
+            new_id[pq["node_ids"]] = torch.arange(int(offsets[q]), int(offsets[q + 1]))
+        assert torch.equal(part["dst"] + lo, new_id[ei[1, eids]])
+        assert torch.equal(part["src"], new_id[ei[0, eids]])
+        assert torch.equal(part["edge_attr"], ea[eids])
+        ptr = part["shard_ptr"]
+        for q in range(num_parts):
+            src = part["src"][ptr[q] : ptr[q + 1]]
+            assert bool(((src >= offsets[q]) & (src < offsets[q + 1])).all())
+    assert torch.equal(torch.sort(torch.cat(seen_nodes))[0], torch.arange(n))
+    assert torch.equal(torch.sort(torch.cat(seen_edges))[0], torch.arange(ei.size(1)))
+
+
+def test_metis_cuts_fewer_edges_than_random():
+    # two dense communities joined by a few edges
+    g = torch.Generator().manual_seed(0)
+    a = torch.randint(0, 50, (2, 400), generator=g)
+    b = torch.randint(50, 100, (2, 400), generator=g)
+    bridge = torch.tensor([[0, 60], [70, 10]])
+    ei = torch.cat([a, b, bridge], 1)
+
+    def cut(parts):
+        return int((parts[ei[0]] != parts[ei[1]]).sum())
+
+    metis = partition_nodes(ei, 100, 2, "metis")
+    rand = partition_nodes(ei, 100, 2, "random")
+    assert cut(metis) <= 2 < cut(rand)
+
+
+def test_fingerprint_covers_the_node_assignment():
+    ei, n = _graph()
+    a, b = _equal_size_assignments(n)
+    pa, pb = (build_partitions(ei, n, 2, parts=p) for p in (a, b))
+    assert torch.equal(pa[0]["offsets"], pb[0]["offsets"])
+    assert pa[0]["fingerprint"] != pb[0]["fingerprint"]
+    assert pa[0]["fingerprint"] == build_partitions(ei, n, 2, parts=a)[1]["fingerprint"]
+    # the edges count too: same nodes and assignment, one edge redirected
+    ei2 = ei.clone()
+    ei2[0, 0] = (ei2[0, 0] + 2) % n  # same part (ids of equal parity)
+    assert build_partitions(ei2, n, 2, parts=a)[0]["fingerprint"] != pa[0]["fingerprint"]
+
+
+def test_save_load_and_meta(tmp_path):
+    ei, n = _graph()
+    parts = build_partitions(
+        ei, n, 3, "random", edge_attr=torch.randn(ei.size(1), 2), node_data={"y": torch.arange(n)}
+    )
+    save_partitions(parts, str(tmp_path / "p3"), {"dataset": {"task": "x"}})
+    meta = json.loads((tmp_path / "p3" / "meta.json").read_text())
+    assert meta["num_parts"] == 3 and meta["dataset"] == {"task": "x"}
+    assert meta["format_version"] == FORMAT_VERSION
+    assert meta["fingerprint"] == parts[0]["fingerprint"]
+    assert sorted(meta["part_sha256"]) == ["part_0.pt", "part_1.pt", "part_2.pt"]
+    part = load_partition(str(tmp_path / "p3"), 1, 3)
+    for key in ("src", "dst", "node_ids", "edge_ids", "edge_attr"):
+        assert torch.equal(part[key], parts[1][key])
+    assert torch.equal(part["node_data"]["y"], parts[1]["node_data"]["y"])
+    # a part stores its own nodes only, not a view of the whole node order
+    ids = part["node_ids"]
+    assert ids.untyped_storage().nbytes() == ids.numel() * ids.element_size()
+    with pytest.raises(PartitionMismatchError, match="holds 3 parts but the job runs 4 workers"):
+        load_partition(str(tmp_path / "p3"), 1, 4)
+    with pytest.raises(PartitionMismatchError, match="partition the graph"):
+        load_partition(str(tmp_path / "nothing"), 0, 3)
+    os.remove(tmp_path / "p3" / "part_2.pt")
+    with pytest.raises(PartitionMismatchError, match="part_2.pt is missing"):
+        load_partition(str(tmp_path / "p3"), 2, 3)
+
+
+def _flip(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _truncate(path):
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+@pytest.mark.parametrize("damage", ["flipped", "truncated", "foreign"])
+def test_damaged_part_file_is_rejected_naming_it(tmp_path, damage):
+    a, b = (tmp_path / name for name in "ab")
+    _save_pair(tmp_path)
+    if damage == "flipped":
+        _flip(a / "part_1.pt")
+    elif damage == "truncated":
+        _truncate(a / "part_1.pt")
+    else:  # equal part sizes, so only the hash (or fingerprint) tells
+        shutil.copy(b / "part_1.pt", a / "part_1.pt")
+    load_partition(str(a), 0, 2)  # the untouched part still loads
+    with pytest.raises(PartitionMismatchError, match=r"part_1\.pt does not match .*re-partition"):
+        load_partition(str(a), 1, 2)
+
+
+def test_swapped_part_files_are_rejected(tmp_path):
+    root, _ = _save_pair(tmp_path)
+    p0, p1 = (os.path.join(root, f"part_{r}.pt") for r in (0, 1))
+    os.rename(p0, p0 + ".tmp")
+    os.rename(p1, p0)
+    os.rename(p0 + ".tmp", p1)
+    for rank in (0, 1):
+        with pytest.raises(PartitionMismatchError, match=rf"part_{rank}\.pt does not match"):
+            load_partition(root, rank, 2)
+
+
+def test_old_format_asks_to_repartition(tmp_path):
+    root, _ = _save_pair(tmp_path)
+    meta_path = os.path.join(root, "meta.json")
+    with open(meta_path) as f:
+        meta = json.load(f)
+    meta["format_version"] = 1
+    del meta["part_sha256"]
+    with open(meta_path, "w") as f:
+        json.dump(meta, f)
+    with pytest.raises(PartitionMismatchError, match="format 1.*reads format 2.*re-partition"):
+        load_partition(root, 0, 2)
+
+
+def test_checked_load_without_process_group(tmp_path):
+    ei, n = _graph()
+    save_partitions(build_partitions(ei, n, 1), str(tmp_path / "p1"))
+    assert load_partition_checked(str(tmp_path / "p1"))["num_nodes"] == n
+    with pytest.raises(PartitionMismatchError, match="holds 2 parts but the job runs 1"):
+        load_partition_checked(_save_pair(tmp_path)[0])
+
+
+def _worker_checked(rank, world_size, scenarios):
+    """Runs load_partition_checked once per scenario (a root per rank);
+    returns per scenario the fingerprint or the error message."""
+    results = []
+    for roots in scenarios:
+        try:
+            results.append(("ok", load_partition_checked(roots[rank])["fingerprint"]))
+        except PartitionMismatchError as e:
+            results.append(("error", str(e)))
+    return results
+
+
+def test_collective_check_rejects_on_every_rank(tmp_path):
+    a, b = _save_pair(tmp_path)
+    broken = str(tmp_path / "broken")
+    shutil.copytree(a, broken)
+    _truncate(tmp_path / "broken" / "part_1.pt")
+    scenarios = [
+        (a, a),  # one partitioning on both hosts
+        (a, b),  # host 1 holds another partitioning
+        (broken, broken),
+    ]  # rank 1's file is truncated
+    res = run_workers(_worker_checked, 2, scenarios, timeout_s=60, wall_s=240, threads=1)
+    (ok0, mixed0, broken0), (ok1, mixed1, broken1) = [r.value for r in res]
+    assert ok0 == ok1 and ok0[0] == "ok"
+    for mixed in (mixed0, mixed1):
+        assert mixed[0] == "error"
+        assert "different partitionings" in mixed[1]
+        assert f"{a}/part_0.pt" in mixed[1] and f"{b}/part_1.pt" in mixed[1]
+    for failed in (broken0, broken1):  # rank 0's file is fine, it fails too
+        assert failed[0] == "error"
+        assert "failed on 1 of 2 workers" in failed[1]
+        assert "rank 1" in failed[1] and "rank 0" not in failed[1]
+        assert f"{broken}/part_1.pt does not match" in failed[1]
+
+
+# ---- the revgnn-partition command -------------------------------------------
+
+
+def _compose(overrides):
+    from hydra import compose, initialize_config_module
+
+    register_partition_config()
+    with initialize_config_module("revgnn.configs", version_base="1.3"):
+        return compose("partition", overrides=overrides)
+
+
+def test_partition_command(tmp_path):
+    """End to end in a fresh process and directory: only ``out`` appears."""
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "revgnn.distributed.sar_partition",
+            "data=proteins_like",
+            "data.num_nodes=400",
+            "num_parts=2",
+            "method=random",
+            "out=parts/pl2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert res.returncode == 0, res.stderr
+    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    assert summary["parts"] == 2 and sum(summary["part_sizes"]) == 400
+    assert sorted(os.listdir(tmp_path)) == ["parts"]  # no Hydra outputs/
+    out = tmp_path / "parts" / "pl2"
+    assert sorted(os.listdir(out)) == ["meta.json", "part_0.pt", "part_1.pt"]
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["method"] == "random"
+    config = meta["dataset"].pop("config")  # what revgnn-train backend=sar checks its data group against
+    assert config["_target_"] == "revgnn.data.synthetic.proteins_like"
+    assert config["num_nodes"] == 400
+    assert meta["dataset"] == {
+        "name": "proteins_like",
+        "task": "multilabel",
+        "num_classes": 112,
+        "evaluator": "ogbn-proteins",
+        "species_channels": 8,
+    }
+    part = load_partition(str(out), 0, 2)
+    assert {"x", "y", "train_mask", "valid_mask", "test_mask"} <= set(part["node_data"])
+
+
+def test_command_partitions_an_ogb_data_set(tmp_path, monkeypatch):
+    from revgnn.testing.fake_ogb import write_fake_ogbn
+
+    monkeypatch.setattr("builtins.input", lambda *a: pytest.fail("OGB prompted"))
+    write_fake_ogbn(str(tmp_path), "ogbn-proteins", num_nodes=40)
+    cfg = _compose(["data=ogbn_proteins", f"data.root={tmp_path}", "num_parts=2", f"out={tmp_path / 'p2'}"])
+    stats = partition_from_config(cfg)
+    assert stats["method"] == "metis" and sum(stats["part_sizes"]) == 40
+    part = load_partition(str(tmp_path / "p2"), 1, 2)
+    assert part["edge_attr"].size(1) == 8
+
+
+@pytest.mark.parametrize(
+    "overrides,error,match",
+    [
+        (["num_part=2", "OUT"], "ConfigCompositionException", "num_part"),
+        (["num_parts=2", "method=spectral", "OUT"], "ConfigCompositionException", "metis, random"),
+        (["num_parts=0", "OUT"], "ValueError", "num_parts must be >= 1"),
+        (["num_parts=2"], "ValueError", "out is required"),
+        (
+            ["data=mol_like", "data.num_graphs=20", "num_parts=2", "OUT"],
+            "ValueError",
+            "SAR trains full-graph on node-level data; mol_like is graph-level",
+        ),
+    ],
+)
+def test_command_errors(overrides, error, match, tmp_path):
+    out = tmp_path / "x"
+    overrides = [f"out={out}" if o == "OUT" else o for o in overrides]
+    with pytest.raises(Exception) as info:
+        partition_from_config(_compose(overrides))
+    assert type(info.value).__name__ == error
+    assert match in f"{info.value} {info.value.__cause__}"  # Hydra's detail
+    assert not out.exists()
+
+
+def test_graph_level_data_set_is_refused(tmp_path):
+    from revgnn.data.graph_dataset import mol_like
+
+    with pytest.raises(ValueError, match="mol_like is graph-level"):
+        partition_dataset(mol_like(num_graphs=20), str(tmp_path / "p"), 2)
+    assert not (tmp_path / "p").exists()
