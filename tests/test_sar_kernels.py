@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from test_aggr import require_kernel
+from test_gen_max import require_kernel
 from test_sar import F_EDGE, F_IN, N, _check, _compare_model, make_graph, make_parts, rel_err
 
 from revgnn.distributed.launch import run_workers
