@@ -15,7 +15,7 @@ from revgnn.nn.blocks import (
 from revgnn.nn.dropout import SharedDropout
 from revgnn.nn.edge_features import LinearEdgeFeatures
 from revgnn.nn.group_rev import GroupAddRev
-from revgnn.nn.invertible import InvertibleFunction, PerGroup, Shared
+from revgnn.nn.invertible import InvertibleFunction, InvertibleModule, PerGroup, Shared
 from revgnn.nn.norm_act import layer_norm_relu
 from revgnn.nn.tied import BlockSequence, WeightTied
 
@@ -24,6 +24,7 @@ __all__ = [
     "Shared",
     "PerGroup",
     "LinearEdgeFeatures",
+    "InvertibleModule",
     "InvertibleFunction",
     "SharedDropout",
     "WeightTied",

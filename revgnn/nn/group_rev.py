@@ -10,22 +10,12 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from revgnn.nn.invertible import (
-    PerGroup,
-    RNGState,
-    Shared,
-    any_requires_grad,
-    apply_invertible,
-    capture_rng,
-    frozen_buffers,
-    replay_rng,
-    rng_advanced,
-)
+from revgnn.nn.invertible import InvertibleModule, PerGroup, RNGState, Shared, frozen_buffers
 
 GroupArgs = List[Tuple[Tuple[Any, ...], Dict[str, Any]]]
 
 
-class GroupAddRev(nn.Module):
+class GroupAddRev(InvertibleModule):
     r"""The grouped reversible residual block of `"Training Graph Neural Networks
     with 1000 Layers" <https://arxiv.org/abs/2106.07476>`_ (Li et al., ICML 2021).
 
@@ -115,7 +105,7 @@ class GroupAddRev(nn.Module):
         keep_input: bool = False,
         quantize: Optional[int] = None,
     ):
-        super().__init__()
+        super().__init__(disable, num_bwd_passes, preserve_rng_state, keep_input)
         if quantize is not None and not 1 <= quantize <= 50:
             raise ValueError(
                 f"quantize must be the number of fractional bits, 1..50 (e.g. 16), got {quantize}"
@@ -144,14 +134,8 @@ class GroupAddRev(nn.Module):
                 f"GroupAddRev needs at least 2 groups, got {len(convs)}: with "
                 f"one group the input cannot be recovered from the output."
             )
-        if num_bwd_passes < 1:
-            raise ValueError(f"num_bwd_passes must be >= 1, got {num_bwd_passes}")
         self.convs = convs
         self.split_dim = split_dim
-        self.disable = disable
-        self.num_bwd_passes = num_bwd_passes
-        self.preserve_rng_state = preserve_rng_state
-        self.keep_input = keep_input
         self.quantize = quantize
         self._warned_range = False
 
@@ -159,43 +143,10 @@ class GroupAddRev(nn.Module):
     def num_groups(self) -> int:
         return len(self.convs)
 
-    @property
-    def _inverse_params(self) -> List[nn.Parameter]:
-        return [p for p in self.parameters() if p.requires_grad]
-
     def reset_parameters(self) -> None:
         for conv in self.convs:
             if hasattr(conv, "reset_parameters"):
                 conv.reset_parameters()
-
-    def forward(self, x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
-        if self.disable or not torch.is_grad_enabled() or not self._needs_graph(x, args, kwargs):
-            return self._coupling(x, args, kwargs, record_rng=False)[0]
-        return apply_invertible(
-            self, x, args, kwargs, keep_input=self.keep_input, num_bwd_passes=self.num_bwd_passes
-        )
-
-    @torch.no_grad()
-    def inverse(self, y: Tensor, *args: Any, **kwargs: Any) -> Tensor:
-        r"""Reconstructs the input from the output :math:`\mathbf{Y}` (no graph is built).
-
-        Stochastic layers inside the block must be in ``eval()`` mode or get an
-        explicit mask, since no random state is replayed here.
-        """
-        groups = self._group_args(args, kwargs, self._channels(y))
-        ys = y.chunk(self.num_groups, dim=self.split_dim)
-        xs: List[Optional[Tensor]] = [None] * self.num_groups
-        for i in range(self.num_groups - 1, 0, -1):
-            xs[i] = ys[i] - self._f(i, ys[i - 1], groups)
-        xs[0] = ys[0] - self._f(0, self._sum(xs[1:]), groups)
-        return torch.cat(xs, dim=self.split_dim)
-
-    def _needs_graph(self, x: Tensor, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> bool:
-        return (
-            x.requires_grad
-            or any(p.requires_grad for p in self.parameters())
-            or any_requires_grad((args, kwargs))
-        )
 
     # ------------------------------------------------------------------ helpers
 
@@ -288,28 +239,28 @@ class GroupAddRev(nn.Module):
 
     # ----------------------------------------------------------- the coupling
 
-    def _coupling(
-        self, x: Tensor, args: Tuple[Any, ...], kwargs: Dict[str, Any], record_rng: bool
-    ) -> Tuple[Tensor, List[Optional[RNGState]]]:
+    def _forward(self, x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
         groups = self._group_args(args, kwargs, self._channels(x))
         xs = self._grid(x).chunk(self.num_groups, dim=self.split_dim)
         y_in = self._sum(xs[1:])
-        ys, states = [], []
+        ys = []
         for i in range(self.num_groups):
-            state = capture_rng(x.device) if record_rng else None
-            out = self._f(i, y_in, groups)
+            out = self.replay_random(i, self._f, i, y_in, groups)
             self._check_shape(out, xs[i], i)
-            states.append(state if state is not None and rng_advanced(state) else None)
             y_in = xs[i] + out
             ys.append(y_in)
         y = torch.cat(ys, dim=self.split_dim)
         self._check_range(y)
-        return y, states
+        return y
 
-    def _inverse_forward(
-        self, x: Tensor, args: Tuple[Any, ...], kwargs: Dict[str, Any]
-    ) -> Tuple[Tensor, List[Optional[RNGState]]]:
-        return self._coupling(x, args, kwargs, record_rng=self.preserve_rng_state)
+    def _inverse(self, y: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        groups = self._group_args(args, kwargs, self._channels(y))
+        ys = y.chunk(self.num_groups, dim=self.split_dim)
+        xs: List[Optional[Tensor]] = [None] * self.num_groups
+        for i in range(self.num_groups - 1, 0, -1):
+            xs[i] = ys[i] - self.replay_random(i, self._f, i, ys[i - 1], groups)
+        xs[0] = ys[0] - self.replay_random(0, self._f, 0, self._sum(xs[1:]), groups)
+        return torch.cat(xs, dim=self.split_dim)
 
     def _inverse_backward(
         self,
@@ -317,11 +268,15 @@ class GroupAddRev(nn.Module):
         grad_y: Tensor,
         args: Tuple[Any, ...],
         kwargs: Dict[str, Any],
-        rng_states: List[Optional[RNGState]],
+        rng_states: Dict[Any, Optional[RNGState]],
         x_kept: Optional[Tensor],
         arg_leaves: List[Tensor],
         params: List[nn.Parameter],
     ):
+        r"""Reconstruction and gradient in one pass: :math:`f_i` for :math:`i \ge 2` runs
+        on the known output group :math:`\mathbf{X}'_{i-1}`, so one evaluation with grad both
+        rebuilds :math:`\mathbf{X}_i` and differentiates; only :math:`\mathbf{X}'_0` is
+        rebuilt before :math:`f_1` runs."""
         C, dim = self.num_groups, self.split_dim
         groups = self._group_args(args, kwargs, y.size(dim))
         ys = y.chunk(C, dim=dim)
@@ -333,8 +288,8 @@ class GroupAddRev(nn.Module):
         def step(i: int, inp: Tensor) -> Tuple[Tensor, Optional[Tensor]]:
             conv = self.convs[i]
             # buffers are restored only after the gradient: BatchNorm's graph holds them
-            with torch.enable_grad(), replay_rng(rng_states[i]), frozen_buffers(conv):
-                out = self._f(i, inp, groups)
+            with torch.enable_grad(), self.replaying(rng_states, y.device), frozen_buffers(conv):
+                out = self.replay_random(i, self._f, i, inp, groups)
                 grads = torch.autograd.grad(out, [inp, *targets], gs[i], allow_unused=True)
             for j, g in enumerate(grads[1:]):
                 if g is not None:

@@ -1,11 +1,12 @@
-r"""The autograd machinery behind reversible blocks.
+r"""Invertible blocks: the contract (:class:`InvertibleModule`) and the autograd machinery behind it.
 
 A reversible block computes :math:`\mathbf{Y} = F(\mathbf{X})` with an inverse
 :math:`\mathbf{X} = F^{-1}(\mathbf{Y})`, so it does not need to keep
 :math:`\mathbf{X}` for the backward pass: it reconstructs it from the output.
-:class:`InvertibleFunction` runs the block's forward without building a graph,
+A block subclasses :class:`InvertibleModule` (as :class:`~revgnn.nn.GroupAddRev`
+does); :class:`InvertibleFunction` runs its forward without building a graph,
 keeps nothing but a handle on its own output and, in backward, lets the block
-reconstruct its input and differentiate in one go.
+reconstruct its input and differentiate.
 
 How memory stays flat in depth (without touching anybody's storage)
 ---------------------------------------------------------------------
@@ -21,8 +22,9 @@ resizes the input storage to zero, which corrupts a tensor that is still needed
 elsewhere and destroys the caller's input.
 
 Stochastic layers inside a block (``nn.Dropout``, attention dropout) are
-replayed exactly: the RNG state is recorded before each recomputed call in the
-forward pass, but only kept when the call actually drew random numbers.
+replayed exactly: the RNG state is recorded before each keyed call
+(:meth:`InvertibleModule.replay_random`) in the forward pass, but only kept
+when the call actually drew random numbers.
 Buffers such as BatchNorm's running statistics are restored after each
 recomputation, so they are updated once per step, as in a plain model. An
 active ``torch.autocast`` context is recorded in forward and re-entered for
@@ -31,14 +33,16 @@ the recomputation, so mixed-precision blocks recompute the same values.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
 from torch.utils import _pytree as pytree
 
+#: The tensor attribute through which an invertible block's output is handed to its consumer.
 SLOT_ATTR = "_revgnn_slot"
 
 
@@ -252,15 +256,12 @@ class _Call:
 
 
 class InvertibleFunction(torch.autograd.Function):
-    r"""Runs an invertible block without storing activations.
+    r"""Runs an :class:`InvertibleModule` without storing activations.
 
-    The block must provide
-
-    * ``_inverse_forward(x, args, kwargs) -> (y, rng_states)`` (called under
-      ``no_grad``), and
-    * ``_inverse_backward(y, grad_y, args, kwargs, rng_states, x_kept,
-      arg_leaves, params) -> (x, grad_x, arg_grads, param_grads)``, which
-      reconstructs the input and differentiates in the same pass.
+    Forward calls the block's ``_inverse_forward`` under ``no_grad``; backward
+    takes the output from its :class:`OutputSlot`, calls ``_inverse_backward``
+    and hands the reconstructed input to the slot of the block that produced
+    it. The hooks are documented on :class:`InvertibleModule`.
     """
 
     @staticmethod
@@ -334,7 +335,8 @@ def apply_invertible(
     keep_input: bool,
     num_bwd_passes: int,
 ) -> Tensor:
-    """Calls ``block`` through :class:`InvertibleFunction` and tags its output."""
+    """Calls ``block`` (an :class:`InvertibleModule`) through :class:`InvertibleFunction` and
+    tags its output with the :class:`OutputSlot` (attribute ``_revgnn_slot``)."""
     binding = ArgBinding(args, kwargs)
     params = list(block._inverse_params)
     slot = input_slot(x)
@@ -344,3 +346,243 @@ def apply_invertible(
         slot.consume()
     setattr(y, SLOT_ATTR, call.out_slot)
     return y
+
+
+# ----------------------------------------------------------------------- contract
+
+
+class InvertibleModule(nn.Module, abc.ABC):
+    r"""Base class of a block with an exact inverse, trained without storing its activations.
+
+    A subclass writes the block as a map and its inverse,
+
+    .. math::
+        \mathbf{Y} = F(\mathbf{X}, \ldots), \qquad \mathbf{X} = F^{-1}(\mathbf{Y}, \ldots),
+
+    by implementing :meth:`_forward` and :meth:`_inverse`; the extra
+    arguments (``edge_index``, edge features, masks, ...) are passed to both
+    unchanged. Calling the module then runs :math:`F` without building a
+    graph and keeps no activation: in backward, :math:`\mathbf{X}` is
+    rebuilt from :math:`\mathbf{Y}` with :meth:`_inverse` and :math:`F` is
+    evaluated once more with grad to differentiate. Gradients reach
+    :math:`\mathbf{X}`, every trainable parameter and every extra argument
+    that requires grad, as in a plain module.
+
+    The protocol, which :class:`InvertibleFunction` drives, has three hooks
+    with working defaults; a subclass may override them to do better:
+
+    * :meth:`_inverse_forward` ``(x, args, kwargs) -> (y, rng_states)``: the
+      forward pass, called under ``no_grad``; by default :meth:`_forward`,
+      recording the random state of every :meth:`replay_random` call.
+    * :meth:`_inverse_backward` ``(y, grad_y, args, kwargs, rng_states,
+      x_kept, arg_leaves, params) -> (x, grad_x, arg_grads, param_grads)``:
+      reconstructs the input and returns the gradients of the input, of
+      ``arg_leaves`` (the extra arguments' tensors that need grad, in
+      order) and of ``params``. By default :meth:`_inverse` followed by one
+      evaluation of :meth:`_forward` with grad; :class:`~revgnn.nn.GroupAddRev`
+      fuses the two so that each of its functions runs once in backward.
+    * :attr:`_inverse_params`: the parameters whose gradients the block
+      returns (by default every parameter that requires grad).
+
+    **Output hand-off.** The output carries an :class:`OutputSlot` in the
+    tensor attribute ``_revgnn_slot`` (:data:`SLOT_ATTR`). When another invertible module consumes
+    that output, the producer's reference to it is dropped and the consumer
+    refills the slot with the reconstructed tensor during its backward, which
+    autograd runs first: a chain of invertible modules keeps only the newest
+    output alive. Nothing is freed in place, so a tensor used elsewhere stays
+    valid; modifying an output in place is an error in backward.
+
+    **Randomness.** Stochastic calls inside :meth:`_forward` and
+    :meth:`_inverse` go through :meth:`replay_random` with a key: the random
+    state before each keyed call is recorded in the forward pass and
+    restored for the same key in the reconstruction and the recomputation,
+    so dropout gives exact gradients whatever order the inverse runs its
+    calls in. Buffers (BatchNorm running statistics) are restored after the
+    recomputation, so they are updated once per step, and an active
+    ``torch.autocast`` is re-entered.
+
+    Args:
+        disable (bool, optional): Run :meth:`_forward` with ordinary autograd
+            (stores activations; a reference). (default: :obj:`False`)
+        num_bwd_passes (int, optional): How many backward passes through the
+            block are allowed (``retain_graph=True``). (default: :obj:`1`)
+        preserve_rng_state (bool, optional): Record and replay the random
+            state of :meth:`replay_random` calls. (default: :obj:`True`)
+        keep_input (bool, optional): Store the input instead of reconstructing
+            it (bounds float32 drift in very deep stacks). (default: :obj:`False`)
+
+    Example:
+        >>> class AdditiveCoupling(InvertibleModule):
+        ...     def __init__(self, channels):
+        ...         super().__init__()
+        ...         self.f = nn.Linear(channels // 2, channels // 2)
+        ...
+        ...     def _forward(self, x):
+        ...         x1, x2 = x.chunk(2, dim=-1)
+        ...         return torch.cat([x2, x1 + self.f(x2)], dim=-1)
+        ...
+        ...     def _inverse(self, y):
+        ...         y1, y2 = y.chunk(2, dim=-1)
+        ...         return torch.cat([y2 - self.f(y1), y1], dim=-1)
+        >>> block = AdditiveCoupling(8)
+        >>> x = torch.randn(5, 8, requires_grad=True)
+        >>> block(block(x)).square().sum().backward()
+        >>> torch.allclose(block.inverse(block(x)), x, atol=1e-6)
+        True
+    """
+
+    #: the hooks a subclass must implement, with their signatures (for the error message)
+    _REQUIRED = {
+        "_forward": "_forward(self, x, *args, **kwargs) -> y",
+        "_inverse": "_inverse(self, y, *args, **kwargs) -> x",
+    }
+
+    def __new__(cls, *args: Any, **kwargs: Any):
+        abstract = getattr(cls, "__abstractmethods__", ())
+        missing = [sig for name, sig in cls._REQUIRED.items() if name in abstract]
+        if missing:
+            raise TypeError(
+                f"{cls.__name__} subclasses InvertibleModule but does not implement "
+                f"{' and '.join(missing)}; an invertible block needs both the map and its inverse"
+            )
+        return super().__new__(cls)
+
+    def __init__(
+        self,
+        disable: bool = False,
+        num_bwd_passes: int = 1,
+        preserve_rng_state: bool = True,
+        keep_input: bool = False,
+    ):
+        super().__init__()
+        if num_bwd_passes < 1:
+            raise ValueError(f"num_bwd_passes must be >= 1, got {num_bwd_passes}")
+        self.disable = disable
+        self.num_bwd_passes = num_bwd_passes
+        self.preserve_rng_state = preserve_rng_state
+        self.keep_input = keep_input
+        self._rng_scope: Optional[_RNGScope] = None
+
+    @abc.abstractmethod
+    def _forward(self, x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        r"""The map :math:`\mathbf{Y} = F(\mathbf{X}, \ldots)`, differentiable, shape-preserving in ``x``."""
+
+    @abc.abstractmethod
+    def _inverse(self, y: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        r"""The inverse :math:`\mathbf{X} = F^{-1}(\mathbf{Y}, \ldots)` (called without grad)."""
+
+    def forward(self, x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        if self.disable or not torch.is_grad_enabled() or not self._needs_graph(x, args, kwargs):
+            return self._forward(x, *args, **kwargs)
+        return apply_invertible(
+            self, x, args, kwargs, keep_input=self.keep_input, num_bwd_passes=self.num_bwd_passes
+        )
+
+    @torch.no_grad()
+    def inverse(self, y: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        r"""Reconstructs the input from the output :math:`\mathbf{Y}` (no graph is built).
+
+        No random state is replayed here: stochastic layers must be in
+        ``eval()`` mode or get an explicit mask.
+        """
+        return self._inverse(y, *args, **kwargs)
+
+    def replay_random(self, key: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` whose random draws are replayed in backward.
+
+        In the forward pass the random state before the call is recorded
+        under ``key`` (only if the call draws random numbers); when the block
+        reconstructs its input or recomputes in backward, the call with the
+        same ``key`` runs from that state. Give every stochastic call of one
+        forward pass its own key. Outside the protocol (``disable``,
+        :meth:`inverse`, ``no_grad``) this is a plain call.
+        """
+        scope = self._rng_scope
+        if scope is None:
+            return fn(*args, **kwargs)
+        if scope.record:
+            if key in scope.states:
+                raise ValueError(
+                    f"{type(self).__name__}: replay_random key {key!r} was used twice in one forward "
+                    f"pass; give every stochastic call its own key"
+                )
+            before = capture_rng(scope.device) if self.preserve_rng_state else None
+            out = fn(*args, **kwargs)
+            scope.states[key] = before if before is not None and rng_advanced(before) else None
+            return out
+        if key not in scope.states:
+            raise KeyError(
+                f"{type(self).__name__}: replay_random key {key!r} is used in backward but was not "
+                f"used in the forward pass; _forward and _inverse must use the same keys"
+            )
+        with replay_rng(scope.states[key]):
+            return fn(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def replaying(self, rng_states: Dict[Any, Optional[RNGState]], device: torch.device) -> Iterator[None]:
+        """Within the body, :meth:`replay_random` replays ``rng_states`` (those of
+        :meth:`_inverse_forward`); for overrides of :meth:`_inverse_backward`."""
+        with self._scope(_RNGScope(False, rng_states, device)):
+            yield
+
+    @contextlib.contextmanager
+    def _scope(self, scope: Optional[_RNGScope]) -> Iterator[None]:
+        outer, self._rng_scope = self._rng_scope, scope
+        try:
+            yield
+        finally:
+            self._rng_scope = outer
+
+    @property
+    def _inverse_params(self) -> List[nn.Parameter]:
+        return [p for p in self.parameters() if p.requires_grad]
+
+    def _needs_graph(self, x: Tensor, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> bool:
+        return (
+            x.requires_grad
+            or any(p.requires_grad for p in self.parameters())
+            or any_requires_grad((args, kwargs))
+        )
+
+    def _inverse_forward(
+        self, x: Tensor, args: Tuple[Any, ...], kwargs: Dict[str, Any]
+    ) -> Tuple[Tensor, Dict[Any, Optional[RNGState]]]:
+        """The output, and the random states of the :meth:`replay_random` calls by key."""
+        states: Dict[Any, Optional[RNGState]] = {}
+        with self._scope(_RNGScope(True, states, x.device)):
+            y = self._forward(x, *args, **kwargs)
+        return y, states
+
+    def _inverse_backward(
+        self,
+        y: Tensor,
+        grad_y: Tensor,
+        args: Tuple[Any, ...],
+        kwargs: Dict[str, Any],
+        rng_states: Dict[Any, Optional[RNGState]],
+        x_kept: Optional[Tensor],
+        arg_leaves: List[Tensor],
+        params: List[nn.Parameter],
+    ) -> Tuple[Tensor, Optional[Tensor], List[Optional[Tensor]], List[Optional[Tensor]]]:
+        """The input rebuilt by :meth:`_inverse` (or ``x_kept``) and the gradients of the
+        input, of ``arg_leaves`` and of ``params``, from one evaluation of :meth:`_forward`."""
+        with self.replaying(rng_states, y.device):
+            if x_kept is None:
+                with torch.no_grad(), frozen_buffers(self):
+                    x = self._inverse(y, *args, **kwargs)
+            else:
+                x = x_kept
+            leaf = x.detach().requires_grad_()
+            # buffers are restored only after the gradient: BatchNorm's graph holds them
+            with torch.enable_grad(), frozen_buffers(self):
+                out = self._forward(leaf, *args, **kwargs)
+                grads = torch.autograd.grad(out, [leaf, *arg_leaves, *params], grad_y, allow_unused=True)
+        n = len(arg_leaves)
+        return x.detach(), grads[0], list(grads[1 : 1 + n]), list(grads[1 + n :])
+
+
+@dataclass
+class _RNGScope:
+    record: bool  # forward: record; backward: replay
+    states: Dict[Any, Optional[RNGState]]
+    device: torch.device

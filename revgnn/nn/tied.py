@@ -6,6 +6,8 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from revgnn.nn.invertible import InvertibleModule
+
 
 class WeightTied(nn.Module):
     r"""Applies one block :math:`L` times with the same weights (WT-RevGNN, Li et al. 2021).
@@ -14,16 +16,16 @@ class WeightTied(nn.Module):
         \mathbf{X}^{(\ell)} = f_{\mathbf{w}}(\mathbf{X}^{(\ell-1)}, \ldots),
         \qquad \ell = 1, \ldots, L
 
-    Parameters are :math:`O(1)` in :math:`L`. When ``block`` is a
-    :class:`~revgnn.nn.GroupAddRev`, training memory is :math:`O(1)` in
-    :math:`L` too; gradients of the shared weights are summed over the
-    :math:`L` applications by autograd. Extra arguments are passed unchanged to
-    every application.
+    Parameters are :math:`O(1)` in :math:`L`. When ``block`` is an
+    :class:`~revgnn.nn.InvertibleModule` (such as :class:`~revgnn.nn.GroupAddRev`),
+    training memory is :math:`O(1)` in :math:`L` too; gradients of the shared
+    weights are summed over the :math:`L` applications by autograd. Extra
+    arguments are passed unchanged to every application.
 
     Args:
         block (torch.nn.Module): A shape-preserving block, reversible or plain.
         num_layers (int): How many times to apply it, :math:`L \ge 1`.
-        keep_every (int, optional): For a reversible block, store the input of
+        keep_every (int, optional): For an invertible block, store the input of
             every ``keep_every``-th application instead of reconstructing it,
             which bounds float32 reconstruction drift (:obj:`0`: never).
             (default: :obj:`0`)
@@ -33,8 +35,11 @@ class WeightTied(nn.Module):
         super().__init__()
         if num_layers < 1:
             raise ValueError(f"WeightTied needs num_layers >= 1, got {num_layers}")
-        if keep_every and not hasattr(block, "keep_input"):
-            raise ValueError(f"keep_every needs a reversible block (GroupAddRev); got {type(block).__name__}")
+        if keep_every and not isinstance(block, InvertibleModule):
+            raise ValueError(
+                f"keep_every needs an invertible block (an InvertibleModule such as GroupAddRev), "
+                f"got {type(block).__name__}; pass keep_every=0 for a plain block"
+            )
         self.block = block
         self.num_layers = num_layers
         self.keep_every = keep_every
