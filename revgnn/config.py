@@ -5,25 +5,35 @@ fails at composition time with an error that names the key, instead of being sil
 
 * ``TrainConfig`` types the primary config (``train.yaml``) and its fixed groups ``trainer``, ``logger``
   and ``backend``.
-* The ``data`` and ``optim`` groups have one schema per option (ogbn loaders and the generated data set
-  take different arguments); an option selects its schema in its own ``defaults`` list, e.g.
-  ``data/proteins_like.yaml`` starts with ``defaults: [/schema/data@_here_: proteins_like, _self_]``.
+* A ``data`` option's schema is derived from the signature of the loader its ``_target_`` names
+  (:func:`data_schema`): one typed field per parameter, with the parameter's default and the
+  :class:`~revgnn.utils.ranges.Range` its annotation declares. It is stored under the loader's function
+  name, and the option selects it in its own ``defaults`` list, e.g. ``data/proteins_like.yaml`` starts
+  with ``defaults: [/schema/data@_here_: proteins_like, _self_]``. A new data set is therefore its loader
+  plus one YAML file; every ``_target_`` in ``revgnn/configs/data`` gets its schema at import.
+* The ``optim`` group has one schema per option.
 * ``model`` options use :class:`ModelConfig` (the overrides the zoo's factories share). A model family
   with options of its own may ship a YAML without that schema: ``revgnn.models.create_model`` rejects
   unknown overrides itself, naming them.
 
-This module imports neither torch nor PyG, so ``revgnn-train --help`` and ``--cfg job`` stay fast.
+This module imports neither torch nor PyG (nor do the loader modules it reads signatures from), so
+``revgnn-train --help`` and ``--cfg job`` stay fast.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import inspect
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, List, Optional
+from pathlib import Path
+from typing import Annotated, Any, Dict, List, Optional, get_args, get_origin
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
+
+from revgnn.utils.ranges import Range
 
 __all__ = [
     "TrainConfig",
@@ -31,10 +41,8 @@ __all__ = [
     "LoggerConfig",
     "BackendConfig",
     "ModelConfig",
-    "ProteinsLikeConfig",
-    "OgbnConfig",
-    "MolLikeConfig",
-    "OgbgConfig",
+    "data_schema",
+    "data_schemas",
     "AdamConfig",
     "Device",
     "BackendName",
@@ -54,7 +62,7 @@ def ranged(
 ) -> Any:
     """A schema field whose value must lie in ``[low, high]`` (``(`` / ``)`` where open); ``None``
     stays allowed for ``Optional`` fields. :func:`check_ranges` enforces it."""
-    return field(default=default, metadata={"range": (low, high, low_open, high_open)})
+    return field(default=default, metadata={"range": Range(low, high, low_open, high_open)})
 
 
 def check_ranges(cfg: DictConfig, path: str = "") -> None:
@@ -67,15 +75,8 @@ def check_ranges(cfg: DictConfig, path: str = "") -> None:
             value = cfg.get(f.name) if bounds else None
             if value is None or OmegaConf.is_missing(cfg, f.name):
                 continue
-            low, high, low_open, high_open = bounds
-            too_low = low is not None and (value <= low if low_open else value < low)
-            too_high = high is not None and (value >= high if high_open else value > high)
-            if too_low or too_high:
-                lo = "" if low is None else f"{'>' if low_open else '>='} {low}"
-                hi = "" if high is None else f"{'<' if high_open else '<='} {high}"
-                raise ValueError(
-                    f"{path}{f.name} must be {' and '.join(b for b in (lo, hi) if b)}, got {value}"
-                )
+            if not bounds.contains(value):
+                raise ValueError(f"{path}{f.name} must be {bounds.describe()}, got {value}")
     for key in cfg:
         if (
             isinstance(key, str)
@@ -122,61 +123,61 @@ class ModelConfig:
     quantize: Optional[int] = ranged(None, 1)
 
 
-@dataclass
-class ProteinsLikeConfig:
-    """Arguments of :func:`revgnn.data.synthetic.proteins_like` (its docstring explains each)."""
-
-    _target_: str = "revgnn.data.synthetic.proteins_like"
-    num_nodes: int = ranged(6000, 1)
-    avg_degree: int = ranged(16, 1)
-    window: int = ranged(20, 1)
-    num_species: int = ranged(8, 1)
-    num_tasks: int = ranged(112, 1)
-    edge_channels: int = ranged(8, 1)
-    latent_channels: int = ranged(4, 1)
-    max_hops: int = ranged(6, 1)
-    edge_noise: float = ranged(0.5, 0)
-    valid_species: int = ranged(1, 0)
-    test_species: int = ranged(2, 0)
-    seed: int = 0
+_DATA_CONFIGS = Path(__file__).parent / "configs" / "data"
 
 
-@dataclass
-class OgbnConfig:
-    """Arguments of :func:`revgnn.data.ogbn.load_ogbn`."""
+def data_schema(target: str) -> type:
+    """The structured schema of a ``data`` option whose ``_target_`` is ``target`` (a loader function's
+    dotted path), derived from the loader's signature: one field per parameter, typed by its annotation,
+    defaulting to its default (``???``, i.e. required, where it has none) and carrying the
+    :class:`~revgnn.utils.ranges.Range` of an ``Annotated[T, Range(...)]`` annotation for
+    :func:`check_ranges`. Misspelt keys and values of the wrong type then fail at composition, naming the
+    key. The loader's module must import without torch (import it inside the function).
+    """
+    module, _, name = target.rpartition(".")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ImportError(f"data loader {target!r} cannot be imported ({e}); fix the _target_") from e
+    fields: list = [("_target_", str, field(default=target))]
+    for p in inspect.signature(fn).parameters.values():
+        if p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+            raise TypeError(
+                f"{target}: parameter {p.name!r} is {p.kind.description}; a loader takes named ones"
+            )
+        if p.annotation is p.empty:
+            raise TypeError(f"{target}: parameter {p.name!r} has no type annotation, which its config needs")
+        hint = eval(p.annotation, fn.__globals__) if isinstance(p.annotation, str) else p.annotation
+        metadata = {}
+        if get_origin(hint) is Annotated:
+            hint, *extras = get_args(hint)
+            ranges = [r for r in extras if isinstance(r, Range)]
+            metadata = {"range": ranges[0]} if ranges else {}
+        default = MISSING if p.default is p.empty else p.default
+        fields.append((p.name, hint, field(default=default, metadata=metadata)))
+    schema = dataclasses.make_dataclass(f"{name}_config", fields)
+    try:
+        OmegaConf.structured(schema)
+    except Exception as e:  # omegaconf.ValidationError: a type a config cannot hold
+        raise TypeError(f"{target}: its signature cannot be a config schema ({e})") from e
+    return schema
 
-    _target_: str = "revgnn.data.ogbn.load_ogbn"
-    name: str = MISSING
-    root: str = "data"
-    allow_download: bool = False
 
-
-@dataclass
-class MolLikeConfig:
-    """Arguments of :func:`revgnn.data.graph_dataset.mol_like` (its docstring explains each)."""
-
-    _target_: str = "revgnn.data.graph_dataset.mol_like"
-    num_graphs: int = ranged(2000, 1)
-    min_nodes: int = ranged(12, 1)
-    max_nodes: int = ranged(28, 1)
-    distance: int = ranged(5, 1)
-    hetero_atoms: int = ranged(2, 0)
-    ring_prob: float = ranged(0.5, 0, 1)
-    valid_fraction: float = ranged(0.1, 0, 1, high_open=True)
-    test_fraction: float = ranged(0.1, 0, 1, high_open=True)
-    batch_size: int = ranged(32, 1)
-    seed: int = 0
-
-
-@dataclass
-class OgbgConfig:
-    """Arguments of :func:`revgnn.data.graph_dataset.load_ogbg`."""
-
-    _target_: str = "revgnn.data.graph_dataset.load_ogbg"
-    name: str = MISSING
-    root: str = "data"
-    allow_download: bool = False
-    batch_size: int = ranged(32, 1)
+def data_schemas(config_dir: Path = _DATA_CONFIGS) -> Dict[str, type]:
+    """``{loader function name: schema}`` for every ``_target_`` named in ``config_dir``'s YAML files
+    (default: the package's ``data`` group); the name is what an option's ``defaults`` list selects."""
+    schemas: Dict[str, type] = {}
+    targets: Dict[str, str] = {}
+    for path in sorted(config_dir.glob("*.yaml")):
+        target = OmegaConf.load(path).get("_target_")
+        if not isinstance(target, str):
+            raise ValueError(f"{path} names no _target_: a data option says which loader builds it")
+        name = target.rpartition(".")[2]
+        if targets.setdefault(name, target) != target:
+            raise ValueError(f"two data loaders are named {name!r} ({targets[name]}, {target}): rename one")
+        if name not in schemas:
+            schemas[name] = data_schema(target)
+    return schemas
 
 
 @dataclass
@@ -326,10 +327,8 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
     cs.store(group="schema/model", name="model", node=ModelConfig)
-    cs.store(group="schema/data", name="proteins_like", node=ProteinsLikeConfig)
-    cs.store(group="schema/data", name="ogbn", node=OgbnConfig)
-    cs.store(group="schema/data", name="mol_like", node=MolLikeConfig)
-    cs.store(group="schema/data", name="ogbg", node=OgbgConfig)
+    for name, schema in data_schemas().items():
+        cs.store(group="schema/data", name=name, node=schema)
     cs.store(group="schema/optim", name="adam", node=AdamConfig)
 
 

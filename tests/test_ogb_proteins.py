@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from revgnn.data.ogbn import load_ogbn
+from revgnn.data.ogbn import OGBN_SPECS, load_ogbn
 from revgnn.testing.fake_ogb import write_fake_ogbn
 
 
@@ -43,6 +43,16 @@ def test_arxiv_products(tmp_path, name, dim, classes):
     ds = load_ogbn(name, str(tmp_path))
     assert ds.x.shape == (30, dim) and ds.y.shape == (30, 1) and ds.num_classes == classes
     assert ds.task == "multiclass" and ds.edge_attr is None
+
+
+@pytest.mark.parametrize("name", sorted(OGBN_SPECS))
+def test_every_spec_has_a_fake_layout_that_loads_with_its_widths(tmp_path, name):
+    spec = OGBN_SPECS[name]
+    write_fake_ogbn(str(tmp_path), name, num_nodes=24, avg_degree=4)
+    ds = load_ogbn(name, str(tmp_path))
+    assert ds.edge_channels == (spec.edge_channels or None)
+    assert ds.in_channels == (spec.node_channels or ds.species_channels + spec.edge_channels)
+    assert ds.y.size(1) == (ds.num_classes if ds.task == "multilabel" else 1)
 
 
 def test_missing_directory_names_path_and_url(tmp_path):

@@ -1,18 +1,31 @@
 """Data: the :class:`NodeDataset` format, OGB loaders, the generated ``proteins_like`` graph and
-vectorised random-partition sub-graph sampling."""
+vectorised random-partition sub-graph sampling.
 
-from revgnn.data.node_dataset import NodeDataset
-from revgnn.data.ogbn import OGBN_DATASETS, load_ogbn
-from revgnn.data.random_parts import Partition, SubGraph, partition_graph, random_partition
-from revgnn.data.synthetic import proteins_like
+Names are imported on first use: the config schemas read the loaders' signatures
+(:func:`revgnn.config.data_schema`) without importing torch.
+"""
 
-__all__ = [
-    "NodeDataset",
-    "load_ogbn",
-    "OGBN_DATASETS",
-    "proteins_like",
-    "Partition",
-    "SubGraph",
-    "partition_graph",
-    "random_partition",
-]
+import importlib
+from typing import Any
+
+_HOME = {
+    "NodeDataset": "node_dataset",
+    "GraphDataset": "graph_dataset",
+    "load_ogbn": "ogbn",
+    "OGBN_DATASETS": "ogbn",
+    "load_ogbg": "graph_dataset",
+    "OGBG_DATASETS": "graph_dataset",
+    "proteins_like": "synthetic",
+    "mol_like": "graph_dataset",
+    "Partition": "random_parts",
+    "SubGraph": "random_parts",
+    "partition_graph": "random_parts",
+    "random_partition": "random_parts",
+}
+__all__ = list(_HOME)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOME:
+        return getattr(importlib.import_module(f"revgnn.data.{_HOME[name]}"), name)
+    raise AttributeError(f"module 'revgnn.data' has no attribute {name!r}")

@@ -15,11 +15,15 @@ Tests write raw OGB-layout copies with :mod:`revgnn.testing.fake_ogb`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Annotated, Dict, List, Optional, Sequence
 
 import numpy as np
-import torch
-from torch import Tensor
+
+from revgnn.utils.ranges import Range
+
+if TYPE_CHECKING:  # torch is imported where it is used: the config schemas read the loaders' signatures
+    import torch
+    from torch import Tensor
 
 __all__ = ["GraphDataset", "load_ogbg", "mol_like", "OGBG_DATASETS"]
 
@@ -98,6 +102,8 @@ class GraphDataset:
 
     def labels(self, split: str) -> Tensor:
         """``[G, T]`` labels of ``split`` in split order (NaN = missing)."""
+        import torch
+
         return torch.cat([g.y.view(1, -1) for g in self.subset(split)], dim=0)
 
     def __repr__(self) -> str:
@@ -113,7 +119,10 @@ class GraphDataset:
 
 
 def load_ogbg(
-    name: str = "ogbg-molhiv", root: str = "data", allow_download: bool = False, batch_size: int = 32
+    name: str = "ogbg-molhiv",
+    root: str = "data",
+    allow_download: bool = False,
+    batch_size: Annotated[int, Range(1)] = 32,
 ) -> GraphDataset:
     """Loads an OGB graph-property data set through ``ogb.graphproppred.PygGraphPropPredDataset``.
 
@@ -200,15 +209,15 @@ def _distances(adj: np.ndarray) -> np.ndarray:
 
 
 def mol_like(
-    num_graphs: int = 2000,
-    min_nodes: int = 12,
-    max_nodes: int = 28,
-    distance: int = 5,
-    hetero_atoms: int = 2,
-    ring_prob: float = 0.5,
-    valid_fraction: float = 0.1,
-    test_fraction: float = 0.1,
-    batch_size: int = 32,
+    num_graphs: Annotated[int, Range(1)] = 2000,
+    min_nodes: Annotated[int, Range(1)] = 12,
+    max_nodes: Annotated[int, Range(1)] = 28,
+    distance: Annotated[int, Range(1)] = 5,
+    hetero_atoms: Annotated[int, Range(0)] = 2,
+    ring_prob: Annotated[float, Range(0, 1)] = 0.5,
+    valid_fraction: Annotated[float, Range(0, 1, high_open=True)] = 0.1,
+    test_fraction: Annotated[float, Range(0, 1, high_open=True)] = 0.1,
+    batch_size: Annotated[int, Range(1)] = 32,
     seed: int = 0,
 ) -> GraphDataset:
     """Generates ``mol_like``: molecule-shaped graphs with ogbg-molhiv's schema and a multi-hop label.
@@ -238,6 +247,7 @@ def mol_like(
         batch_size (int): Graphs per training step. (default: :obj:`32`)
         seed (int): Generator seed. (default: :obj:`0`)
     """
+    import torch
     from torch_geometric.data import Data
 
     if not 2 * hetero_atoms <= min_nodes <= max_nodes:

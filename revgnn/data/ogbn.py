@@ -11,8 +11,15 @@
 Downloads are off by default (``allow_download=False``): a missing data set is an error that says which
 files are expected where, rather than a prompt or a hang on a machine without internet access.
 
-ogbn-proteins gets the paper's feature preparation (Li et al.): node features = per-node sum of the 8-d
-edge features ‖ species one-hot; the result is cached in ``<root>/ogbn_proteins/processed/``.
+Each supported data set is one entry of :data:`OGBN_SPECS`: how its graph and features are prepared
+for the recipes (ogbn-proteins gets the paper's features, Li et al.: per-node sum of the 8-d edge
+features ‖ species one-hot, cached in ``<root>/ogbn_proteins/processed/``; ogbn-arxiv's citations are
+symmetrised) and the raw feature widths :mod:`revgnn.testing.fake_ogb` writes. Everything else (split,
+task type, tasks or classes, extra node files, download URL) is OGB's own ``master.csv``. Adding a node
+data set is one entry here plus one ``revgnn/configs/data/*.yaml`` file.
+
+This module imports torch only inside its functions, so that the config schema can read
+:func:`load_ogbn`'s signature for ``--help``.
 """
 
 from __future__ import annotations
@@ -20,22 +27,23 @@ from __future__ import annotations
 import logging
 import os
 import os.path as osp
-from typing import Dict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Dict
 
-import torch
+if TYPE_CHECKING:
 
-from revgnn.data.node_dataset import NodeDataset, species_one_hot, sum_edge_features
+    from revgnn.data.node_dataset import NodeDataset
 
-__all__ = ["load_ogbn", "OGBN_DATASETS", "ogb_safe_globals"]
+__all__ = ["load_ogbn", "OGBN_SPECS", "OGBN_DATASETS", "OgbnSpec", "ogb_safe_globals"]
 
 log = logging.getLogger(__name__)
 
-OGBN_DATASETS = ("ogbn-proteins", "ogbn-arxiv", "ogbn-products")
 _FEATURE_CACHE = "revgnn_features_v1.pt"
 
 
 def ogb_safe_globals():
     """Context manager allowing the PyG storage classes OGB pickles, for ``torch.load`` only."""
+    import torch
     from torch_geometric.data.data import DataEdgeAttr, DataTensorAttr
     from torch_geometric.data.storage import GlobalStorage
 
@@ -236,8 +244,12 @@ def _load_pyg(name: str, root: str):
     return dataset, split_idx
 
 
-def _proteins_features(path: str, data) -> Dict[str, torch.Tensor]:
+def _proteins_features(path: str, data) -> Dict[str, Any]:
     """Paper node features for ogbn-proteins, cached next to OGB's processed file."""
+    import torch
+
+    from revgnn.data.node_dataset import species_one_hot, sum_edge_features
+
     cache = osp.join(path, "processed", _FEATURE_CACHE)
     if osp.exists(cache):
         feats = torch.load(cache, weights_only=True)
@@ -258,48 +270,83 @@ def _proteins_features(path: str, data) -> Dict[str, torch.Tensor]:
     return feats
 
 
+def _proteins_graph(path: str, data) -> Dict[str, Any]:
+    """The paper's proteins features (cached) and the width of the species one-hot they end with."""
+    feats = _proteins_features(path, data)
+    species_channels = int(feats["x"].size(1) - feats["edge_attr"].size(1))
+    return {**feats, "species_channels": species_channels}
+
+
+def _symmetrised_graph(path: str, data) -> Dict[str, Any]:
+    """OGB's node features; each directed edge also reversed (RevGAT's arxiv recipe), duplicates removed."""
+    import torch
+
+    edge_index = torch.unique(torch.cat([data.edge_index, data.edge_index.flip(0)], dim=1), dim=1)
+    return {"x": data.x.float(), "edge_index": edge_index, "edge_attr": None}
+
+
+def _graph_as_given(path: str, data) -> Dict[str, Any]:
+    """OGB's node features and edges (already both directions where OGB adds inverse edges)."""
+    return {"x": data.x.float(), "edge_index": data.edge_index, "edge_attr": None}
+
+
+@dataclass(frozen=True)
+class OgbnSpec:
+    """What revgnn adds to OGB's ``master.csv`` for one node data set.
+
+    Attributes:
+        prepare (Callable): ``(data set directory, OGB's Data) -> dict`` with ``x``, ``edge_index``,
+            ``edge_attr`` (or :obj:`None`) and optionally ``species_channels``: the graph and features
+            the recipes train on.
+        node_channels (int): Columns of the raw ``node-feat.csv.gz`` (0: the data set has none).
+        edge_channels (int): Columns of the raw ``edge-feat.csv.gz`` (0: none).
+    """
+
+    prepare: Callable[[str, Any], Dict[str, Any]]
+    node_channels: int = 0
+    edge_channels: int = 0
+
+
+#: The OGB node data sets :func:`load_ogbn` reads: one entry each.
+OGBN_SPECS: Dict[str, OgbnSpec] = {
+    "ogbn-proteins": OgbnSpec(_proteins_graph, edge_channels=8),
+    "ogbn-arxiv": OgbnSpec(_symmetrised_graph, node_channels=128),
+    "ogbn-products": OgbnSpec(_graph_as_given, node_channels=100),
+}
+OGBN_DATASETS = tuple(OGBN_SPECS)
+
+# OGB's task types -> NodeDataset.task
+_TASKS = {"binary classification": "multilabel", "multiclass classification": "multiclass"}
+
+
 def load_ogbn(name: str, root: str = "data", allow_download: bool = False) -> NodeDataset:
     """Loads an OGB node-property data set into a :class:`~revgnn.data.node_dataset.NodeDataset`.
 
     Args:
-        name (str): ``"ogbn-proteins"``, ``"ogbn-arxiv"`` or ``"ogbn-products"``.
+        name (str): A data set of :data:`OGBN_SPECS`: ``"ogbn-proteins"``, ``"ogbn-arxiv"`` or
+            ``"ogbn-products"``.
         root (str): Directory holding ``ogbn_<name>/`` (default: :obj:`"data"`).
         allow_download (bool): Let OGB download a missing data set (default: :obj:`False`).
     """
-    if name not in OGBN_DATASETS:
-        raise ValueError(f"unknown OGB data set {name!r}; expected one of {OGBN_DATASETS}")
+    from revgnn.data.node_dataset import NodeDataset
+
+    if name not in OGBN_SPECS:
+        raise ValueError(
+            f"unknown OGB node data set {name!r}; expected one of {OGBN_DATASETS} "
+            "(a new one is an entry of revgnn.data.ogbn.OGBN_SPECS)"
+        )
     path = _check_layout(name, root, allow_download)
     dataset, split_idx = _load_pyg(name, root)
     data = dataset[0]
-    split_idx = {k: v.view(-1).long() for k, v in split_idx.items()}
-    if name == "ogbn-proteins":
-        feats = _proteins_features(path, data)
-        ds = NodeDataset(
-            name=name,
-            x=feats["x"],
-            edge_index=feats["edge_index"],
-            edge_attr=feats["edge_attr"],
-            y=data.y.float(),
-            split_idx=split_idx,
-            task="multilabel",
-            num_classes=dataset.num_tasks,
-            evaluator=name,
-            species_channels=int(feats["x"].size(1) - feats["edge_attr"].size(1)),
-        )
-        return ds
-    edge_index = data.edge_index
-    if name == "ogbn-arxiv":  # directed citations; the RevGAT recipe trains on the symmetrised graph
-        edge_index = torch.cat([edge_index, edge_index.flip(0)], dim=1)
-        edge_index = torch.unique(edge_index, dim=1)
+    task = _TASKS[_meta(name)["task type"]]
+    graph = OGBN_SPECS[name].prepare(path, data)
     ds = NodeDataset(
         name=name,
-        x=data.x.float(),
-        edge_index=edge_index,
-        edge_attr=None,
-        y=data.y.view(-1, 1).long(),
-        split_idx=split_idx,
-        task="multiclass",
-        num_classes=dataset.num_classes,
+        y=data.y.float() if task == "multilabel" else data.y.view(-1, 1).long(),
+        split_idx={k: v.view(-1).long() for k, v in split_idx.items()},
+        task=task,
+        num_classes=dataset.num_tasks if task == "multilabel" else dataset.num_classes,
         evaluator=name,
+        **graph,
     )
     return ds.sorted_by_destination()

@@ -16,25 +16,28 @@ the mean over neighbours and ``k_t`` cycling through ``1 .. max_hops``: an MLP s
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING, Annotated
 
-from revgnn.data.node_dataset import NodeDataset, species_one_hot, sum_edge_features
+from revgnn.utils.ranges import Range
+
+if TYPE_CHECKING:  # torch is imported in the function: the config schema reads this signature
+    from revgnn.data.node_dataset import NodeDataset
 
 __all__ = ["proteins_like"]
 
 
 def proteins_like(
-    num_nodes: int = 6000,
-    avg_degree: int = 16,
-    window: int = 20,
-    num_species: int = 8,
-    num_tasks: int = 112,
-    edge_channels: int = 8,
-    latent_channels: int = 4,
-    max_hops: int = 6,
-    edge_noise: float = 0.5,
-    valid_species: int = 1,
-    test_species: int = 2,
+    num_nodes: Annotated[int, Range(1)] = 6000,
+    avg_degree: Annotated[int, Range(2)] = 16,
+    window: Annotated[int, Range(1)] = 20,
+    num_species: Annotated[int, Range(1)] = 8,
+    num_tasks: Annotated[int, Range(1)] = 112,
+    edge_channels: Annotated[int, Range(1)] = 8,
+    latent_channels: Annotated[int, Range(1)] = 4,
+    max_hops: Annotated[int, Range(1)] = 6,
+    edge_noise: Annotated[float, Range(0)] = 0.5,
+    valid_species: Annotated[int, Range(0)] = 1,
+    test_species: Annotated[int, Range(0)] = 2,
     seed: int = 0,
 ) -> NodeDataset:
     """Generates the ``proteins_like`` data set (see the module docstring for the construction).
@@ -53,6 +56,10 @@ def proteins_like(
         test_species (int): Species held out for test (default: :obj:`2`).
         seed (int): Generator seed; the data set is a pure function of the arguments (default: :obj:`0`).
     """
+    import torch
+
+    from revgnn.data.node_dataset import NodeDataset, species_one_hot, sum_edge_features
+
     if num_species < valid_species + test_species + 1:
         raise ValueError(
             f"num_species={num_species} leaves no training species "

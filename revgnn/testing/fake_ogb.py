@@ -21,16 +21,17 @@ import torch
 
 __all__ = ["write_fake_ogbn", "write_fake_ogbg"]
 
-# name -> (dir, split dir, node features, edge features, tasks or classes, extra node file)
-_SPECS = {
-    "ogbn-proteins": ("ogbn_proteins", "species", 0, 8, 112, "node_species"),
-    "ogbn-arxiv": ("ogbn_arxiv", "time", 128, 0, 40, "node_year"),
-    "ogbn-products": ("ogbn_products", "sales_ranking", 100, 0, 47, None),
-}
-
 
 def _write(path: str, array) -> None:
     pd.DataFrame(np.asarray(array)).to_csv(path, header=False, index=False, compression="gzip")
+
+
+# OGB's additional node files -> a writer of plausible values (rng, num_nodes, num_species)
+_TAXA = np.array([3702, 4932, 6239, 7227, 7955, 9606, 10090, 511145])  # ogbn-proteins' NCBI ids
+_EXTRA_NODE_FILES = {
+    "node_species": lambda rng, n, k: _TAXA[:k][np.arange(n) % k],
+    "node_year": lambda rng, n, k: rng.integers(2000, 2020, (n, 1)),
+}
 
 
 def write_fake_ogbn(
@@ -41,18 +42,28 @@ def write_fake_ogbn(
     num_species: int = 8,
     seed: int = 0,
 ) -> str:
-    """Writes a random raw data set ``name`` under ``root``; returns its directory.
+    """Writes a random raw data set ``name`` (a key of :data:`revgnn.data.ogbn.OGBN_SPECS`) under
+    ``root``; returns its directory.
 
-    Labels are random (this is for plumbing, not learning). For ogbn-proteins every node gets one of
-    ``num_species`` NCBI-like taxonomy ids and the split is by species, as in the real data set; edges are
-    stored once (OGB adds the reverse direction). Arxiv's and products' splits are random thirds.
+    The layout follows OGB's ``master.csv`` (split directory, extra node files, tasks or classes) and
+    the feature widths of the data set's :class:`~revgnn.data.ogbn.OgbnSpec`. Labels are random (this is
+    for plumbing, not learning): 0/1 per task for binary tasks, a class id for multiclass ones. Where the
+    split is by species (ogbn-proteins) every node gets one of ``num_species`` NCBI-like taxonomy ids and
+    train/valid/test never share one, as in the real data set; other splits are random thirds. Edges are
+    stored once (OGB adds the reverse direction where the real data set has it).
     """
-    if name not in _SPECS:
-        raise ValueError(f"no fake layout for {name!r}; expected one of {sorted(_SPECS)}")
-    dir_name, split_name, node_dim, edge_dim, out_dim, extra = _SPECS[name]
+    from revgnn.data.ogbn import OGBN_SPECS, _meta
+
+    if name not in OGBN_SPECS:
+        raise ValueError(f"no fake layout for {name!r}; expected one of {sorted(OGBN_SPECS)}")
+    spec, meta = OGBN_SPECS[name], _meta(name)
+    if meta["split"] == "species" and not 4 <= num_species <= len(_TAXA):
+        raise ValueError(
+            f"num_species must be in [4, {len(_TAXA)}] (train, valid, 2 test), got {num_species}"
+        )
     rng = np.random.default_rng(seed)
-    path = osp.join(root, dir_name)
-    raw, split = osp.join(path, "raw"), osp.join(path, "split", split_name)
+    path = osp.join(root, name.replace("-", "_"))
+    raw, split = osp.join(path, "raw"), osp.join(path, "split", meta["split"])
     os.makedirs(raw, exist_ok=True)
     os.makedirs(split, exist_ok=True)
 
@@ -62,28 +73,28 @@ def write_fake_ogbn(
     _write(osp.join(raw, "edge.csv.gz"), np.stack([src, dst], 1))
     _write(osp.join(raw, "num-node-list.csv.gz"), [num_nodes])
     _write(osp.join(raw, "num-edge-list.csv.gz"), [num_edges])
-    if edge_dim:
-        _write(osp.join(raw, "edge-feat.csv.gz"), rng.random((num_edges, edge_dim)).round(3))
-    if node_dim:
-        _write(osp.join(raw, "node-feat.csv.gz"), rng.standard_normal((num_nodes, node_dim)).round(4))
-    if name == "ogbn-proteins":
-        labels = (rng.random((num_nodes, out_dim)) < 0.3).astype(np.int64)
-        taxa = np.array([3702, 4932, 6239, 7227, 7955, 9606, 10090, 511145])[:num_species]
-        species = taxa[np.arange(num_nodes) % num_species]
-        _write(osp.join(raw, "node-label.csv.gz"), labels)
-        _write(osp.join(raw, "node_species.csv.gz"), species)
+    if spec.edge_channels:
+        _write(osp.join(raw, "edge-feat.csv.gz"), rng.random((num_edges, spec.edge_channels)).round(3))
+    if spec.node_channels:
+        feats = rng.standard_normal((num_nodes, spec.node_channels)).round(4)
+        _write(osp.join(raw, "node-feat.csv.gz"), feats)
+    if meta["task type"] == "binary classification":
+        labels = (rng.random((num_nodes, int(meta["num tasks"]))) < 0.3).astype(np.int64)
+    else:
+        labels = rng.integers(0, int(meta["num classes"]), (num_nodes, 1))
+    _write(osp.join(raw, "node-label.csv.gz"), labels)
+    for extra in meta["additional node files"].split(","):
+        if extra != "None":
+            _write(osp.join(raw, f"{extra}.csv.gz"), _EXTRA_NODE_FILES[extra](rng, num_nodes, num_species))
+    if meta["split"] == "species":
         group = np.arange(num_nodes) % num_species
         train = np.nonzero(group < num_species - 3)[0]
         valid = np.nonzero(group == num_species - 3)[0]
         test = np.nonzero(group >= num_species - 2)[0]
     else:
-        _write(osp.join(raw, "node-label.csv.gz"), rng.integers(0, out_dim, (num_nodes, 1)))
-        if extra:
-            _write(osp.join(raw, f"{extra}.csv.gz"), rng.integers(2000, 2020, (num_nodes, 1)))
-        perm = rng.permutation(num_nodes)
-        train, valid, test = np.array_split(perm, 3)
-    for split_name_, idx in (("train", train), ("valid", valid), ("test", test)):
-        _write(osp.join(split, f"{split_name_}.csv.gz"), np.sort(idx))
+        train, valid, test = np.array_split(rng.permutation(num_nodes), 3)
+    for split_name, idx in (("train", train), ("valid", valid), ("test", test)):
+        _write(osp.join(split, f"{split_name}.csv.gz"), np.sort(idx))
     return path
 
 
