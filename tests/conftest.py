@@ -1,4 +1,9 @@
-"""Test-wide settings and fixtures."""
+"""Test-wide settings, fixtures and helpers.
+
+Helpers shared by several test files live here and are imported by name (``from conftest import
+rel_err``): pytest puts this directory on ``sys.path``, wherever it is started from. Paths are built
+from :data:`REPO`, never from the working directory.
+"""
 
 import os
 import subprocess
@@ -8,11 +13,38 @@ from pathlib import Path
 import pytest
 import torch
 
-# The tests use tiny graphs: one thread avoids OpenMP spin-waiting, which makes
-# small ops 10-100x slower when the two cores are shared with other processes.
+# The tests use tiny graphs: one thread avoids OpenMP spin-waiting, which makes small ops many
+# times slower when the cores are shared with other processes.
 torch.set_num_threads(1)
 
 REPO = Path(__file__).resolve().parents[1]
+CONFIG_DIR = str(REPO / "revgnn" / "configs")
+
+#: Overrides for a whole ``revgnn-train`` run that finishes in seconds (tiny graph and model, one epoch).
+TINY_RUN = [
+    "data.num_nodes=400",
+    "data.window=5",
+    "data.avg_degree=6",
+    "data.max_hops=2",
+    "model.num_layers=2",
+    "model.hidden_channels=8",
+    "trainer.eval_parts=1",
+    "trainer.epochs=1",
+    "logger.progress_bar=false",
+    "logger.plot=false",
+    "backend.num_threads=1",
+]
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor, floor: float = 1e-30) -> float:
+    r"""Relative error of ``a`` against the reference ``b``, :math:`\max|a - b| / \max|b|`: the
+    largest deviation over the reference's largest entry (floored at ``floor``), so that entries near
+    zero are judged at the scale of the whole tensor. Shapes must match; two empty tensors agree."""
+    if a.shape != b.shape:
+        raise AssertionError(f"shape {tuple(a.shape)} vs {tuple(b.shape)}")
+    if a.numel() == 0:
+        return 0.0
+    return ((a - b).abs().max() / b.abs().max().clamp_min(floor)).item()
 
 
 @pytest.fixture
@@ -37,18 +69,19 @@ def train_cli(tmp_path):
     return run
 
 
-CONFIG_DIR = str(REPO / "revgnn" / "configs")
-
-
-def compose_train(out_dir, *overrides):
-    """The composed ``train.yaml`` with ``overrides`` and ``output_dir=out_dir`` (no plot, no bar)."""
-    from hydra import compose, initialize_config_dir
+def compose(overrides=(), config_name="train"):
+    """The composed ``config_name`` (default ``train.yaml``) of the package's configs, with ``overrides``."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
 
     import revgnn.config  # noqa: F401  (registers the schemas)
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose(
-            config_name="train", overrides=["logger.plot=false", "logger.progress_bar=false", *overrides]
-        )
+        return hydra_compose(config_name=config_name, overrides=list(overrides))
+
+
+def compose_train(out_dir, *overrides):
+    """The composed ``train.yaml`` with ``overrides`` and ``output_dir=out_dir`` (no plot, no bar)."""
+    cfg = compose(["logger.plot=false", "logger.progress_bar=false", *overrides])
     cfg.output_dir = str(out_dir)
     return cfg

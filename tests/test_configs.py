@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
+from conftest import CONFIG_DIR, REPO, compose
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
@@ -17,16 +17,9 @@ from revgnn.engine.tasks import make_task, shapes
 from revgnn.evaluate import as_edge_index
 from revgnn.testing.fake_ogb import write_fake_ogbg, write_fake_ogbn
 
-CONFIG_DIR = str(Path(revgnn.config.__file__).parent / "configs")
-REPO = Path(__file__).resolve().parents[1]
 EXPERIMENTS = sorted(p.stem for p in Path(CONFIG_DIR, "experiment").glob("*.yaml"))
 MODELS = sorted(p.stem for p in Path(CONFIG_DIR, "model").glob("*.yaml"))
 TINY = {"num_layers": 2, "hidden_channels": 8}
-
-
-def _compose(overrides=()):
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        return compose(config_name="train", overrides=list(overrides))
 
 
 def test_top_level_configs_symlink_points_at_package_configs():
@@ -62,7 +55,7 @@ def _tiny_model(cfg):
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_experiment_instantiates_model_and_data(experiment, fake_ogb_root, monkeypatch):
     monkeypatch.setattr("builtins.input", lambda *a: pytest.fail("OGB prompted"))
-    cfg = _compose([f"experiment={experiment}"])
+    cfg = compose([f"experiment={experiment}"])
     assert cfg.name == experiment
     if "root" in cfg.data:
         cfg.data.root = fake_ogb_root
@@ -95,7 +88,7 @@ def test_experiment_instantiates_model_and_data(experiment, fake_ogb_root, monke
 
 @pytest.mark.parametrize("model", MODELS)
 def test_every_model_config_builds_on_proteins_like(model):
-    cfg = _compose(
+    cfg = compose(
         [f"model={model}", "data.num_nodes=400", "data.window=5", "data.avg_degree=6", "data.max_hops=2"]
     )
     _tiny_model(cfg)
@@ -125,7 +118,7 @@ def test_every_model_config_builds_on_proteins_like(model):
 )
 def test_typos_are_errors_naming_the_key(override, key):
     with pytest.raises(ConfigCompositionException) as err:
-        _compose([override])
+        compose([override])
     assert key in str(err.value) + str(err.value.__cause__)
 
 
@@ -135,12 +128,12 @@ def test_typos_are_errors_naming_the_key(override, key):
 )
 def test_wrong_types_are_errors_naming_the_key(override, key):
     with pytest.raises(ConfigCompositionException) as err:
-        _compose([override])
+        compose([override])
     assert key in str(err.value) + str(err.value.__cause__)
 
 
 def test_unknown_model_override_in_free_yaml_is_rejected_by_registry():
-    cfg = _compose(["data.num_nodes=400", "data.window=5", "data.avg_degree=6"])
+    cfg = compose(["data.num_nodes=400", "data.window=5", "data.avg_degree=6"])
     kwargs = OmegaConf.to_container(cfg.model)
     kwargs["num_layerz"] = 3  # a model YAML without the schema still cannot sneak a typo through
     from hydra.errors import InstantiationException

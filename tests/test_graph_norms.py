@@ -7,17 +7,13 @@ statistics after several optimiser steps.
 
 import pytest
 import torch
+from conftest import rel_err
 from torch import nn
 
 from revgnn.models import create_model
 from revgnn.nn import GENBlock, GroupAddRev, Shared, SharedDropout
 
 N, E, G = 30, 120, 3
-
-
-def rel_err(a, b, floor=1e-30):
-    """Max abs difference relative to the reference's max (or ``floor`` when that is smaller)."""
-    return ((a - b).abs().max() / b.abs().max().clamp_min(floor)).item()
 
 
 def assert_grads_equal(g_rev, g_ref, tol=1e-10):

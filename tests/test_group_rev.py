@@ -3,6 +3,7 @@
 import pytest
 import torch
 import torch_geometric.typing
+from conftest import rel_err
 from torch import nn
 
 from revgnn.nn import (
@@ -27,10 +28,6 @@ def graph():
     g = torch.Generator().manual_seed(0)
     edge_index = torch.randint(0, N, (2, E), generator=g)
     return edge_index
-
-
-def rel_err(a, b):
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
 
 
 BLOCK_FACTORIES = {

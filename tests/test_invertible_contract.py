@@ -3,6 +3,7 @@ a plain autograd reference (outputs and every gradient, dropout on), memory flat
 
 import pytest
 import torch
+from conftest import rel_err
 from torch import nn
 
 from revgnn import nn as rnn
@@ -48,10 +49,6 @@ def reference(block, x, cond):
     x1, x2 = x.chunk(2, dim=-1)
     log_s = torch.tanh(block.scale(torch.cat([x2, cond], dim=-1)))
     return torch.cat([x2, x1 * log_s.exp() + block.shift(block.drop(x2))], dim=-1)
-
-
-def rel_err(a, b):
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item()
 
 
 def grads_of(blocks, x, cond, forward):

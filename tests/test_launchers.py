@@ -9,27 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import CONFIG_DIR, REPO, TINY_RUN
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
 import revgnn.config  # noqa: F401  (registers the schemas)
 from revgnn.cli import reproduce
-
-REPO = Path(__file__).resolve().parents[1]
-CONFIG_DIR = str(REPO / "revgnn" / "configs")
-TINY = [
-    "data.num_nodes=400",
-    "data.window=5",
-    "data.avg_degree=6",
-    "data.max_hops=2",
-    "model.num_layers=2",
-    "model.hidden_channels=8",
-    "trainer.eval_parts=1",
-    "trainer.epochs=1",
-    "logger.progress_bar=false",
-    "logger.plot=false",
-    "backend.num_threads=1",
-]
 
 needs_submitit = pytest.mark.skipif(
     not reproduce.have_submitit(),
@@ -76,7 +61,7 @@ def test_two_seed_sweep_through_submitit_local(tmp_path):
             "-m",
             "hydra/launcher=local",
             "seed=0,1",
-            *TINY,
+            *TINY_RUN,
             f"hydra.sweep.dir={sweep}",
         ],
         cwd=tmp_path,

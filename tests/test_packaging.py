@@ -18,21 +18,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-TINY = [
-    "data.num_nodes=400",
-    "data.window=5",
-    "data.avg_degree=6",
-    "data.max_hops=2",
-    "model.num_layers=2",
-    "model.hidden_channels=8",
-    "trainer.eval_parts=1",
-    "trainer.epochs=1",
-    "logger.progress_bar=false",
-    "logger.plot=false",
-    "backend.num_threads=1",
-]
+from conftest import REPO, TINY_RUN
 
 
 def _run(cmd, cwd, env, timeout=300):
@@ -120,7 +106,7 @@ def test_wheel_installs_and_its_console_scripts_train_and_evaluate(tmp_path):
     work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
     work.mkdir()
     elsewhere.mkdir()
-    _run([venv / "bin" / "revgnn-train", *TINY, f"output_dir={run_dir}"], cwd=work, env=env)
+    _run([venv / "bin" / "revgnn-train", *TINY_RUN, f"output_dir={run_dir}"], cwd=work, env=env)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["epochs"] == 1
     proc = _run([venv / "bin" / "revgnn-evaluate", run_dir / "best.pt"], cwd=elsewhere, env=env)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import rel_err
 
 from revgnn.distributed.launch import run_workers
 from revgnn.distributed.sar_partition import build_partitions
@@ -44,13 +45,6 @@ def make_parts(world_size: int, kind: str) -> torch.Tensor:
     from revgnn.distributed.sar_partition import partition_nodes
 
     return partition_nodes(ei, N, world_size, method=kind, seed=0)
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    if a.shape != b.shape:
-        raise AssertionError(f"shape {tuple(a.shape)} vs {tuple(b.shape)}")
-    scale = b.abs().max().item() if b.numel() else 0.0
-    return (a - b).abs().max().item() / max(scale, 1e-30) if a.numel() else 0.0
 
 
 def _conv_models():

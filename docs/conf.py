@@ -1,0 +1,79 @@
+"""Sphinx configuration of the revgnn documentation (built by ``scripts/docs.sh``).
+
+The API reference is generated from the docstrings (reST with math, Google-style ``Args:``
+sections); the guides are Markdown, read by myst-parser. Nothing is fetched at build time (no
+intersphinx inventories), so the site builds offline.
+"""
+
+import os
+import sys
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, ROOT)
+
+import revgnn  # noqa: E402
+
+project = "revgnn"
+author = "the revgnn authors"
+copyright = "the revgnn authors"
+release = version = revgnn.__version__
+
+extensions = [
+    "sphinx.ext.autodoc",
+    "sphinx.ext.autosummary",
+    "sphinx.ext.napoleon",
+    "sphinx.ext.mathjax",
+    "sphinx.ext.viewcode",
+    "myst_parser",
+]
+
+source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
+root_doc = "index"
+templates_path = ["_templates"]
+exclude_patterns = ["_build"]
+
+# ---- API reference ----
+# One page per module (docs/api/generated/, written by autosummary at every build). Each object
+# is documented once, in the module that defines it: a package's __all__ re-exports are not
+# documented again on the package page (that would describe one object twice).
+autosummary_generate = True
+autosummary_imported_members = False
+autodoc_default_options = {
+    "members": True,
+    "show-inheritance": True,
+    "ignore-module-all": True,
+    "member-order": "bysource",
+}
+autodoc_typehints = "description"
+autodoc_class_signature = "separated"
+autoclass_content = "class"
+# torch.autograd.Function.forward and friends: their docstrings describe torch, not these classes
+autodoc_inherit_docstrings = False
+# Google-style "Args:" as in PyG: "name (type, optional): text. (default: ...)"
+napoleon_google_docstring = True
+napoleon_numpy_docstring = False
+napoleon_use_rtype = False
+
+# ---- Markdown guides ----
+myst_enable_extensions = ["dollarmath", "colon_fence"]
+myst_heading_anchors = 3
+
+# ---- HTML ----
+html_theme = "alabaster"
+html_title = f"revgnn {release}"
+html_static_path = []
+
+
+# ---- Benchmark tables ----
+def _title_bench_tables(app, docname, source):
+    """Gives a page under docs/bench/ without a heading its file name as title (in memory only).
+
+    The benchmark scripts write some tables without a title, and Sphinx cannot link to a page that
+    has none.
+    """
+    if docname.startswith("bench/") and not source[0].lstrip().startswith("#"):
+        source[0] = f"# docs/{docname}.md\n\n" + source[0]
+
+
+def setup(app):
+    app.connect("source-read", _title_bench_tables)
