@@ -12,7 +12,10 @@
 // whose messages are recomputed and the gradient split evenly among the tied edges (what PyTorch's
 // scatter_reduce "amax" backward does, and so PyG's GENConv).
 //
-// Threads: torch's intra-op pool (at::parallel_for), so torch.set_num_threads applies. Forward is
+// Threads: torch's intra-op pool (at::parallel_for), so torch.set_num_threads applies. A task gets
+// at least torch's own grain of work (at::internal::GRAIN_SIZE elements, counted as edges x
+// channels), as torch's element-wise ops do: a small graph runs in one thread instead of opening a
+// parallel region whose join waits for every thread's time slice on a busy machine. Forward is
 // parallel over destination nodes and deterministic. Backward scatters into source rows, which
 // different nodes share: each of R fixed contiguous node ranges writes its own buffer (R chosen
 // by the caller), summed afterwards in a fixed order, so it is deterministic too.
@@ -24,6 +27,7 @@
 // shards into exactly the one-process result and gradient split.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include <ATen/TensorIterator.h>  // at::internal::GRAIN_SIZE
 
 #include <algorithm>
 #include <cstdint>
@@ -51,6 +55,12 @@ struct GenMax {
   int64_t C, d;
   int64_t E;     // edges in all
   int64_t rows;  // rows of x (source nodes); the destinations are ptr's N (equal but for shards)
+
+  // Destinations per parallel task: torch's grain of work at the mean in-degree.
+  inline int64_t grain(int64_t N) const {
+    const int64_t per_row = std::max<int64_t>(1, E / std::max<int64_t>(1, N)) * C;
+    return std::max<int64_t>(1, at::internal::GRAIN_SIZE / per_row);
+  }
 
   // Pre-activation messages of edge e for channels [c0, c0 + n), n <= kLanes (scalar reference).
   inline void message(T* __restrict m, int64_t e, int64_t c0, int64_t n) const {
@@ -187,7 +197,7 @@ struct GenMax {
     return tied;
   }
   void forward(int64_t N, T eps, T* out, int32_t* arg, uint8_t* tied) const {
-    at::parallel_for(0, N, 64, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, N, grain(N), [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         bool any = false;
         // full blocks in chunks of at most kChunk, as even as possible (C = 80: 5 + 5)
@@ -273,7 +283,7 @@ struct GenMax {
   // counted as tied_node counts them (so that a gradient of count * g / n handed to backward
   // gives g / n to every tied edge). Untied nodes have one winner where arg >= 0.
   void counts(int64_t N, const int32_t* arg, const uint8_t* tied, T* count) const {
-    at::parallel_for(0, N, 64, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, N, grain(N), [&](int64_t begin, int64_t end) {
       std::vector<T> msg, best(C), cnt(C);
       for (int64_t i = begin; i < end; ++i) {
         T* ci = count + i * C;

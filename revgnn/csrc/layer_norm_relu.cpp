@@ -16,6 +16,7 @@
 // a wider tensor); elements within a row must be contiguous.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include <ATen/TensorIterator.h>  // at::internal::GRAIN_SIZE
 
 #include <cmath>
 #include <cstring>
@@ -50,7 +51,9 @@ void forward_rows(const T* x, int64_t ldx, const T* w, const T* b, const T* m, i
                   T* out, T* mean, T* rstd, int64_t N, int64_t C, double eps) {
   using vec = typename V<T>::vec;
   const int64_t CV = C - C % L;  // channels in full vectors; the rest one at a time
-  at::parallel_for(0, N, 64, [&](int64_t begin, int64_t end) {
+  // at least torch's grain of work per task (at::internal::GRAIN_SIZE elements), as its own ops
+  at::parallel_for(0, N, std::max<int64_t>(1, at::internal::GRAIN_SIZE / std::max<int64_t>(1, C)),
+                   [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const T* xi = x + i * ldx;
       vec sv = vec{};
@@ -93,7 +96,8 @@ void backward_rows(const T* go, const T* x, int64_t ldx, const T* w, const T* b,
   using vec = typename V<T>::vec;
   const int64_t CV = C - C % L;
   const int64_t blocks = (N + ROWS - 1) / ROWS;
-  at::parallel_for(0, blocks, 1, [&](int64_t bb, int64_t be) {
+  at::parallel_for(0, blocks, std::max<int64_t>(1, at::internal::GRAIN_SIZE / (ROWS * std::max<int64_t>(1, C))),
+                   [&](int64_t bb, int64_t be) {
     std::vector<T> g(C), xh(C);
     for (int64_t blk = bb; blk < be; ++blk) {
       T* gw = gw_part ? gw_part + blk * C : nullptr;

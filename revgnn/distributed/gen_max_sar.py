@@ -58,14 +58,11 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from revgnn.nn.edge_features import LinearEdgeFeatures
+from revgnn.nn.gen_max import scatter_buffers
 
 from .sar import SARGraph
 
 __all__ = ["sar_gen_max", "SARGENMax"]
-
-#: Upper bound on the per-thread gradient buffers of a shard's backward (as
-#: :data:`revgnn.nn.gen_max.SCATTER_BUFFER_BYTES`).
-SCATTER_BUFFER_BYTES = 256 * 2**20
 
 
 def _kernel():
@@ -217,14 +214,7 @@ class SARGENMax(torch.autograd.Function):
                 g = share.clone()
                 reach = (arg.index_select(0, nodes) >= 0).to(share.dtype)
                 g.index_copy_(0, nodes, share.index_select(0, nodes) * counts * reach)
-            # gradient buffers for the scatter into source rows, one per thread
-            buffers = max(
-                1,
-                min(
-                    torch.get_num_threads(),
-                    SCATTER_BUFFER_BYTES // max(1, block.numel() * block.element_size()),
-                ),
-            )
+            buffers = scatter_buffers(block, src.numel())
             # the fetched rows' gradient is always formed: the owner waits for it
             gx, ga, gw, gb = kernel.shard_backward(
                 g, arg, tied, block, ptr, src, attr_q, wt, bias_c, buffers, True, need_attr, need_w, need_b
