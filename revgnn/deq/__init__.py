@@ -17,6 +17,7 @@ Example::
 
 from .implicit import implicit_equilibrium, phantom_grad, unroll
 from .module import BACKWARD_MODES, DEQ, DEQConvergenceWarning
+from .regularize import jacobian_frobenius, spectral_radius
 from .solvers import (
     SOLVERS,
     SolverDivergenceError,
@@ -26,6 +27,7 @@ from .solvers import (
     check_solver_options,
     fixed_point,
     get_solver,
+    register_solver,
     solver_options,
 )
 
@@ -40,6 +42,9 @@ __all__ = [
     "broyden",
     "fixed_point",
     "get_solver",
+    "register_solver",
+    "jacobian_frobenius",
+    "spectral_radius",
     "solver_options",
     "check_solver_options",
     "implicit_equilibrium",

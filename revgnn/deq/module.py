@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 
 from .implicit import implicit_equilibrium, phantom_grad, unroll
-from .solvers import SolverDivergenceError, SolverResult, check_solver_options, get_solver
+from .regularize import jacobian_frobenius, spectral_radius
+from .solvers import SolverDivergenceError, SolverResult, check_solver_options, get_solver, solver_options
+
+#: Solver arguments the DEQ sets itself (from its own arguments); not allowed in ``solver_options``.
+_MANAGED = ("max_iter", "tol", "stop_mode", "batch", "keep")
 
 __all__ = ["DEQ", "DEQConvergenceWarning", "BACKWARD_MODES"]
 
@@ -56,6 +60,31 @@ class DEQ(nn.Module):
     A solve that ends above its tolerance emits a :class:`DEQConvergenceWarning` and is recorded in
     :attr:`stats` (with :attr:`traces`); NaN/inf raises :class:`~revgnn.deq.SolverDivergenceError`.
 
+    **Keeping the map solvable while it trains** (training forwards only, i.e. :obj:`self.training`
+    with autograd on):
+
+    * *Jacobian regularisation* (Bai et al., ICML 2021): every :obj:`jac_reg_every`-th training forward
+      adds :math:`\gamma\, \widehat{\|\mathbf{J}\|_F^2} / d` to :meth:`auxiliary_loss`, the Hutchinson
+      estimate (:func:`~revgnn.deq.jacobian_frobenius`, :obj:`jac_reg_probes` Rademacher probes) of the
+      Jacobian :math:`\mathbf{J} = \partial f/\partial\mathbf{z}` at :math:`\mathbf{z}^*` divided by the
+      state size :math:`d`, weighted by :math:`\gamma =` :obj:`jac_reg_weight`. Its value is logged by
+      :meth:`epoch_stats` (``jac_frobenius_mean``/``_max``). The training loop adds every module's
+      :meth:`auxiliary_loss` to the batch's loss (:func:`revgnn.engine.loop.model_auxiliary_loss`).
+      The term's gradient differentiates :math:`f` twice; a map whose fast kernels are differentiable
+      once offers the same function as :obj:`f.twice_differentiable(z, *inputs)`, used for this term.
+    * *Spectral radius*: every :obj:`spectral_radius_every`-th training forward estimates
+      :math:`\rho(\mathbf{J})` at :math:`\mathbf{z}^*` by :obj:`spectral_radius_iters` power iterations
+      (:func:`~revgnn.deq.spectral_radius`; logged as ``spectral_radius_mean``/``_max``).
+    * *Fixed-point correction* (Bai et al., CVPR 2022): :obj:`correction_states` :math:`=K` iterates
+      :math:`\mathbf{z}_{k_i}` of the forward solve, at evaluations :math:`k_i = \lceil i \cdot
+      \text{max\_iter}/(K+1) \rceil` (those the solve reached), each given a one-step gradient
+      :math:`\hat{\mathbf{z}}_i = f(\operatorname{sg}(\mathbf{z}_{k_i}))`, with weights
+      :math:`w_i = \lambda^{K+1-i}` (:math:`\lambda =` :obj:`correction_gamma`; later iterates weigh
+      more, :math:`\mathbf{z}^*` itself has weight 1). :meth:`correction_states` hands them to the model
+      that owns the DEQ, which adds :math:`\sum_i w_i\, \ell(\mathrm{head}(\hat{\mathbf{z}}_i))` to
+      its loss (see :class:`revgnn.models.deq_gnn.DEQGNN`). Not used in :obj:`"unroll"` mode, whose
+      iterates are all differentiated already.
+
     Args:
         f (torch.nn.Module): the map, called as :obj:`f(z, *inputs)`; must return a tensor shaped like
             :obj:`z`.
@@ -76,6 +105,10 @@ class DEQ(nn.Module):
             (default: :obj:`None`)
         backward_solver_options (dict, optional): extra options of the adjoint solver; :obj:`None` reuses
             :obj:`solver_options` when the solvers are the same. (default: :obj:`None`)
+        backward_stop_mode (str, optional): residual the adjoint solve stops on; :obj:`None` uses
+            :obj:`stop_mode`. (default: :obj:`None`)
+        eval_max_iter (int, optional): forward budget in evaluation mode (:obj:`self.training` false);
+            :obj:`None` uses :obj:`max_iter`. (default: :obj:`None`)
         phantom_steps (int, optional): steps of the phantom gradient. (default: :obj:`5`)
         phantom_damping (float, optional): damping :math:`\tau \in (0, 1]` of the phantom gradient.
             (default: :obj:`0.8`)
@@ -83,6 +116,17 @@ class DEQ(nn.Module):
         warm_start (bool, optional): start from the previous equilibrium when the state has the same shape,
             dtype and device (useful when the same graph is solved repeatedly; a wrong warm start only
             costs iterations, never correctness). (default: :obj:`False`)
+        jac_reg_weight (float, optional): weight :math:`\gamma \ge 0` of the Jacobian regularisation;
+            :obj:`0` switches it off. (default: :obj:`0.0`)
+        jac_reg_every (int, optional): regularise every this many training forwards. (default: :obj:`1`)
+        jac_reg_probes (int, optional): Hutchinson probes per estimate. (default: :obj:`1`)
+        spectral_radius_every (int, optional): estimate :math:`\rho(\mathbf{J})` every this many training
+            forwards; :obj:`0` never. (default: :obj:`0`)
+        spectral_radius_iters (int, optional): power iterations per estimate. (default: :obj:`20`)
+        correction_states (int, optional): number :math:`K` of supervised intermediate iterates (fixed-point
+            correction); :obj:`0` switches it off. (default: :obj:`0`)
+        correction_gamma (float, optional): weight decay :math:`\lambda \in (0, 1]` of the corrections.
+            (default: :obj:`0.8`)
     """
 
     def __init__(
@@ -102,6 +146,15 @@ class DEQ(nn.Module):
         phantom_damping: float = 0.8,
         unroll_steps: Optional[int] = None,
         warm_start: bool = False,
+        backward_stop_mode: Optional[str] = None,
+        eval_max_iter: Optional[int] = None,
+        jac_reg_weight: float = 0.0,
+        jac_reg_every: int = 1,
+        jac_reg_probes: int = 1,
+        spectral_radius_every: int = 0,
+        spectral_radius_iters: int = 20,
+        correction_states: int = 0,
+        correction_gamma: float = 0.8,
     ):
         super().__init__()
         self.f = f
@@ -120,18 +173,63 @@ class DEQ(nn.Module):
         self.phantom_damping = float(phantom_damping)
         self.unroll_steps = int(unroll_steps or max_iter)
         self.warm_start = warm_start
+        self.backward_stop_mode = backward_stop_mode or stop_mode
+        self.eval_max_iter = int(eval_max_iter or max_iter)
+        self.jac_reg_weight = float(jac_reg_weight)
+        self.jac_reg_every = int(jac_reg_every)
+        self.jac_reg_probes = int(jac_reg_probes)
+        self.spectral_radius_every = int(spectral_radius_every)
+        self.spectral_radius_iters = int(spectral_radius_iters)
+        self.num_corrections = int(correction_states)
+        self.correction_gamma = float(correction_gamma)
         self.backward = backward
         self._check()
         self.stats: Dict[str, float] = {}
         self.traces: Dict[str, List[float]] = {}
         self._z_prev: Optional[Tensor] = None
         self._solves: Dict[str, List[tuple]] = {"forward": [], "backward": []}
+        self._monitor: Dict[str, List[float]] = {"jac_frobenius": [], "spectral_radius": []}
+        self._aux: List[Tensor] = []
+        self._corrections: List[Tuple[float, Tensor]] = []
+        self._train_forwards = 0
 
     def _check(self) -> None:
+        for which, options in (
+            ("solver_options", self.solver_options),
+            ("backward_solver_options", self.backward_solver_options),
+        ):
+            managed = sorted(set(options) & set(_MANAGED))
+            if managed:
+                raise ValueError(
+                    f"{which} may not set {managed}: the DEQ sets them from its own arguments "
+                    "(max_iter, tol, stop_mode, backward_*; batch is forward's argument)"
+                )
         check_solver_options(self.solver, self.solver_options)
         check_solver_options(self.backward_solver, self.backward_solver_options)
-        if self.stop_mode not in ("abs", "rel"):
-            raise ValueError(f"stop_mode must be 'abs' or 'rel', got {self.stop_mode!r}")
+        for mode in (self.stop_mode, self.backward_stop_mode):
+            if mode not in ("abs", "rel"):
+                raise ValueError(f"stop_mode and backward_stop_mode must be 'abs' or 'rel', got {mode!r}")
+        if self.eval_max_iter < 1:
+            raise ValueError(f"eval_max_iter must be >= 1, got {self.eval_max_iter}")
+        if self.jac_reg_weight < 0 or self.jac_reg_every < 1 or self.jac_reg_probes < 1:
+            raise ValueError(
+                f"jac_reg_weight must be >= 0 and jac_reg_every, jac_reg_probes >= 1, got "
+                f"{self.jac_reg_weight}, {self.jac_reg_every}, {self.jac_reg_probes}"
+            )
+        if self.spectral_radius_every < 0 or self.spectral_radius_iters < 1:
+            raise ValueError("spectral_radius_every must be >= 0 and spectral_radius_iters >= 1")
+        if self.num_corrections < 0 or not 0.0 < self.correction_gamma <= 1.0:
+            raise ValueError("correction_states must be >= 0 and correction_gamma in (0, 1]")
+        if self.num_corrections > self.max_iter:
+            raise ValueError(
+                f"correction_states={self.num_corrections} exceeds max_iter={self.max_iter}: there are "
+                "not that many iterates to supervise"
+            )
+        if self.num_corrections and "keep" not in solver_options(self.solver):
+            raise TypeError(
+                f"correction_states needs a solver that returns intermediate iterates (keyword 'keep'); "
+                f"{self.solver!r} does not accept it"
+            )
         if self.backward not in BACKWARD_MODES:
             raise ValueError(f"backward must be one of {BACKWARD_MODES}, got {self.backward!r}")
         if self.phantom_steps < 1 or not 0.0 < self.phantom_damping <= 1.0:
@@ -159,42 +257,66 @@ class DEQ(nn.Module):
         r"""Forgets the stored equilibrium used for warm starts."""
         self._z_prev = None
 
-    def solve(self, *inputs: Tensor, z0: Optional[Tensor] = None) -> SolverResult:
-        r"""Run the forward solver only (no autograd graph); returns the full :class:`SolverResult`."""
+    @property
+    def budget(self) -> int:
+        r"""The forward evaluation budget in the current mode (:obj:`max_iter` or :obj:`eval_max_iter`)."""
+        return self.max_iter if self.training else self.eval_max_iter
+
+    def solve(
+        self, *inputs: Tensor, z0: Optional[Tensor] = None, batch: Optional[Tensor] = None, keep=()
+    ) -> SolverResult:
+        r"""Run the forward solver only (no autograd graph); returns the full :class:`SolverResult`.
+        :obj:`batch` and :obj:`keep` are passed to the solver (see :func:`~revgnn.deq.anderson`)."""
         z_init = self._initial_state(inputs, z0)
+        extra = self._graph_options(self.solver, batch)
+        if keep:
+            extra["keep"] = tuple(keep)
         result = get_solver(self.solver)(
             lambda z: self.f(z, *inputs),
             z_init,
-            max_iter=self.max_iter,
+            max_iter=self.budget,
             tol=self.tol,
             stop_mode=self.stop_mode,
             **self.solver_options,
+            **extra,
         )
         self._record("forward", result)
         if self.warm_start:
             self._z_prev = result.z.detach()
         return result
 
-    def forward(self, *inputs: Tensor, z0: Optional[Tensor] = None) -> Tensor:
+    def forward(self, *inputs: Tensor, z0: Optional[Tensor] = None, batch: Optional[Tensor] = None) -> Tensor:
         r"""
         Args:
             *inputs (Tensor): passed to :obj:`f` after the state; the first one also fixes the default
                 initial state :math:`\mathbf{z}_0 = \mathbf{0}` (same shape).
             z0 (Tensor, optional): initial state when there is no warm start (it also fixes the shape
                 of the state when that differs from :obj:`inputs[0]`). (default: :obj:`None`)
+            batch (LongTensor, optional): graph id of each row of the state: the forward and adjoint
+                solves judge and mix every graph on its own (see :mod:`revgnn.deq.solvers`); for maps
+                that do not couple the graphs. (default: :obj:`None`)
         """
         device_type = next((t.device.type for t in inputs if isinstance(t, Tensor)), "cpu")
         if torch.is_autocast_enabled(device_type):
             # Solve in float32: bf16/fp16 (eps 8e-3 / 1e-3) cannot reach a useful residual tolerance.
             with torch.autocast(device_type, enabled=False):
                 inputs = tuple(t.float() if isinstance(t, Tensor) and t.dtype in _HALF else t for t in inputs)
-                return self._forward(inputs, None if z0 is None else z0.float())
-        return self._forward(inputs, z0)
+                return self._forward(inputs, None if z0 is None else z0.float(), batch)
+        return self._forward(inputs, z0, batch)
 
-    def _forward(self, inputs, z0: Optional[Tensor]) -> Tensor:
+    def _forward(self, inputs, z0: Optional[Tensor], batch: Optional[Tensor]) -> Tensor:
         def f(z: Tensor) -> Tensor:
             return self.f(z, *inputs)
 
+        training = self.training and torch.is_grad_enabled()
+        if training:
+            if self._corrections:
+                raise RuntimeError(
+                    "DEQ: the fixed-point corrections of the previous training forward were never "
+                    "collected; the model that owns this DEQ must call correction_states() after each "
+                    "forward (DEQGNN.auxiliary_loss does), or set correction_states=0"
+                )
+            self._train_forwards += 1
         if self.backward == "unroll":
             z, abs_res, rel_res = unroll(f, self._initial_state(inputs, z0), self.unroll_steps)
             if not (math.isfinite(abs_res) and math.isfinite(rel_res)):
@@ -209,9 +331,20 @@ class DEQ(nn.Module):
                 "forward_rel_residual": rel_res,
             }
             self._solves["forward"].append((self.unroll_steps, res, res <= self.tol))
+            if training:
+                self._regularise(f, z, inputs)
             return z
 
-        z_star = self.solve(*inputs, z0=z0).z
+        k = self.num_corrections if training else 0
+        keep = [math.ceil(i * self.max_iter / (k + 1)) for i in range(1, k + 1)]
+        result = self.solve(*inputs, z0=z0, batch=batch, keep=keep)
+        z_star = result.z
+        if training:
+            self._regularise(f, z_star, inputs)
+            weights = [self.correction_gamma ** (k + 1 - i) for i in range(1, k + 1)]
+            self._corrections = [
+                (w, f(result.iterates[s])) for w, s in zip(weights, keep) if s in result.iterates
+            ]
         if not (torch.is_grad_enabled() and self._needs_grad(inputs)):
             return z_star
         if self.backward == "phantom":
@@ -221,18 +354,60 @@ class DEQ(nn.Module):
             z_star,
             inputs,
             list(self.f.parameters()),
-            self._solve_adjoint,
+            lambda adjoint_map, u0: self._solve_adjoint(adjoint_map, u0, batch),
             lambda r: self._record("backward", r),
         )
 
-    def _solve_adjoint(self, adjoint_map, u0: Tensor) -> SolverResult:
+    def _regularise(self, f, z_star: Tensor, inputs) -> None:
+        """Jacobian regularisation term and spectral-radius estimate at the equilibrium (training)."""
+        n = self._train_forwards - 1
+        jac = self.jac_reg_weight > 0 and n % self.jac_reg_every == 0
+        rho = self.spectral_radius_every > 0 and n % self.spectral_radius_every == 0
+        if not (jac or rho):
+            return
+        z = z_star.detach().requires_grad_()
+        fz = f(z)
+        if jac:
+            twice = getattr(self.f, "twice_differentiable", None)  # a map with first-order-only kernels
+            fz2 = fz if twice is None else twice(z, *inputs)
+            term = jacobian_frobenius(fz2, z, self.jac_reg_probes, create_graph=True) / z.numel()
+            self._aux.append(self.jac_reg_weight * term)
+            self._monitor["jac_frobenius"].append(term.item())
+        if rho:
+            self._monitor["spectral_radius"].append(spectral_radius(fz, z, self.spectral_radius_iters))
+
+    def auxiliary_loss(self, output_loss=None) -> Optional[Tensor]:
+        r"""The Jacobian regularisation terms of the training forwards since the last call (summed), or
+        :obj:`None`; forgets them. The training loop calls it after every forward and adds it to the
+        batch's loss (:obj:`output_loss`, the loss of a model output, is not needed here)."""
+        if not self._aux:
+            return None
+        total = torch.stack(self._aux).sum()
+        self._aux.clear()
+        return total
+
+    def correction_states(self) -> List[Tuple[float, Tensor]]:
+        r"""The fixed-point corrections :math:`(w_i, \hat{\mathbf{z}}_i)` of the last training forward
+        (with autograd; empty without :obj:`correction_states`), and forgets them."""
+        out, self._corrections = self._corrections, []
+        return out
+
+    def _graph_options(self, solver: str, batch: Optional[Tensor]) -> Dict[str, Any]:
+        if batch is None:
+            return {}
+        if "batch" not in solver_options(solver):
+            raise TypeError(f"DEQ: solver {solver!r} does not accept 'batch' (per-graph solves)")
+        return {"batch": batch}
+
+    def _solve_adjoint(self, adjoint_map, u0: Tensor, batch: Optional[Tensor] = None) -> SolverResult:
         return get_solver(self.backward_solver)(
             adjoint_map,
             u0,
             max_iter=self.backward_max_iter,
             tol=self.backward_tol,
-            stop_mode=self.stop_mode,
+            stop_mode=self.backward_stop_mode,
             **self.backward_solver_options,
+            **self._graph_options(self.backward_solver, batch),
         )
 
     def _needs_grad(self, inputs) -> bool:
@@ -276,7 +451,9 @@ class DEQ(nn.Module):
         r"""Convergence of the solves since the last call, and forgets them: for ``forward`` and
         ``backward``, the mean and max function evaluations, the max final residual and the fraction
         of solves that converged (``{which}_steps_mean``, ``_steps_max``, ``_residual_max``,
-        ``_converged``). The training loop logs it once per epoch (``metrics.csv``, TensorBoard,
+        ``_converged``); with the monitors on, the mean and max of the Jacobian term
+        (``jac_frobenius_*``, :math:`\widehat{\|\mathbf{J}\|_F^2}/d`) and of the spectral radius
+        (``spectral_radius_*``). The training loop logs it once per epoch (``metrics.csv``, TensorBoard,
         ``summary.json``)."""
         out: Dict[str, float] = {}
         for which, solves in self._solves.items():
@@ -287,10 +464,17 @@ class DEQ(nn.Module):
                 out[f"{which}_residual_max"] = max(float(s[1]) for s in solves)
                 out[f"{which}_converged"] = sum(bool(s[2]) for s in solves) / len(solves)
             solves.clear()
+        for name, values in self._monitor.items():
+            if values:
+                out[f"{name}_mean"] = sum(values) / len(values)
+                out[f"{name}_max"] = max(values)
+            values.clear()
         return out
 
     def extra_repr(self) -> str:
         return (
             f"solver={self.solver}, max_iter={self.max_iter}, tol={self.tol:g}, "
             f"stop_mode={self.stop_mode}, backward={self.backward}"
+            + (f", jac_reg_weight={self.jac_reg_weight:g}" if self.jac_reg_weight else "")
+            + (f", correction_states={self.num_corrections}" if self.num_corrections else "")
         )

@@ -1,10 +1,10 @@
 r"""Root solvers for deep equilibrium models.
 
 Every solver looks for a fixed point :math:`\mathbf{z}^* = f(\mathbf{z}^*)` of a map given as a plain
-Python callable, starting from :obj:`z0`. The *whole* tensor is one problem: the node-feature matrix
-:math:`\mathbf{Z} \in \mathbb{R}^{N \times D}` of a graph is flattened into a single vector of length
-:math:`ND` (not :math:`N` problems of length :math:`D`, which is slower and worse conditioned because the
-nodes are coupled through the edges).
+Python callable, starting from :obj:`z0`. By default the *whole* tensor is one problem: the node-feature
+matrix :math:`\mathbf{Z} \in \mathbb{R}^{N \times D}` of a graph is flattened into a single vector of
+length :math:`ND` (not :math:`N` problems of length :math:`D`, which is slower and worse conditioned
+because the nodes are coupled through the edges).
 
 Residuals are measured on the flattened vector,
 
@@ -17,6 +17,17 @@ It returns the *best* iterate seen (lowest residual; the residual reported is ex
 the number of function evaluations, the residual trace and a converged flag, as a :class:`SolverResult`.
 A non-finite value (NaN/inf) in :math:`f(\mathbf{z})` or in an iterate raises
 :class:`SolverDivergenceError` immediately.
+
+**Many graphs in one batch.** With :obj:`batch` (the graph id :math:`b_i \in \{0, \ldots, G-1\}` of each
+row :math:`i` of :obj:`z0`, as in PyG), the rows of graph :math:`g` form their own problem
+:math:`\mathbf{z}_g`: residuals, the best iterate, the stop rule and the solver's mixing (Anderson's
+coefficients :math:`\boldsymbol{\gamma}_g`, Broyden's rank-one updates) are per graph, and a graph that
+has met its tolerance is frozen (its rows are not iterated further) while the others go on. The map is
+still evaluated on the whole batch at once. For a map that does not couple the graphs (a GNN on disjoint
+graphs), each graph's iterates are those of solving it alone; the result reports the number of
+evaluations each graph needed (:attr:`SolverResult.graph_steps`) and its residual.
+
+New solvers join the registry with :func:`register_solver`.
 
 Example::
 
@@ -33,7 +44,7 @@ from __future__ import annotations
 import inspect
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -46,12 +57,15 @@ __all__ = [
     "broyden",
     "SOLVERS",
     "get_solver",
+    "register_solver",
     "solver_options",
     "check_solver_options",
 ]
 
 MapFn = Callable[[Tensor], Tensor]
 STOP_MODES = ("abs", "rel")
+#: Keyword-only options every registered solver must accept.
+REQUIRED_OPTIONS = ("max_iter", "tol", "stop_mode")
 
 
 class SolverDivergenceError(FloatingPointError):
@@ -63,13 +77,23 @@ class SolverResult:
     r"""Outcome of a fixed-point solve.
 
     Attributes:
-        z (Tensor): the best iterate (lowest residual), shaped like :obj:`z0`.
+        z (Tensor): the best iterate (lowest residual; per graph with :obj:`batch`), shaped like :obj:`z0`.
         steps (int): number of evaluations of :math:`f`.
-        abs_residual (float): :math:`\|f(\mathbf{z}) - \mathbf{z}\|_2` of the returned :obj:`z`.
-        rel_residual (float): :math:`\|f(\mathbf{z}) - \mathbf{z}\|_2 / \|f(\mathbf{z})\|_2` of :obj:`z`.
-        trace (List[float]): the :obj:`stop_mode` residual after every evaluation.
-        converged (bool): whether the returned :obj:`z` meets the tolerance.
+        abs_residual (float): :math:`\|f(\mathbf{z}) - \mathbf{z}\|_2` of the returned :obj:`z` (with
+            :obj:`batch`: the largest over graphs).
+        rel_residual (float): :math:`\|f(\mathbf{z}) - \mathbf{z}\|_2 / \|f(\mathbf{z})\|_2` of :obj:`z`
+            (with :obj:`batch`: the largest over graphs).
+        trace (List[float]): the :obj:`stop_mode` residual after every evaluation (the largest over
+            graphs).
+        converged (bool): whether the returned :obj:`z` meets the tolerance (every graph).
         solver (str), stop_mode (str), tol (float): the settings used.
+        fallbacks (int): steps where the accelerated update was unusable and a plain step was taken.
+        graph_steps (Tensor, optional): ``[G]`` evaluations each graph took until it converged (or
+            :obj:`steps`); :obj:`None` without :obj:`batch`.
+        graph_residual (Tensor, optional): ``[G]`` float64 :obj:`stop_mode` residual of each graph's
+            returned iterate; :obj:`None` without :obj:`batch`.
+        iterates (Dict[int, Tensor]): the iterates :math:`\mathbf{z}_k` at the evaluations :math:`k` asked
+            for by :obj:`keep` (1-based, shaped like :obj:`z0`), for fixed-point correction.
     """
 
     z: Tensor
@@ -82,6 +106,9 @@ class SolverResult:
     stop_mode: str
     tol: float
     fallbacks: int = 0
+    graph_steps: Optional[Tensor] = None
+    graph_residual: Optional[Tensor] = None
+    iterates: Dict[int, Tensor] = field(default_factory=dict)
 
     @property
     def residual(self) -> float:
@@ -99,64 +126,125 @@ class SolverResult:
         }
 
     def __repr__(self) -> str:
+        graphs = "" if self.graph_steps is None else f", graphs={self.graph_steps.numel()}"
         return (
             f"SolverResult(solver={self.solver}, steps={self.steps}, "
             f"{self.stop_mode}_residual={self.residual:.3e}, tol={self.tol:.1e}, "
-            f"converged={self.converged})"
+            f"converged={self.converged}{graphs})"
         )
 
 
-@dataclass
-class _Tracker:
-    """Evaluates residuals, keeps the best iterate, checks finiteness and the stop rule."""
+class _Problem:
+    """The state as rows ``[N, R]`` grouped into graphs (one row and one graph without ``batch``):
+    per-graph sums, residuals, the best iterate, the stop rule, frozen graphs and kept iterates."""
 
-    name: str
-    tol: float
-    stop_mode: str
-    trace: List[float] = field(default_factory=list)
-    best_z: Tensor | None = None
-    best_abs: float = math.inf
-    best_rel: float = math.inf
-    fallbacks: int = 0
+    def __init__(self, name: str, z0: Tensor, batch: Optional[Tensor], tol: float, stop_mode: str, keep):
+        self.name, self.tol, self.stop_mode, self.shape = name, tol, stop_mode, z0.shape
+        if batch is None:
+            self.rows = z0.reshape(1, -1)
+            self.batch = torch.zeros(1, dtype=torch.long, device=z0.device)
+            self.num_graphs, self.batched = 1, False
+        else:
+            if batch.dim() != 1 or batch.dtype not in (torch.int32, torch.int64):
+                raise TypeError(f"{name}: batch must be a 1-D integer tensor of graph ids, got {batch.dtype}")
+            if z0.dim() < 1 or batch.numel() != z0.size(0):
+                raise ValueError(
+                    f"{name}: batch has {batch.numel()} entries but z0 has {z0.size(0) if z0.dim() else 0} "
+                    "rows: give one graph id per row (dim 0) of z0"
+                )
+            if batch.numel() and int(batch.min()) < 0:
+                raise ValueError(f"{name}: batch holds negative graph ids")
+            self.rows = z0.reshape(z0.size(0), -1)
+            self.batch = batch.to(device=z0.device, dtype=torch.long)
+            self.num_graphs, self.batched = (int(self.batch.max()) + 1 if batch.numel() else 0), True
+        G = self.num_graphs
+        self.active = torch.ones(G, dtype=torch.bool, device=z0.device)
+        self.graph_steps = torch.zeros(G, dtype=torch.long)
+        self.best_abs = torch.full((G,), math.inf, dtype=torch.float64, device=z0.device)
+        self.best_rel = torch.full((G,), math.inf, dtype=torch.float64, device=z0.device)
+        self.best_z = self.rows.clone()
+        self.trace: List[float] = []
+        self.fallbacks = 0
+        self.keep = set(int(k) for k in keep)
+        self.iterates: Dict[int, Tensor] = {}
 
+    # ---- per-graph reductions ---------------------------------------------------------------
+    def graph_sum(self, per_row: Tensor) -> Tensor:
+        """``[N, ...]`` -> ``[G, ...]``: the sum over each graph's rows."""
+        out = per_row.new_zeros((self.num_graphs, *per_row.shape[1:]))
+        return out.index_add_(0, self.batch, per_row)
+
+    def dot(self, a: Tensor, b: Tensor) -> Tensor:
+        """Per-graph inner products of row tensors ``[N, R]`` -> ``[G]``."""
+        return self.graph_sum((a * b).sum(1))
+
+    def rows_of(self, per_graph: Tensor) -> Tensor:
+        """``[G, ...]`` -> ``[N, ...]``: each row gets its graph's entry."""
+        return per_graph[self.batch]
+
+    def active_rows(self) -> Tensor:
+        return self.rows_of(self.active).unsqueeze(1)
+
+    def frozen(self, new: Tensor, old: Tensor) -> Tensor:
+        """``new`` on the rows of graphs still iterating, ``old`` on the converged ones."""
+        return new if bool(self.active.all()) else torch.where(self.active_rows(), new, old)
+
+    # ---- residuals, best iterate, stop rule -----------------------------------------------------
     def update(self, z: Tensor, fz: Tensor) -> bool:
-        """Record ``z`` (flat) with its image ``fz``; return True when the tolerance is met."""
+        """Record iterate rows ``z`` with their image ``fz``; return True when every graph has met the
+        tolerance."""
         step = len(self.trace) + 1
+        if step in self.keep:
+            self.iterates[step] = z.reshape(self.shape).clone()
         # Norms in float64 so that large-but-finite float32 states do not overflow to inf.
-        fz_norm = torch.linalg.vector_norm(fz, dtype=torch.float64).item()
-        abs_res = torch.linalg.vector_norm(fz - z, dtype=torch.float64).item()
-        if not math.isfinite(fz_norm):
+        fz_sq = self.graph_sum(torch.linalg.vector_norm(fz, dim=1, dtype=torch.float64).square())
+        abs_res = self.graph_sum(torch.linalg.vector_norm(fz - z, dim=1, dtype=torch.float64).square()).sqrt()
+        fz_norm = fz_sq.sqrt()
+        if not bool(torch.isfinite(fz_norm).all()):
             what = "f(z)" if torch.isfinite(z).all() else "the iterate z"
             raise SolverDivergenceError(
                 f"{self.name}: {what} contains NaN/inf at evaluation {step} "
                 f"(residual trace so far: {_fmt(self.trace)}). The map is not contractive here: lower "
                 "the learning rate, use damping, or enable a contraction guarantee."
             )
-        if not math.isfinite(abs_res):
+        if not bool(torch.isfinite(abs_res).all()):
             raise SolverDivergenceError(
                 f"{self.name}: the iterate z contains NaN/inf at evaluation {step} "
                 f"(residual trace so far: {_fmt(self.trace)})."
             )
-        rel_res = abs_res / max(fz_norm, torch.finfo(torch.float64).tiny)
+        rel_res = abs_res / fz_norm.clamp_min(torch.finfo(torch.float64).tiny)
         res = rel_res if self.stop_mode == "rel" else abs_res
-        self.trace.append(res)
-        if res < (self.best_rel if self.stop_mode == "rel" else self.best_abs):
-            self.best_z, self.best_abs, self.best_rel = z, abs_res, rel_res
-        return res <= self.tol
-
-    def result(self, shape: torch.Size) -> SolverResult:
         best = self.best_rel if self.stop_mode == "rel" else self.best_abs
+        better = self.active & (res < best)
+        if bool(better.all()):
+            self.best_z.copy_(z)
+        elif bool(better.any()):
+            rows = self.rows_of(better)
+            self.best_z[rows] = z[rows]
+        self.best_abs = torch.where(better, abs_res, self.best_abs)
+        self.best_rel = torch.where(better, rel_res, self.best_rel)
+        self.trace.append(float(res.max()) if self.num_graphs else 0.0)
+        self.graph_steps[self.active.cpu()] = step  # every graph still iterating took this evaluation
+        self.active = self.active & (res > self.tol)
+        return not bool(self.active.any())
+
+    def result(self) -> SolverResult:
+        best = self.best_rel if self.stop_mode == "rel" else self.best_abs
+        G = self.num_graphs
         return SolverResult(
-            z=self.best_z.reshape(shape),
+            z=self.best_z.reshape(self.shape),
             steps=len(self.trace),
-            abs_residual=self.best_abs,
-            rel_residual=self.best_rel,
+            abs_residual=float(self.best_abs.max()) if G else 0.0,
+            rel_residual=float(self.best_rel.max()) if G else 0.0,
             trace=self.trace,
-            converged=best <= self.tol,
+            converged=bool((best <= self.tol).all()),
             solver=self.name,
             stop_mode=self.stop_mode,
             tol=self.tol,
             fallbacks=self.fallbacks,
+            graph_steps=self.graph_steps if self.batched else None,
+            graph_residual=best.cpu() if self.batched else None,
+            iterates=self.iterates,
         )
 
 
@@ -179,14 +267,16 @@ def _check_common(name: str, z0: Tensor, max_iter: int, tol: float, stop_mode: s
         raise SolverDivergenceError(f"{name}: the initial guess z0 contains NaN/inf")
 
 
-def _flat_map(f: MapFn, shape: torch.Size) -> MapFn:
+def _row_map(f: MapFn, prob: _Problem) -> MapFn:
+    shape, rows = prob.shape, prob.rows.shape
+
     def F(x: Tensor) -> Tensor:
         out = f(x.view(shape))
         if out.shape != shape:
             raise ValueError(
                 f"f must map a tensor of shape {tuple(shape)} to the same shape, got {tuple(out.shape)}"
             )
-        return out.reshape(-1)
+        return out.reshape(rows)
 
     return F
 
@@ -200,6 +290,8 @@ def fixed_point(
     tol: float = 1e-4,
     stop_mode: str = "rel",
     damping: float = 1.0,
+    batch: Optional[Tensor] = None,
+    keep: Sequence[int] = (),
 ) -> SolverResult:
     r"""(Damped) fixed-point iteration,
 
@@ -215,6 +307,10 @@ def fixed_point(
         tol (float, optional): stop when the residual is :math:`\le` :obj:`tol`. (default: :obj:`1e-4`)
         stop_mode (str, optional): :obj:`"rel"` or :obj:`"abs"` residual. (default: :obj:`"rel"`)
         damping (float, optional): :math:`\beta \in (0, 1]`. (default: :obj:`1.0`)
+        batch (LongTensor, optional): graph id of each row of :obj:`z0`: one problem per graph (see
+            the module docstring). (default: :obj:`None`)
+        keep (sequence of int, optional): evaluations :math:`k` whose iterate :math:`\mathbf{z}_k` to
+            return in :attr:`SolverResult.iterates`. (default: :obj:`()`)
 
     Example::
 
@@ -225,15 +321,15 @@ def fixed_point(
     _check_common("fixed_point", z0, max_iter, tol, stop_mode)
     if not 0.0 < damping <= 1.0:
         raise ValueError(f"fixed_point: damping must be in (0, 1], got {damping}")
-    shape, F = z0.shape, _flat_map(f, z0.shape)
-    tracker = _Tracker("fixed_point", tol, stop_mode)
-    x = z0.reshape(-1)
+    prob = _Problem("fixed_point", z0, batch, tol, stop_mode, keep)
+    F = _row_map(f, prob)
+    x = prob.rows
     for _ in range(int(max_iter)):
         fx = F(x)
-        if tracker.update(x, fx):
+        if prob.update(x, fx):
             break
-        x = fx if damping == 1.0 else torch.lerp(x, fx, damping)
-    return tracker.result(shape)
+        x = prob.frozen(fx if damping == 1.0 else torch.lerp(x, fx, damping), x)
+    return prob.result()
 
 
 @torch.no_grad()
@@ -247,6 +343,8 @@ def anderson(
     m: int = 5,
     lam: float = 1e-4,
     beta: float = 1.0,
+    batch: Optional[Tensor] = None,
+    keep: Sequence[int] = (),
 ) -> SolverResult:
     r"""Anderson acceleration (Walker & Ni, 2011; difference form).
 
@@ -265,7 +363,8 @@ def anderson(
     The ridge :math:`\lambda'` is scaled to the problem (the Gram matrix shrinks with the residual, so a
     fixed ridge would either do nothing early or dominate late). If the small :math:`m \times m` system is
     still singular or yields NaN/inf, the history is dropped and a plain damped fixed-point step is taken
-    (counted in :obj:`SolverResult.fallbacks`).
+    (counted in :obj:`SolverResult.fallbacks`). With :obj:`batch`, every graph has its own history,
+    Gram matrix, ridge and :math:`\boldsymbol{\gamma}_g` (and its own fallbacks).
 
     Args:
         f (callable): the map; takes and returns tensors shaped like :obj:`z0`.
@@ -276,6 +375,8 @@ def anderson(
         m (int, optional): history size. (default: :obj:`5`)
         lam (float, optional): relative ridge :math:`\lambda \ge 0`. (default: :obj:`1e-4`)
         beta (float, optional): mixing/damping :math:`\beta > 0`. (default: :obj:`1.0`)
+        batch (LongTensor, optional): graph id of each row of :obj:`z0`. (default: :obj:`None`)
+        keep (sequence of int, optional): evaluations whose iterate to return. (default: :obj:`()`)
 
     Example::
 
@@ -291,55 +392,65 @@ def anderson(
     if not beta > 0:
         raise ValueError(f"anderson: beta must be > 0, got {beta}")
     m = int(m)
-    shape, F = z0.shape, _flat_map(f, z0.shape)
-    tracker = _Tracker("anderson", tol, stop_mode)
-    x = z0.reshape(-1)
-    n = x.numel()
-    dX = x.new_zeros(n, m)  # circular buffers; column order is irrelevant to the least squares
-    dG = x.new_zeros(n, m)
-    count = 0
+    prob = _Problem("anderson", z0, batch, tol, stop_mode, keep)
+    F = _row_map(f, prob)
+    x = prob.rows
+    G, dev = prob.num_graphs, x.device
+    dX = x.new_zeros(*x.shape, m)  # circular buffers; column order is irrelevant to the least squares
+    dG = x.new_zeros(*x.shape, m)
+    count = torch.zeros(G, dtype=torch.long, device=dev)  # differences stored per graph
+    cols = torch.arange(m, device=dev)
+    eye = torch.eye(m, dtype=torch.float64, device=dev)
     x_prev = g_prev = None
     for _ in range(int(max_iter)):
         fx = F(x)
         g = fx - x
-        if tracker.update(x, fx):
+        if prob.update(x, fx):
             break
         if g_prev is not None:
-            slot = count % m
-            dX[:, slot] = x - x_prev
-            dG[:, slot] = g - g_prev
-            count += 1
+            rows = prob.rows_of(prob.active).nonzero().squeeze(1)
+            slot = prob.rows_of(count % m)[rows]
+            dX[rows, :, slot] = (x - x_prev)[rows]
+            dG[rows, :, slot] = (g - g_prev)[rows]
+            count = torch.where(prob.active, count + 1, count)
         x_prev, g_prev = x, g
-        k = min(count, m)
-        step = None
-        if k > 0:
-            DG, DX = dG[:, :k], dX[:, :k]
-            gram = (DG.T @ DG).double()
-            rhs = (DG.T @ g).double()
-            ridge = lam * gram.diagonal().mean() + torch.finfo(torch.float64).tiny
-            try:
-                gamma = torch.linalg.solve(
-                    gram + ridge * torch.eye(k, dtype=gram.dtype, device=gram.device), rhs
-                )
-            except RuntimeError:  # singular despite the ridge (e.g. lam == 0, zero differences)
-                gamma = None
-            if gamma is not None and torch.isfinite(gamma).all():
-                gamma = gamma.to(x.dtype)
-                step = beta * g - (DX + beta * DG) @ gamma
-                if not torch.isfinite(step).all():
-                    step = None
-        if step is None:
-            if k > 0:
-                tracker.fallbacks += 1
-                count = 0  # drop the history: it produced nothing usable
-            step = beta * g
-        x = x + step
-    return tracker.result(shape)
+        k = count.clamp(max=m)
+        valid = cols[None, :] < k[:, None]  # [G, m]: the columns each graph's history occupies
+        ok = torch.zeros(G, dtype=torch.bool, device=dev)
+        step = beta * g
+        if bool((k > 0).any()):
+            gram = prob.graph_sum(torch.einsum("nri,nrj->nij", dG, dG)).double()
+            rhs = prob.graph_sum(torch.einsum("nri,nr->ni", dG, g)).double()
+            mask = (valid[:, :, None] & valid[:, None, :]).double()
+            diag = torch.where(valid, gram.diagonal(dim1=1, dim2=2), 0.0)
+            ridge = lam * diag.sum(1) / k.clamp(min=1) + torch.finfo(torch.float64).tiny
+            # unused columns: identity rows, zero right-hand side -> their coefficient is exactly 0
+            system = gram * mask + eye * (ridge[:, None, None] * valid[:, :, None] + (~valid)[:, :, None])
+            gamma, info = torch.linalg.solve_ex(system, rhs * valid)
+            ok = (k > 0) & (info == 0) & torch.isfinite(gamma).all(1)
+            gamma = torch.where(ok[:, None], gamma, 0.0).to(x.dtype)
+            accel = beta * g - torch.einsum("nrm,nm->nr", dX + beta * dG, prob.rows_of(gamma))
+            ok = ok & ~prob.graph_sum((~torch.isfinite(accel)).any(1).to(torch.long)).bool()
+            step = torch.where(prob.rows_of(ok)[:, None], accel, step)
+        failed = prob.active & (k > 0) & ~ok
+        if bool(failed.any()):
+            prob.fallbacks += int(failed.sum())
+            count = torch.where(failed, 0, count)  # drop the history: it produced nothing usable
+        x = prob.frozen(x + step, x)
+    return prob.result()
 
 
 @torch.no_grad()
 def broyden(
-    f: MapFn, z0: Tensor, *, max_iter: int = 50, tol: float = 1e-4, stop_mode: str = "rel", memory: int = 20
+    f: MapFn,
+    z0: Tensor,
+    *,
+    max_iter: int = 50,
+    tol: float = 1e-4,
+    stop_mode: str = "rel",
+    memory: int = 20,
+    batch: Optional[Tensor] = None,
+    keep: Sequence[int] = (),
 ) -> SolverResult:
     r"""Limited-memory ("good") Broyden's method on :math:`\mathbf{g}(\mathbf{z}) = f(\mathbf{z}) -
     \mathbf{z} = \mathbf{0}`.
@@ -358,7 +469,9 @@ def broyden(
     built on top of the earlier ones, so overwriting only the oldest would leave an inconsistent
     :math:`\mathbf{B}` that can diverge). Cost per step and memory stay bounded by
     :math:`O(\text{memory} \cdot N D)` however many iterations run. An update whose denominator vanishes
-    is skipped; a step that is not finite drops the history and falls back to a fixed-point step.
+    is skipped; a step that is not finite drops the history and falls back to a fixed-point step. With
+    :obj:`batch`, :math:`\mathbf{B}` is block-diagonal: every graph has its own updates, denominators,
+    restarts and fallbacks.
 
     Args:
         f (callable): the map; takes and returns tensors shaped like :obj:`z0`.
@@ -367,6 +480,8 @@ def broyden(
         tol (float, optional): residual tolerance. (default: :obj:`1e-4`)
         stop_mode (str, optional): :obj:`"rel"` or :obj:`"abs"`. (default: :obj:`"rel"`)
         memory (int, optional): maximum number of stored rank-one updates. (default: :obj:`20`)
+        batch (LongTensor, optional): graph id of each row of :obj:`z0`. (default: :obj:`None`)
+        keep (sequence of int, optional): evaluations whose iterate to return. (default: :obj:`()`)
 
     Example::
 
@@ -378,48 +493,51 @@ def broyden(
     if int(memory) < 1:
         raise ValueError(f"broyden: memory must be >= 1, got {memory}")
     memory = int(memory)
-    shape, F = z0.shape, _flat_map(f, z0.shape)
-    tracker = _Tracker("broyden", tol, stop_mode)
-    x = z0.reshape(-1)
-    n = x.numel()
-    U = x.new_zeros(n, memory)
-    V = x.new_zeros(n, memory)
-    count = 0
+    prob = _Problem("broyden", z0, batch, tol, stop_mode, keep)
+    F = _row_map(f, prob)
+    x = prob.rows
+    G, dev = prob.num_graphs, x.device
+    U = x.new_zeros(*x.shape, memory)
+    V = x.new_zeros(*x.shape, memory)
+    count = torch.zeros(G, dtype=torch.long, device=dev)  # rank-one terms stored per graph
+    cols = torch.arange(memory, device=dev)
 
-    def B(v: Tensor) -> Tensor:  # B v
-        return -v if count == 0 else -v + U[:, :count] @ (V[:, :count].T @ v)
-
-    def Bt(v: Tensor) -> Tensor:  # B^T v
-        return -v if count == 0 else -v + V[:, :count] @ (U[:, :count].T @ v)
+    def apply(P: Tensor, Q: Tensor, v: Tensor) -> Tensor:  # (-I + P Q^T) v, each graph its own terms
+        if not bool((count > 0).any()):
+            return -v
+        coef = prob.graph_sum(torch.einsum("nrc,nr->nc", Q, v))
+        coef = torch.where(cols[None, :] < count[:, None], coef, 0.0)
+        return -v + torch.einsum("nrc,nc->nr", P, prob.rows_of(coef))
 
     g = dx = None
     for _ in range(int(max_iter)):
-        if g is not None:
-            x_new = x + dx
-        else:
-            x_new = x
+        x_new = x if g is None else prob.frozen(x + dx, x)
         fx = F(x_new)
         g_new = fx - x_new
-        if tracker.update(x_new, fx):
+        if prob.update(x_new, fx):
             break
         if g is not None:
             dg = g_new - g
-            Bdg = B(dg)
-            den = torch.dot(dx, Bdg)
-            scale = torch.linalg.vector_norm(dx) * torch.linalg.vector_norm(Bdg)
-            if den.abs() > 1e-10 * scale and torch.isfinite(den):
-                if count == memory:  # restart: dropping only the oldest term would corrupt B
-                    count = 0
-                U[:, count] = (dx - Bdg) / den
-                V[:, count] = Bt(dx)
-                count += 1
+            Bdg = apply(U, V, dg)
+            den = prob.dot(dx, Bdg)
+            scale = (prob.dot(dx, dx) * prob.dot(Bdg, Bdg)).sqrt()
+            accept = prob.active & (den.abs() > 1e-10 * scale) & torch.isfinite(den)
+            if bool(accept.any()):
+                count = torch.where(accept & (count == memory), 0, count)  # restart a full history
+                Btdx = apply(V, U, dx)
+                rows = prob.rows_of(accept).nonzero().squeeze(1)
+                slot = prob.rows_of(count)[rows]
+                U[rows, :, slot] = ((dx - Bdg) / prob.rows_of(torch.where(accept, den, 1.0))[:, None])[rows]
+                V[rows, :, slot] = Btdx[rows]
+                count = torch.where(accept, count + 1, count)
         x, g = x_new, g_new
-        dx = -B(g)
-        if not torch.isfinite(dx).all():
-            tracker.fallbacks += 1
-            count = 0
-            dx = g
-    return tracker.result(shape)
+        dx = -apply(U, V, g)
+        bad = prob.active & prob.graph_sum((~torch.isfinite(dx)).any(1).to(torch.long)).bool()
+        if bool(bad.any()):
+            prob.fallbacks += int(bad.sum())
+            count = torch.where(bad, 0, count)
+            dx = torch.where(prob.rows_of(bad)[:, None], g, dx)
+    return prob.result()
 
 
 SOLVERS: Dict[str, Callable[..., SolverResult]] = {
@@ -429,12 +547,58 @@ SOLVERS: Dict[str, Callable[..., SolverResult]] = {
 }
 
 
+def register_solver(name: str, solver: Callable[..., SolverResult]) -> Callable[..., SolverResult]:
+    r"""Add a user's solver to :obj:`SOLVERS` under :obj:`name` (usable as :obj:`DEQ(solver=name)`).
+
+    The solver must look like the built-in ones: :obj:`solver(f, z0, *, max_iter, tol, stop_mode,
+    **options) -> SolverResult`, i.e. two positional parameters (the map and the initial guess) and the
+    keyword-only options :obj:`max_iter`, :obj:`tol` and :obj:`stop_mode`; its other keyword-only
+    parameters become its :func:`solver_options`. Accepting :obj:`batch` and :obj:`keep` (see
+    :func:`anderson`) is optional; a :class:`~revgnn.deq.DEQ` that needs them checks for them.
+
+    Raises:
+        ValueError: :obj:`name` is taken or not a non-empty string.
+        TypeError: the signature does not fit.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"register_solver: name must be a non-empty string, got {name!r}")
+    if name in SOLVERS:
+        raise ValueError(
+            f"register_solver: a solver named {name!r} exists already; available: {sorted(SOLVERS)}"
+        )
+    if not callable(solver):
+        raise TypeError(f"register_solver: {name!r} must be callable, got {type(solver).__name__}")
+    expected = "solver(f, z0, *, max_iter, tol, stop_mode, **options) -> SolverResult"
+    try:
+        params = list(inspect.signature(solver).parameters.values())
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"register_solver: cannot read the signature of {name!r}; expected {expected}"
+        ) from None
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    keyword = {p.name for p in params if p.kind is p.KEYWORD_ONLY}
+    missing = [o for o in REQUIRED_OPTIONS if o not in keyword]
+    problems = []
+    if len(positional) != 2:
+        problems.append(f"{len(positional)} positional parameter(s) instead of 2 (f, z0)")
+    if missing:
+        problems.append(f"no keyword-only {', '.join(missing)}")
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        problems.append("**kwargs (options must be named, so that a misspelt one is an error)")
+    if problems:
+        raise TypeError(f"register_solver: {name!r} has {'; '.join(problems)}; expected {expected}")
+    SOLVERS[name] = solver
+    return solver
+
+
 def get_solver(name: str) -> Callable[..., SolverResult]:
     r"""Return the solver registered as :obj:`name` (one of :obj:`SOLVERS`)."""
     try:
         return SOLVERS[name]
     except KeyError:
-        raise ValueError(f"unknown solver {name!r}; available: {sorted(SOLVERS)}") from None
+        raise ValueError(
+            f"unknown solver {name!r}; available: {sorted(SOLVERS)} (add your own with register_solver)"
+        ) from None
 
 
 def solver_options(name: str) -> List[str]:

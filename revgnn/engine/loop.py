@@ -349,6 +349,9 @@ def train_step(
         with autocast if autocast is not None else contextlib.nullcontext():
             logits = model(*batch.inputs)
         loss = task.loss(logits, batch, step.total)
+        aux = model_auxiliary_loss(model, lambda out: task.loss(out, batch, max(batch.count, 1)))
+        if aux is not None:  # modules' own loss terms (e.g. DEQ Jacobian regularisation), batch's share
+            loss = loss + aux * (batch.count / step.total)
         loss.backward()
         loss_sum += loss.detach().to(loss_sum)
     stop_flag = torch.tensor(float(stop is not None and stop.requested), dtype=torch.float64)
@@ -531,6 +534,22 @@ def model_epoch_stats(model, backend: Backend, gather: bool = True) -> Dict[str,
         k: (max if k.endswith("_max") else lambda v: sum(v) / len(v))([s[k] for s in every if k in s])
         for k in keys
     }
+
+
+def model_auxiliary_loss(model, output_loss) -> Optional[torch.Tensor]:
+    """The sum of the loss terms the model's modules add to the training loss (``auxiliary_loss
+    (output_loss)``, e.g. :class:`revgnn.deq.DEQ`'s Jacobian regularisation), or ``None``. Each module
+    returns its terms since its last call, on the scale of a mean over the batch (``output_loss`` maps a
+    model output to the batch's mean loss, for terms that supervise extra outputs); the loop adds the sum,
+    weighted with the batch's share of the step, to the batch's loss."""
+    terms = []
+    for m in model.modules():
+        fn = getattr(m, "auxiliary_loss", None)
+        if callable(fn):
+            term = fn(output_loss)
+            if term is not None:
+                terms.append(term)
+    return torch.stack(terms).sum() if terms else None
 
 
 def log_warnings(caught, epoch: int, writer: bool) -> None:

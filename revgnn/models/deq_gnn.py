@@ -159,12 +159,33 @@ class DEQGNNLayer(nn.Module):
             edge_attr (Tensor, optional): Raw edge features :math:`[E, \text{edge\_channels}]`.
             mask (Tensor, optional): Dropout mask (scaled), fixed for the whole solve.
         """
+        return self._map(gen_conv, z, x, edge_index, edge_attr, mask)
+
+    def twice_differentiable(
+        self,
+        z: Tensor,
+        x: Tensor,
+        edge_index: Adj,
+        edge_attr: OptTensor = None,
+        mask: Optional[Tensor] = None,
+    ) -> Tensor:
+        r"""The same map through PyG's :class:`~torch_geometric.nn.conv.GENConv` (edge features
+        expanded), whose operations can be differentiated twice, unlike the fused kernels of
+        :meth:`forward`; :class:`~revgnn.deq.DEQ` uses it for the Jacobian regularisation (the
+        gradient of a vector-Jacobian product)."""
+
+        def conv_fn(conv, h, edge_index, e):
+            return conv(h, edge_index, e.materialize() if isinstance(e, LinearEdgeFeatures) else e)
+
+        return self._map(conv_fn, z, x, edge_index, edge_attr, mask)
+
+    def _map(self, conv_fn, z, x, edge_index, edge_attr, mask) -> Tensor:
         e1, e2 = self.edge_features(edge_attr)
-        z1 = gen_conv(self.convs[0], z, edge_index, e1)
+        z1 = conv_fn(self.convs[0], z, edge_index, e1)
         h = self.norms[0](z1 + x).relu()
         if mask is not None:
             h = h * mask
-        z3 = gen_conv(self.convs[1], h, edge_index, e2)
+        z3 = conv_fn(self.convs[1], h, edge_index, e2)
         return self.norms[1]((z3 + z1).relu())
 
     def __repr__(self) -> str:
@@ -227,6 +248,21 @@ class DEQGNN(nn.Module):
         pretrain_depth (int, optional): Unrolled depth during pretraining. (default: :obj:`8`)
         contraction (float, optional): Enforce :math:`\mathrm{Lip}(f) \le \kappa` (see
             :class:`DEQGNNLayer`). (default: :obj:`None`)
+        backward_stop_mode (str, optional): Residual the adjoint stops on (default: :obj:`stop_mode`).
+        eval_max_iter (int, optional): Forward budget in evaluation (default: :obj:`max_iter`).
+        jac_reg_weight (float, optional): Weight of the Jacobian regularisation :math:`\gamma
+            \|\partial f/\partial\mathbf{Z}\|_F^2/d` at :math:`\mathbf{Z}^*`; :obj:`0` off (see
+            :class:`~revgnn.deq.DEQ`). (default: :obj:`0.0`)
+        jac_reg_every (int, optional): Regularise every this many training forwards. (default: :obj:`1`)
+        jac_reg_probes (int, optional): Hutchinson probes per estimate. (default: :obj:`1`)
+        spectral_radius_every (int, optional): Log the spectral radius of :math:`\partial f/\partial
+            \mathbf{Z}` every this many training forwards; :obj:`0` never. (default: :obj:`0`)
+        spectral_radius_iters (int, optional): Power iterations per estimate. (default: :obj:`20`)
+        correction_states (int, optional): Fixed-point correction: intermediate iterates of the forward
+            solve whose predictions :math:`\mathrm{head}(f(\mathbf{Z}_k))` are supervised too, weighted
+            :math:`\lambda^{K+1-i}` (added by :meth:`auxiliary_loss`). (default: :obj:`0`)
+        correction_gamma (float, optional): Weight decay :math:`\lambda` of the corrections.
+            (default: :obj:`0.8`)
     """
 
     def __init__(
@@ -254,6 +290,15 @@ class DEQGNN(nn.Module):
         pretrain_epochs: int = 0,
         pretrain_depth: int = 8,
         contraction: Optional[float] = None,
+        backward_stop_mode: Optional[str] = None,
+        eval_max_iter: Optional[int] = None,
+        jac_reg_weight: float = 0.0,
+        jac_reg_every: int = 1,
+        jac_reg_probes: int = 1,
+        spectral_radius_every: int = 0,
+        spectral_radius_iters: int = 20,
+        correction_states: int = 0,
+        correction_gamma: float = 0.8,
     ):
         super().__init__()
         if pretrain_epochs < 0 or pretrain_depth < 1:
@@ -276,6 +321,15 @@ class DEQGNN(nn.Module):
             phantom_damping=phantom_damping,
             unroll_steps=pretrain_depth,
             warm_start=warm_start,
+            backward_stop_mode=backward_stop_mode,
+            eval_max_iter=eval_max_iter,
+            jac_reg_weight=jac_reg_weight,
+            jac_reg_every=jac_reg_every,
+            jac_reg_probes=jac_reg_probes,
+            spectral_radius_every=spectral_radius_every,
+            spectral_radius_iters=spectral_radius_iters,
+            correction_states=correction_states,
+            correction_gamma=correction_gamma,
         )
         self.head = Head(hidden_channels, out_channels, dropout)
         self.equilibrium_backward = backward
@@ -314,6 +368,16 @@ class DEQGNN(nn.Module):
         self.layer.project_()
         z = self.deq(h, edge_index, edge_attr, mask)
         return self.head(z)
+
+    def auxiliary_loss(self, output_loss) -> Optional[Tensor]:
+        r"""Fixed-point correction of the last training forward, :math:`\sum_i w_i\,
+        \ell(\mathrm{head}(\hat{\mathbf{Z}}_i))` with :obj:`output_loss` as :math:`\ell`, or :obj:`None`
+        (the DEQ's Jacobian term comes from :meth:`revgnn.deq.DEQ.auxiliary_loss`). The training loop
+        calls it after every forward (:func:`revgnn.engine.loop.model_auxiliary_loss`)."""
+        states = self.deq.correction_states()
+        if not states:
+            return None
+        return sum(w * output_loss(self.head(z)) for w, z in states)
 
     def __repr__(self) -> str:
         return (

@@ -1,0 +1,208 @@
+"""Jacobian regularisation and spectral radius: Hutchinson is unbiased, power iteration finds rho,
+the DEQ adds the term to the loss through the training loop's one auxiliary-loss mechanism."""
+
+import csv
+import math
+
+import pytest
+import torch
+
+from revgnn.deq import DEQ, jacobian_frobenius, spectral_radius
+
+
+def small_map(seed=0, shape=(3, 2)):
+    g = torch.Generator().manual_seed(seed)
+    n = shape[0] * shape[1]
+    A = torch.randn(n, n, generator=g, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(n, generator=g, dtype=torch.float64)
+
+    def f(z):
+        return torch.tanh(A @ z.reshape(-1) * 0.7 + b).reshape(shape)
+
+    z = torch.randn(shape, generator=g, dtype=torch.float64)
+    return f, z, A
+
+
+def exact_jacobian(f, z, create_graph=False):
+    J = torch.autograd.functional.jacobian(f, z, create_graph=create_graph)
+    return J.reshape(z.numel(), z.numel())
+
+
+@pytest.mark.parametrize("distribution", ["rademacher", "gaussian"])
+def test_hutchinson_is_unbiased_against_the_exact_frobenius_norm(distribution):
+    f, z, _ = small_map()
+    J = exact_jacobian(f, z).detach()
+    exact = J.square().sum().item()
+    M = J @ J.T
+    var = 2 * (M.square().sum() - (M.diagonal().square().sum() if distribution == "rademacher" else 0))
+    probes = 4000
+    zz = z.clone().requires_grad_()
+    est = jacobian_frobenius(
+        f(zz), zz, probes, distribution, torch.Generator().manual_seed(1), create_graph=False
+    ).item()
+    # fixed seed: deterministic; the bound is 5 standard deviations of the mean of `probes` probes
+    assert abs(est - exact) <= 5 * math.sqrt(var.item() / probes)
+    assert abs(est - exact) > 0  # an estimate, not the exact value
+
+
+def test_hutchinson_gradient_matches_explicit_jacobian_float64():
+    f, z, A = small_map()
+    zz = z.clone().requires_grad_()
+    est = jacobian_frobenius(f(zz), zz, 3, generator=torch.Generator().manual_seed(2))
+    (g_est,) = torch.autograd.grad(est, A)
+    # reference: the same probes, v^T J J^T v with J formed explicitly (differentiable in A)
+    gen = torch.Generator().manual_seed(2)
+    V = [(2 * torch.randint(0, 2, z.shape, generator=gen) - 1).double().reshape(-1) for _ in range(3)]
+    J = exact_jacobian(f, z, create_graph=True)
+    ref = sum((v @ J).square().sum() for v in V) / 3
+    (g_ref,) = torch.autograd.grad(ref, A)
+    assert est.item() == pytest.approx(ref.item(), rel=1e-12)
+    assert torch.allclose(g_est, g_ref, rtol=1e-10, atol=1e-12 * g_ref.norm().item())
+
+
+def _linear(A):
+    z = torch.zeros(A.size(0), dtype=torch.float64, requires_grad=True)
+    return A @ z, z
+
+
+def test_power_iteration_finds_the_spectral_radius_of_a_known_matrix():
+    g = torch.Generator().manual_seed(0)
+    Q = torch.randn(6, 6, generator=g, dtype=torch.float64) + 3 * torch.eye(6, dtype=torch.float64)
+    A = (
+        Q
+        @ torch.diag(torch.tensor([0.9, -0.6, 0.45, 0.3, -0.2, 0.1], dtype=torch.float64))
+        @ torch.linalg.inv(Q)
+    )
+    fz, z = _linear(A)
+    assert spectral_radius(fz, z, iters=200, generator=g) == pytest.approx(0.9, rel=1e-6)
+    # a dominant complex pair 0.8 e^{+-i 0.7}: the growth factors oscillate, their mean does not
+    R = 0.8 * torch.tensor(
+        [[math.cos(0.7), -math.sin(0.7)], [math.sin(0.7), math.cos(0.7)]], dtype=torch.float64
+    )
+    B = torch.block_diag(R, torch.diag(torch.tensor([0.5, -0.3, 0.1, 0.05], dtype=torch.float64)))
+    fz, z = _linear(Q @ B @ torch.linalg.inv(Q))
+    assert spectral_radius(fz, z, iters=400, generator=g) == pytest.approx(0.8, rel=2e-2)
+    fz, z = _linear(torch.zeros(3, 3, dtype=torch.float64))
+    assert spectral_radius(fz, z) == 0.0
+
+
+def test_estimator_argument_errors():
+    fz, z = _linear(torch.eye(2, dtype=torch.float64))
+    with pytest.raises(ValueError, match="distribution"):
+        jacobian_frobenius(fz, z, distribution="uniform")
+    with pytest.raises(ValueError, match="probes"):
+        jacobian_frobenius(fz, z, probes=0)
+    with pytest.raises(ValueError, match="iters"):
+        spectral_radius(fz, z, iters=0)
+
+
+class Map(torch.nn.Module):
+    def __init__(self, n=5):
+        super().__init__()
+        self.lin = torch.nn.Linear(n, n).double()
+
+    def forward(self, z, x):
+        return torch.tanh(0.6 * self.lin(z) + x)
+
+
+def test_deq_adds_the_jacobian_term_every_k_training_forwards():
+    torch.manual_seed(0)
+    deq = DEQ(
+        Map(),
+        tol=1e-12,
+        max_iter=200,
+        jac_reg_weight=0.5,
+        jac_reg_every=2,
+        spectral_radius_every=1,
+        spectral_radius_iters=300,
+    )
+    x = torch.randn(4, 5, dtype=torch.float64)
+    torch.manual_seed(3)
+    deq(x)
+    term = deq.auxiliary_loss()
+    # the same probe, drawn from the same global stream, on the exact Jacobian at z*
+    z_star = deq.solve(x).z
+    J = exact_jacobian(lambda z: deq.f(z, x), z_star)
+    torch.manual_seed(3)
+    v = (2 * torch.randint(0, 2, z_star.shape) - 1).double().reshape(-1)
+    assert term.item() == pytest.approx(0.5 * (v @ J).square().sum().item() / 20, rel=1e-8)
+    term.backward()
+    assert deq.f.lin.weight.grad is not None and deq.auxiliary_loss() is None  # consumed
+    deq(x)
+    assert deq.auxiliary_loss() is None  # second forward: not due (every 2)
+    deq.eval()
+    with torch.no_grad():
+        deq(x)
+    assert deq.auxiliary_loss() is None  # never in evaluation
+    stats = deq.epoch_stats()
+    rho = torch.linalg.eigvals(J).abs().max().item()
+    assert stats["spectral_radius_max"] == pytest.approx(rho, rel=1e-4)  # both training forwards
+    assert stats["jac_frobenius_mean"] == pytest.approx(term.item() / 0.5, rel=1e-12)
+    assert "spectral_radius_mean" not in deq.epoch_stats()  # forgotten
+    with pytest.raises(ValueError, match="jac_reg"):
+        DEQ(Map(), jac_reg_weight=-1.0)
+
+
+def test_training_loop_adds_the_auxiliary_loss_and_logs_jacobian_stats(tmp_path):
+    """revgnn-train composition, local backend, DEQ-GNN: the loss of a step is the task loss plus the
+    Jacobian term (batch share), and metrics.csv carries the per-epoch Jacobian statistics."""
+    from conftest import compose_train
+
+    from revgnn.engine.loop import train
+
+    base = [
+        "data.num_nodes=300",
+        "data.window=5",
+        "data.avg_degree=6",
+        "data.max_hops=2",
+        "trainer.epochs=1",
+        "trainer.train_parts=2",
+        "trainer.eval_every=1",
+        "model=deq_gnn",
+        "model.hidden_channels=8",
+        "model.max_iter=40",
+        "seed=3",
+    ]
+    plain = train(compose_train(tmp_path / "plain", *base))
+    reg = train(
+        compose_train(
+            tmp_path / "reg",
+            *base,
+            "model.jac_reg_weight=1000.0",
+            "model.spectral_radius_every=1",
+            "model.spectral_radius_iters=5",
+        )
+    )
+    rows = list(csv.DictReader(open(tmp_path / "reg" / "metrics.csv")))
+    jac = float(rows[0]["deq_jac_frobenius_mean"])
+    assert jac > 0 and float(rows[0]["deq_spectral_radius_max"]) > 0
+    assert "deq_jac_frobenius_mean" in reg and "deq_jac_frobenius_mean" not in plain
+    # the step loss includes 1000 * ||J||_F^2/d; the first step's model is identical in both runs
+    assert reg["highest_train"] == reg["highest_train"]  # evaluated
+    loss_plain = float(list(csv.DictReader(open(tmp_path / "plain" / "metrics.csv")))[0]["loss"])
+    assert float(rows[0]["loss"]) > loss_plain + 100 * jac
+
+
+def test_deq_gnn_layer_twice_differentiable_map_is_the_same_map():
+    """The PyG path used for the Jacobian term computes the fused kernels' function and Jacobian."""
+    from revgnn.models.deq_gnn import DEQGNNLayer
+    from revgnn.nn.gen_max import sort_edges
+
+    torch.manual_seed(0)
+    layer = DEQGNNLayer(6, edge_channels=3).double()
+    n = 15
+    edge_index, edge_attr = sort_edges(
+        torch.randint(0, n, (2, 50)), torch.rand(50, 3, dtype=torch.float64), n
+    )
+    x = torch.randn(n, 6, dtype=torch.float64)
+    mask = (torch.rand(n, 6) > 0.3).double() / 0.7
+    z = torch.randn(n, 6, dtype=torch.float64, requires_grad=True)
+    fast = layer(z, x, edge_index, edge_attr, mask)
+    slow = layer.twice_differentiable(z, x, edge_index, edge_attr, mask)
+    assert torch.allclose(fast, slow, rtol=0, atol=1e-12)
+    v = torch.randn_like(fast)
+    (g_fast,) = torch.autograd.grad(fast, z, v)
+    (g_slow,) = torch.autograd.grad(slow, z, v, create_graph=True)
+    assert torch.allclose(g_fast, g_slow, rtol=0, atol=1e-12)
+    g_slow.square().sum().backward()  # the second derivative exists
+    assert layer.convs[0].mlp[0].weight.grad is not None
