@@ -1,7 +1,7 @@
 r"""Distributed full-graph training with SAR (sequential aggregation and
 rematerialisation, Mostafa 2021) on :mod:`torch.distributed`.
 
-* :mod:`.partition` — METIS/random partitioning, one checked file per worker
+* :mod:`.sar_partition` — METIS/random partitioning, one checked file per worker
   (``revgnn-partition``).
 * :mod:`.comm` — process group, bounded point-to-point transfers, errors.
 * :mod:`.sar` — :class:`SARGraph` and the sequential-aggregation autograd op.

@@ -28,9 +28,16 @@ class SharedDropout(nn.Module):
             (default: :obj:`0.5`)
 
     Example:
+        >>> import torch
+        >>> from revgnn.nn import GENBlock, GroupAddRev, SharedDropout
+        >>> shared_dropout = SharedDropout(p=0.1)
+        >>> blocks = [GroupAddRev(GENBlock(16), num_groups=2) for _ in range(3)]
+        >>> h, edge_index = torch.randn(10, 32), torch.randint(0, 10, (2, 40))
         >>> mask = shared_dropout(h)            # once per forward pass
         >>> for block in blocks:
         ...     h = block(h, edge_index, dropout_mask=mask)
+        >>> h.shape
+        torch.Size([10, 32])
     """
 
     def __init__(self, p: float = 0.5):

@@ -87,8 +87,13 @@ class FlatParameters:
             they are. All trainable ones must share one dtype and device.
 
     Example:
+        >>> import torch
+        >>> model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
         >>> flat = FlatParameters(model)
+        >>> len(flat.params)  # one chunk: the whole model is smaller than CHUNK_BYTES
+        1
         >>> optimizer = torch.optim.Adam(flat.params, lr=1e-3)
+        >>> loss = model(torch.randn(32, 8)).square().mean()
         >>> loss.backward(); flat.sync(); optimizer.step(); flat.zero_grad()
     """
 

@@ -21,9 +21,12 @@ class SavedTensorBytes:
     is a good memory measure for tests; peak RSS is what users feel.
 
     Example:
+        >>> import torch
+        >>> model, x = torch.nn.Linear(64, 64), torch.randn(100, 64)
         >>> with SavedTensorBytes() as saved:
-        ...     loss = model(x, edge_index).sum()
-        >>> saved.bytes
+        ...     loss = model(x).relu().sum()
+        >>> saved.bytes  # the linear layer's input and the ReLU's output, 100 x 64 float32 each
+        51200
     """
 
     def __init__(self) -> None:
