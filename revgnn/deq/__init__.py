@@ -17,6 +17,7 @@ Example::
 
 from .implicit import implicit_equilibrium, phantom_grad, unroll
 from .module import BACKWARD_MODES, DEQ, DEQConvergenceWarning
+from .norm import apply_norm, remove_norm, reset_norm
 from .regularize import jacobian_frobenius, spectral_radius
 from .solvers import (
     SOLVERS,
@@ -44,6 +45,9 @@ __all__ = [
     "get_solver",
     "register_solver",
     "jacobian_frobenius",
+    "apply_norm",
+    "reset_norm",
+    "remove_norm",
     "spectral_radius",
     "solver_options",
     "check_solver_options",
