@@ -209,8 +209,8 @@ class TrainerConfig:
             (:class:`revgnn.utils.flat.FlatParameters`), so the optimiser updates a few 4 MiB chunks
             rather than ~10 tensors per layer: the same update for element-wise optimisers (Adam,
             SGD, ...; others are refused), with a parameter that got no gradient treated as a zero
-            gradient. At 1001 layers x 32 channels Adam's step takes 8-11 instead of 278-286 ms on CPU
-            (``scripts/bench_optimizer.py``).
+            gradient. On CPU that makes Adam's step at 1001 layers many times faster
+            (``scripts/bench_optimizer.py``; figures in ``docs/bench/in_code.md``).
 
     ``train_parts``, ``eval_views`` and ``eval_parts`` concern node-level data (one big graph); graph-level
     data sets (``data=mol_like``, ``data=ogbg_molhiv``) are batched by their own ``data.batch_size``.

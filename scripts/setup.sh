@@ -27,8 +27,8 @@ say "installing revgnn (editable) and its dependencies"
 $PIP install -q -e ".[dev]"
 
 # torch-scatter: optional, never needed for correctness. PyG uses it where present (e.g. max
-# scatter with grad on CUDA); revgnn's fused GEN max uses native scatter_reduce, measured 11x
-# faster than torch-scatter's segment_max_csr on these CPUs. It must build against the
+# scatter with grad on CUDA); revgnn's fused GEN max uses native scatter_reduce, much faster
+# on CPU than torch-scatter's segment_max_csr (docs/bench/in_code.md). It must build against the
 # installed torch, hence --no-build-isolation: with isolation pip would fetch a CUDA torch
 # into the build environment.
 if [ "${REVGNN_NO_SCATTER:-0}" != 1 ] && ! "$VENV/bin/python" -c "import torch_scatter" 2>/dev/null; then

@@ -7,8 +7,9 @@ errors. Every phase is bounded so a hung worker can never hang the caller,
 and each bound covers one thing:
 
 * start-up (spawn, ``import torch``/PyG, joining the group) by
-  ``startup_s``: it takes ~3 s on an idle 2-core machine and 10-20 s when
-  the cores are busy, so it must not eat the bound of the run itself;
+  ``startup_s``: it takes seconds idle and many times longer when the cores
+  are busy (``docs/bench/contention.md``), so it must not eat the bound of
+  the run itself;
 * the run by ``wall_s``, counted from when every worker has joined;
 * once a worker has ended (returned, failed or died), the others get
   ``grace_s`` to end too and are then killed, as ``torchrun`` does after a
@@ -66,7 +67,7 @@ def _entry(rank, world_size, port, timeout_s, backend, fn, args, q, threads, go,
     from .comm import init_distributed
 
     # P workers on one host: oversubscribed intra-op threads spin-wait and
-    # make small ops 100x slower, so split the cores.
+    # make small ops many times slower, so split the cores.
     torch.set_num_threads(threads)
     try:
         q.put(("imported", rank, time.monotonic()))

@@ -24,8 +24,9 @@ def atomic_save(obj: Any, path: str) -> None:
     The pickler runs without a memo (:attr:`pickle.Pickler.fast`): a memo keeps every object it
     has written alive until the end, which for a checkpoint means the rebuild arguments of every
     tensor (storage wrappers, size and stride tuples, ...); for a 1001-layer RevGNN with its Adam
-    state (100k tensors) that held ~50 MB at once on top of the training state. Without it
-    the file is ~7% larger (class references are repeated) and loads to the same
+    state (100k tensors) that is a large transient on top of the training state
+    (``docs/bench/cli_memory.md``). Without it the file is slightly larger (class references
+    are repeated) and loads to the same
     values; tensors sharing storage stay shared (``torch.save`` tracks storages itself). A
     checkpoint holds no self-referential objects, which fast mode cannot write.
 

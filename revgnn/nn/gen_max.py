@@ -31,9 +31,8 @@ Both add the floor :math:`\epsilon` to the :math:`N \times C` result (equal:
 rounding is monotone), split the gradient evenly among tied maxima exactly as
 ``scatter_reduce`` amax does in PyG's CPU path (ties are judged before
 :math:`\epsilon` is added), and aggregate nodes without incoming edges to 0,
-as PyG. (torch-scatter's ``segment_max_csr`` returns an argmax too, but was
-11x slower than native ``scatter_reduce`` here: 15.4 vs 1.35 ms for
-200k x 32.)
+as PyG. (torch-scatter's ``segment_max_csr`` returns an argmax too, but is
+much slower than native ``scatter_reduce`` on CPU: ``docs/bench/in_code.md``.)
 """
 
 from __future__ import annotations

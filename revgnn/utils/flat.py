@@ -2,8 +2,8 @@ r"""All of a model's parameters in one buffer, so the optimiser updates a few la
 
 A 1001-layer RevGNN has 20,030 parameter tensors. PyTorch's CPU optimisers loop over them in
 Python (``foreach`` kernels are CUDA-only by default), and keep two state tensors per parameter:
-Adam's step then takes 278-286 ms at 1001 layers x 32 channels (8-11 ms flattened,
-``scripts/bench_optimizer.py``) and its state costs 60 MB for 26 MB of moments.
+at 1001 layers Adam's step is then mostly per-tensor overhead (``scripts/bench_optimizer.py``;
+figures in ``docs/bench/in_code.md``), and its state is 40k small allocations.
 :class:`FlatParameters` re-homes every parameter as a view into one contiguous buffer
 :math:`\boldsymbol{\theta} \in \mathbb{R}^P` and every gradient as a view into a second one
 :math:`\nabla\boldsymbol{\theta}` (each slice 64-byte aligned, the padding between them 0);

@@ -1,9 +1,9 @@
 """Start-up helpers for command-line entry points: the CPU allocator and OpenMP's wait policy.
 
 Reversible training frees and re-allocates one activation-sized buffer per
-layer and step. glibc's malloc fragments under that pattern: measured here,
-PyG's reversible stack grew from 1.6 to 6.1 GB of peak RSS between 8 and 64
-layers, while with tcmalloc it stayed at 0.83 GB and ran faster. Like Intel's
+layer and step. glibc's malloc fragments under that pattern: peak RSS grows
+with depth, while with tcmalloc it stays flat and steps run faster
+(``docs/bench/memory_glibc.md`` vs ``docs/bench/memory.md``). Like Intel's
 CPU launchers, our entry points therefore re-execute themselves once with
 tcmalloc preloaded when it is installed and not already active.
 
@@ -12,8 +12,9 @@ Set ``REVGNN_ALLOCATOR=system`` to keep the default allocator.
 The same first call also sets ``GOMP_SPINCOUNT=1000`` (unless ``OMP_WAIT_POLICY``
 or ``GOMP_SPINCOUNT`` is set, or ``REVGNN_THREADS=torch``) before torch starts its
 OpenMP runtime, which reads it only then: OpenMP threads spin-waiting ~3 ms per
-wait (libgomp's default) made steps 4-30x slower when other processes shared
-the cores (see :mod:`revgnn.utils.threads`). It is set whether or not the
+wait (libgomp's default) made steps several times slower when other processes
+shared the cores (see :mod:`revgnn.utils.threads`, ``docs/bench/contention.md``).
+It is set whether or not the
 re-execution happens.
 """
 

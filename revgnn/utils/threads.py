@@ -239,7 +239,7 @@ def configure_threads(num_threads: Optional[int] = None, *, warn: bool = True) -
             if warn:
                 warnings.warn(
                     "revgnn.utils.threads.configure_threads(): torch was imported first, so "
-                    "OpenMP keeps spin-waiting ~3 ms per wait (steps 10x+ slower when other "
+                    "OpenMP keeps spin-waiting ~3 ms per wait (steps many times slower when other "
                     "processes share the cores); call it before `import torch`, or export "
                     f"GOMP_SPINCOUNT={SPIN_COUNT} (or OMP_WAIT_POLICY=PASSIVE)",
                     RuntimeWarning,
