@@ -89,9 +89,15 @@ class GroupAddRev(InvertibleModule):
             (default: :obj:`None`)
 
     Example:
+        >>> import torch
+        >>> from revgnn.nn import GENBlock, GroupAddRev, Shared, SharedDropout
         >>> conv = GENBlock(32, edge_channels=64)
         >>> block = GroupAddRev(conv, num_groups=2)        # 64 channels in, 64 out
-        >>> x = block(x, edge_index, Shared(edge_attr), dropout_mask)
+        >>> x, edge_index = torch.randn(10, 64), torch.randint(0, 10, (2, 40))
+        >>> edge_attr = torch.randn(40, 64)                # 64 wide like x: Shared, not split
+        >>> dropout_mask = SharedDropout(0.1)(x)
+        >>> block(x, edge_index, Shared(edge_attr), dropout_mask).shape
+        torch.Size([10, 64])
     """
 
     def __init__(
