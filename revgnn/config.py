@@ -47,6 +47,7 @@ __all__ = [
     "Device",
     "BackendName",
     "Precision",
+    "PartitionMode",
     "register_configs",
     "check_ranges",
 ]
@@ -102,6 +103,13 @@ class Precision(str, Enum):
     bf16 = "bf16"
 
 
+class PartitionMode(str, Enum):
+    """How a random node partition is drawn (:func:`revgnn.data.random_parts.random_partition`)."""
+
+    balanced = "balanced"
+    uniform = "uniform"
+
+
 @dataclass
 class ModelConfig:
     """Arguments of :func:`revgnn.models.create_model`; ``None`` keeps the registered variant's default.
@@ -121,6 +129,7 @@ class ModelConfig:
     heads: Optional[int] = ranged(None, 1)
     keep_every: Optional[int] = ranged(None, 1)
     quantize: Optional[int] = ranged(None, 1)
+    group_init: Optional[str] = None
 
 
 _DATA_CONFIGS = Path(__file__).parent / "configs" / "data"
@@ -201,9 +210,23 @@ class TrainerConfig:
             all their labelled nodes); ``null``: one per worker (1 locally). Under ``backend=ddp`` a
             step's parts are dealt out, ``parts_per_step / workers`` each, so 2 workers equal one
             process with ``parts_per_step=2``.
+        partition: How each random partition (training, evaluation views) assigns nodes to parts:
+            ``uniform`` draws every node's part on its own (the official code's ``randint``: part sizes
+            vary, multinomially), ``balanced`` cuts a random permutation (sizes differ by at most one).
+        shuffle_parts: Visit an epoch's parts in a random order (the official code) instead of
+            ``0, 1, ..., K-1``; with ``parts_per_step > 1`` the shuffled parts are grouped in order.
         eval_every: Evaluate (and checkpoint "best") every this many epochs, and after the last one.
+            This evaluation selects the model (best validation score).
         eval_views: Independent random partitions at inference ``V``; logits are averaged over views.
         eval_parts: Parts per inference view (1 = the full graph at once).
+        fixed_eval_views: Draw the evaluation's views once, before the first epoch, and score every
+            evaluation on them (the official code: 1 view x 5 parts drawn at start), instead of fresh
+            views each time. The draw depends on ``seed`` alone, so a resumed run scores on the same views.
+        test_views: Views of the final test: after the last epoch the loop loads ``best.pt`` and scores it
+            on ``test_views`` fresh views of ``test_parts`` parts, logits averaged (the official
+            ``test.py``: 10 x 3), reported as ``checkpoint_test`` in ``summary.json`` and as the last
+            ``metrics.csv`` row; ``null`` runs no final test.
+        test_parts: Parts per view of the final test.
         grad_clip: Max global gradient norm; 0 disables clipping.
         flat_params: Keep all parameters in one buffer and their gradients in another
             (:class:`revgnn.utils.flat.FlatParameters`), so the optimiser updates a few 4 MiB chunks
@@ -212,16 +235,23 @@ class TrainerConfig:
             gradient. On CPU that makes Adam's step at 1001 layers many times faster
             (``scripts/bench_optimizer.py``; figures in ``docs/bench/in_code.md``).
 
-    ``train_parts``, ``eval_views`` and ``eval_parts`` concern node-level data (one big graph); graph-level
-    data sets (``data=mol_like``, ``data=ogbg_molhiv``) are batched by their own ``data.batch_size``.
+    ``train_parts``, ``partition``, ``shuffle_parts`` and the views and parts concern node-level data (one
+    big graph); graph-level data sets (``data=mol_like``, ``data=ogbg_molhiv``) are batched by their own
+    ``data.batch_size`` and evaluated on whole graphs, as ``backend=sar`` is on the full graph: there
+    the evaluation has no random view to fix, and the final test scores ``best.pt`` that way.
     """
 
     epochs: int = ranged(100, 1)
     train_parts: int = ranged(10, 1)
     parts_per_step: Optional[int] = ranged(None, 1)
+    partition: PartitionMode = PartitionMode.balanced
+    shuffle_parts: bool = False
     eval_every: int = ranged(1, 1)
     eval_views: int = ranged(1, 1)
     eval_parts: int = ranged(5, 1)
+    fixed_eval_views: bool = False
+    test_views: Optional[int] = ranged(None, 1)
+    test_parts: int = ranged(3, 1)
     grad_clip: float = ranged(1.0, 0)
     flat_params: bool = True
 

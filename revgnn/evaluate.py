@@ -10,15 +10,15 @@ for arxiv / products).
 from __future__ import annotations
 
 import contextlib
-from typing import Dict, Optional, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 
 from revgnn.data.node_dataset import NodeDataset
-from revgnn.data.random_parts import partition_graph
+from revgnn.data.random_parts import Partition, partition_graph
 
-__all__ = ["as_edge_index", "predict", "Scorer"]
+__all__ = ["as_edge_index", "draw_views", "predict", "predict_views", "Scorer"]
 
 
 def as_edge_index(edge_index: Tensor, num_nodes: int):
@@ -26,6 +26,29 @@ def as_edge_index(edge_index: Tensor, num_nodes: int):
     from torch_geometric import EdgeIndex
 
     return EdgeIndex(edge_index, sparse_size=(num_nodes, num_nodes), sort_order="col")
+
+
+def _views(
+    ds: NodeDataset, num_views: int, num_parts: int, generator: Optional[torch.Generator], mode: str
+) -> Iterable[Partition]:
+    """The ``num_views`` random partitions of ``ds``, drawn one at a time from ``generator``."""
+    if num_views < 1 or num_parts < 1:
+        raise ValueError(f"num_views and num_parts must be >= 1, got {num_views} and {num_parts}")
+    for _ in range(num_views):
+        yield partition_graph(ds.edge_index, ds.num_nodes, num_parts, generator, mode)
+
+
+def draw_views(
+    ds: NodeDataset,
+    num_views: int,
+    num_parts: int,
+    generator: Optional[torch.Generator] = None,
+    mode: str = "balanced",
+) -> List[Partition]:
+    """``num_views`` random partitions of ``ds`` into ``num_parts`` parts, drawn now and kept (for
+    :func:`predict_views`: every evaluation on the same views). ``mode``: ``"balanced"`` or
+    ``"uniform"`` (:func:`~revgnn.data.random_parts.random_partition`)."""
+    return list(_views(ds, num_views, num_parts, generator, mode))
 
 
 @torch.no_grad()
@@ -38,6 +61,7 @@ def predict(
     device: torch.device | str = "cpu",
     autocast: Optional[contextlib.AbstractContextManager] = None,
     shard: Tuple[int, int] = (0, 1),
+    mode: str = "balanced",
 ) -> Tensor:
     """Per-node logits averaged over ``num_views`` random partitions into ``num_parts`` parts.
 
@@ -52,22 +76,44 @@ def predict(
         shard (tuple): ``(rank, world_size)``: run only the forwards ``v * num_parts + k`` congruent to
             ``rank`` (every worker still draws every view); the workers' outputs sum to the full one
             (default: :obj:`(0, 1)`, all).
+        mode (str): How the views are drawn, ``"balanced"`` or ``"uniform"``
+            (:func:`~revgnn.data.random_parts.random_partition`). (default: :obj:`"balanced"`)
 
     Returns:
         ``[N, C]`` float32 logits on the CPU.
     """
-    if num_views < 1 or num_parts < 1:
-        raise ValueError(f"num_views and num_parts must be >= 1, got {num_views} and {num_parts}")
+    views = _views(ds, num_views, num_parts, generator, mode)
+    return _predict(model, ds, views, num_views, device, autocast, shard)
+
+
+@torch.no_grad()
+def predict_views(
+    model: nn.Module,
+    ds: NodeDataset,
+    views: List[Partition],
+    device: torch.device | str = "cpu",
+    autocast: Optional[contextlib.AbstractContextManager] = None,
+    shard: Tuple[int, int] = (0, 1),
+) -> Tensor:
+    """:func:`predict` on given views (e.g. from :func:`draw_views`): per-node logits averaged over them."""
+    if not views:
+        raise ValueError("predict_views needs at least one view")
+    return _predict(model, ds, views, len(views), device, autocast, shard)
+
+
+def _predict(model, ds, views, num_views, device, autocast, shard) -> Tensor:
     was_training = model.training
     model.eval()
     rank, world_size = shard
     out = torch.zeros(ds.num_nodes, ds.num_classes)
-    for v in range(num_views):
-        partition = partition_graph(ds.edge_index, ds.num_nodes, num_parts, generator)
+    for v, partition in enumerate(views):
+        num_parts = len(partition)
         for k in range(num_parts):
             if (v * num_parts + k) % world_size != rank:
                 continue
             sub = partition[k]
+            if sub.num_nodes == 0:  # a uniform partition may leave a part empty
+                continue
             x = ds.x[sub.node_idx].to(device)
             edge_index = as_edge_index(sub.edge_index.to(device), sub.num_nodes)
             edge_attr = None if ds.edge_attr is None else ds.edge_attr[sub.edge_ids].to(device)

@@ -8,10 +8,20 @@
    bytes saved for backward (deterministic), peak-RSS growth during the step and median step time. Each
    model runs in its own process so that peak RSS is its own.
 
+3. ``peer``: revgnn against torchdeq 0.1.0 (``pip install -e .[bench]``) on the same float64 maps, a
+   held-out contractive graph map and ``deq_gnn_small`` on ``proteins_like``: function evaluations to a
+   relative residual of 1e-4 and 1e-6 for each solver, the implicit gradient's error against a dense
+   float64 reference, and the bytes saved for backward at 10 vs 100 forward iterations. Counts, not
+   timings.
+4. ``train``: DEQ-GNN trained on ``proteins_like`` through the training loop, with and without Jacobian
+   regularisation: forward evaluations per solve at every epoch and the validation score.
+
 Examples::
 
     .venv/bin/python scripts/bench_deq.py solvers --nodes 4000 --hidden 64 --seeds 3
     .venv/bin/python scripts/bench_deq.py step --nodes 4000 --hidden 64 --steps 3
+    .venv/bin/python scripts/bench_deq.py peer --nodes 2000
+    .venv/bin/python scripts/bench_deq.py train --nodes 2000 --epochs 30 --seeds 0 1
 """
 
 from __future__ import annotations
@@ -130,6 +140,332 @@ def bench_solvers(args) -> None:
         )
 
 
+# ---- peer: revgnn vs torchdeq on the same maps ------------------------------------------------------
+
+#: (revgnn solver, options) and (torchdeq solver, options) run side by side.
+PEER_SOLVERS = [
+    ("fixed_point", {}, "fixed_point_iter", {}),
+    ("anderson", {"m": 5, "lam": 1e-4}, "anderson", {"m": 5, "lam": 1e-4}),
+    ("broyden", {"memory": 20}, "broyden", {}),
+]
+
+
+def contractive_graph_map(nodes: int, d: int = 16, kappa: float = 0.9, seed: int = 1234):
+    """z -> tanh(A z W + b) with a symmetric-normalised random graph A (self loops) and ||W||_2 = kappa:
+    a kappa-contraction in the 2-norm; float64. The seed is not one the tests use (held out)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(0, nodes, (8 * nodes,), generator=g)
+    dst = torch.randint(0, nodes, (8 * nodes,), generator=g)
+    loops = torch.arange(nodes)
+    ei = torch.cat([torch.stack([src, dst]), torch.stack([dst, src]), torch.stack([loops, loops])], 1)
+    ei = torch.unique(ei, dim=1)
+    deg = torch.zeros(nodes, dtype=torch.float64).index_add_(
+        0, ei[1], torch.ones(ei.size(1), dtype=torch.float64)
+    )
+    val = deg[ei[0]].rsqrt() * deg[ei[1]].rsqrt()
+    A = torch.sparse_coo_tensor(ei.flip(0), val, (nodes, nodes)).coalesce().to_sparse_csr()
+    W = torch.randn(d, d, generator=g, dtype=torch.float64)
+    W = torch.nn.Parameter(kappa * W / torch.linalg.matrix_norm(W, 2))
+    b = torch.nn.Parameter(torch.randn(nodes, d, generator=g, dtype=torch.float64))
+
+    def f(z):
+        return torch.tanh(A @ (z @ W) + b)
+
+    return f, torch.zeros(nodes, d, dtype=torch.float64), [W, b]
+
+
+def deq_gnn_map(nodes: int, seed: int = 0):
+    """deq_gnn_small's equilibrium map on proteins_like, untrained, float64, evaluation mode."""
+    import torch
+
+    from revgnn.nn.gen_max import sort_edges
+
+    data = load_graph(nodes)
+    torch.manual_seed(seed)
+    model = build("deq_gnn_small", 32, data).double().eval()
+    ei, ea = sort_edges(data.edge_index, data.edge_attr.double(), data.x.size(0))
+    with torch.no_grad():
+        h = model.node_encoder(data.x.double())
+
+    def f(z):
+        return model.layer(z, h, ei, ea)
+
+    return f, torch.zeros_like(h), list(model.layer.parameters())
+
+
+def _counted(f):
+    calls = [0]
+
+    def g(z):
+        calls[0] += 1
+        return f(z)
+
+    return g, calls
+
+
+def _rel_residual(f, z) -> float:
+    import torch
+
+    with torch.no_grad():
+        fz = f(z)
+        return ((fz - z).norm() / fz.norm()).item()
+
+
+def peer_evaluations(f, z0, tol: float, max_iter: int):
+    """Evaluations each solver of each library needs to reach relative residual ``tol``; the residual is
+    re-measured independently on the returned iterate."""
+    import torch
+    from torchdeq.solver import get_solver as td_solver
+
+    from revgnn.deq import get_solver
+
+    rows = []
+    for ours, ours_opts, theirs, their_opts in PEER_SOLVERS:
+        g, calls = _counted(f)
+        res = get_solver(ours)(g, z0, tol=tol, max_iter=max_iter, stop_mode="rel", **ours_opts)
+        r_ours = _rel_residual(f, res.z)
+        n_ours = calls[0]
+        g, calls = _counted(lambda z: f(z.view_as(z0)).view(1, *z0.shape))
+        with torch.no_grad():
+            z_td, _, info = td_solver(theirs)(
+                g, z0.unsqueeze(0), max_iter=max_iter, tol=tol, stop_mode="rel", **their_opts
+            )
+        r_td = _rel_residual(f, z_td.view_as(z0))
+        rows.append((ours, n_ours, r_ours, calls[0], r_td))
+    return rows
+
+
+def peer_gradient_error(nodes: int, tol: float):
+    """Relative error of the implicit gradient d(sum(c * z*))/d(W, b) of the contractive map, against a
+    dense float64 reference (z* to 1e-15, (I - J^T) u = c solved directly)."""
+    import torch
+    from torchdeq import get_deq
+
+    from revgnn.deq import DEQ, get_solver
+
+    f, z0, params = contractive_graph_map(nodes, d=8)
+    c = torch.randn(z0.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    z_ref = get_solver("anderson")(f, z0, tol=1e-15, max_iter=500).z
+    J = torch.autograd.functional.jacobian(f, z_ref).reshape(z0.numel(), z0.numel())
+    u = torch.linalg.solve(torch.eye(z0.numel(), dtype=torch.float64) - J.T, c.reshape(-1)).view_as(z0)
+    z = z_ref.clone().requires_grad_()
+    ref = torch.autograd.grad(f(z), params, u)
+    ref = torch.cat([r.flatten() for r in ref])
+
+    def error():
+        got = torch.cat([p.grad.flatten() for p in params])
+        for p in params:
+            p.grad = None
+        return ((got - ref).norm() / ref.norm()).item()
+
+    class Map(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.params = torch.nn.ParameterList(params)
+
+        def forward(self, z, _x):
+            return f(z)
+
+    out = {}
+    for solver in ("anderson", "broyden", "fixed_point"):
+        deq = DEQ(Map(), solver=solver, tol=tol, max_iter=500)
+        (deq(z0) * c).sum().backward()
+        out[("revgnn", solver)] = error()
+        td = "fixed_point_iter" if solver == "fixed_point" else solver
+        tdeq = get_deq(
+            ift=True,
+            f_solver=td,
+            b_solver=td,
+            f_max_iter=500,
+            b_max_iter=500,
+            f_tol=tol,
+            b_tol=tol,
+            f_stop_mode="rel",
+            b_stop_mode="rel",
+        )
+        tdeq.train()
+        z_out, _ = tdeq(lambda z: f(z.view_as(z0)).view_as(z), z0.unsqueeze(0))
+        (z_out[-1].view_as(z0) * c).sum().backward()
+        out[("torchdeq", solver)] = error()
+    return out
+
+
+def peer_saved_bytes(nodes: int):
+    """Bytes autograd keeps for backward in one training forward of the DEQ-GNN map with exactly 10 and
+    100 forward iterations (tolerance unreachable), implicit differentiation in both libraries."""
+    import warnings
+
+    import torch
+    from torchdeq import get_deq
+
+    from revgnn.deq import DEQ, DEQConvergenceWarning
+    from revgnn.utils.memory import SavedTensorBytes
+
+    warnings.simplefilter("ignore", DEQConvergenceWarning)
+    f, z0, params = deq_gnn_map(nodes)
+    for p in params:
+        p.requires_grad_(True)
+
+    class Map(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.params = torch.nn.ParameterList(params)
+
+        def forward(self, z, _x):
+            return f(z)
+
+    out = {}
+    for iters in (10, 100):
+        deq = DEQ(Map(), solver="anderson", tol=1e-30, max_iter=iters).train()
+        with SavedTensorBytes() as saved:
+            deq(z0).sum()
+        out[("revgnn", iters)] = saved.bytes
+        tdeq = get_deq(ift=True, f_solver="anderson", f_max_iter=iters, f_tol=1e-30, f_stop_mode="rel")
+        tdeq.train()
+        with SavedTensorBytes() as saved:
+            z_out, _ = tdeq(lambda z: f(z.view_as(z0)).view_as(z), z0.unsqueeze(0))
+            z_out[-1].sum()
+        out[("torchdeq", iters)] = saved.bytes
+    return out
+
+
+def bench_peer(args) -> None:
+    import warnings
+
+    import torch
+    import torchdeq
+
+    warnings.filterwarnings("ignore", message="Sparse")
+    from revgnn.deq import DEQConvergenceWarning
+
+    warnings.simplefilter("ignore", DEQConvergenceWarning)
+    torch.set_num_threads(args.threads)
+    version = getattr(torchdeq, "__version__", "0.1.0")
+    print(f"revgnn vs torchdeq {version}, float64, max {args.max_iter} evaluations")
+    maps = {
+        f"contractive graph map ({args.nodes} nodes x 16, kappa 0.9)": contractive_graph_map(args.nodes)[:2],
+        f"deq_gnn_small on proteins_like({args.nodes}), untrained": deq_gnn_map(args.nodes)[:2],
+    }
+    print(
+        "\n| map | tol | solver | revgnn evals | revgnn rel. residual | torchdeq evals "
+        "| torchdeq rel. residual |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for label, (f, z0) in maps.items():
+        for tol in (1e-4, 1e-6):
+            for solver, n_ours, r_ours, n_td, r_td in peer_evaluations(f, z0, tol, args.max_iter):
+                fmt = lambda n, r: (f"{n}", f"{r:.2e}") if r <= tol else (f">{n} (not reached)", f"{r:.2e}")  # noqa: E731
+                print(
+                    f"| {label} | {tol:g} | {solver} | "
+                    + " | ".join(fmt(n_ours, r_ours) + fmt(n_td, r_td))
+                    + " |",
+                    flush=True,
+                )
+    grad_nodes = 200
+    errors = peer_gradient_error(grad_nodes, 1e-10)
+    print(
+        "\nimplicit gradient, relative error vs dense float64 reference "
+        f"(contractive map, {grad_nodes} x 8, tol 1e-10):"
+    )
+    print("\n| solver | revgnn | torchdeq |\n|---|---|---|")
+    for solver in ("anderson", "broyden", "fixed_point"):
+        print(f"| {solver} | {errors[('revgnn', solver)]:.1e} | {errors[('torchdeq', solver)]:.1e} |")
+    saved = peer_saved_bytes(args.nodes)
+    print(
+        "\nbytes saved for backward, one training forward of the deq_gnn_small map "
+        f"({args.nodes} nodes), Anderson:"
+    )
+    print("\n| library | 10 iterations | 100 iterations |\n|---|---|---|")
+    for lib in ("revgnn", "torchdeq"):
+        print(f"| {lib} | {saved[(lib, 10)] / 2**20:.2f} MiB | {saved[(lib, 100)] / 2**20:.2f} MiB |")
+
+
+# ---- train: DEQ-GNN on proteins_like with and without Jacobian regularisation -----------------------
+
+
+def train_run(args, seed: int, jac_weight: float, out_dir: str):
+    """One run of the training loop; returns its metrics.csv rows and summary."""
+    import csv
+
+    from hydra import compose, initialize_config_dir
+
+    import revgnn.config  # noqa: F401  (registers the schemas)
+    from revgnn.engine.loop import train
+
+    config_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "revgnn", "configs")
+    overrides = [
+        "logger.plot=false",
+        "logger.progress_bar=false",
+        "data=proteins_like",
+        f"data.num_nodes={args.nodes}",
+        "model=deq_gnn",
+        f"model.hidden_channels={args.hidden}",
+        f"model.max_iter={args.max_iter}",
+        "model.tol=1e-4",
+        f"model.jac_reg_weight={jac_weight}",
+        "model.spectral_radius_every=1",
+        "model.spectral_radius_iters=10",
+        f"trainer.epochs={args.epochs}",
+        f"trainer.eval_every={args.eval_every}",
+        f"seed={seed}",
+        f"name=deq_jac{jac_weight:g}_seed{seed}",
+    ]
+    with initialize_config_dir(config_dir=os.path.abspath(config_dir), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=overrides)
+    cfg.output_dir = out_dir
+    summary = train(cfg)
+    rows = list(csv.DictReader(open(os.path.join(out_dir, "metrics.csv"))))
+    return rows, summary, overrides
+
+
+def bench_train(args) -> None:
+    import tempfile
+    import warnings
+
+    import torch
+
+    from revgnn.deq import DEQConvergenceWarning
+
+    warnings.simplefilter("ignore", DEQConvergenceWarning)
+    torch.set_num_threads(args.threads)
+    root = tempfile.mkdtemp(prefix="bench_deq_train_")
+    results = {}
+    for seed in args.seeds_list:
+        for weight in (0.0, args.jac_weight):
+            rows, summary, overrides = train_run(
+                args, seed, weight, os.path.join(root, f"w{weight:g}_s{seed}")
+            )
+            results[(weight, seed)] = (rows, summary)
+            steps = [float(r["deq_forward_steps_max"]) for r in rows]
+            print(
+                f"jac_reg_weight {weight:g} seed {seed}: forward evaluations per solve, max over each epoch: "
+                f"{[int(s) for s in steps]}",
+                flush=True,
+            )
+    shown = [o for o in overrides if not o.startswith(("model.jac_reg_weight=", "seed=", "name="))]
+    print(f"\noverrides (besides jac_reg_weight, seed): {' '.join(shown)}")
+    print(
+        "\n| jac_reg_weight | seed | epochs with every solve <= 30 evaluations "
+        "| max evaluations, first / last epoch | mean evaluations, last epoch "
+        "| max rel. residual, last epoch | spectral radius, last epoch "
+        "| best valid ROC-AUC (epoch) | test at best valid |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for (weight, seed), (rows, summary) in results.items():
+        steps = [float(r["deq_forward_steps_max"]) for r in rows]
+        ok = sum(s <= 30 for s in steps)
+        last = rows[-1]
+        print(
+            f"| {weight:g} | {seed} | {ok} / {len(rows)} | {steps[0]:.0f} / {steps[-1]:.0f} | "
+            f"{float(last['deq_forward_steps_mean']):.1f} | {float(last['deq_forward_residual_max']):.1e} | "
+            f"{float(last['deq_spectral_radius_mean']):.3f} | {summary['highest_valid']:.4f} "
+            f"({summary['best_epoch']}) | {summary['final_test']:.4f} |",
+            flush=True,
+        )
+
+
 MODELS = {
     # name -> (registered factory, overrides)
     "deq_gnn": ("deq_gnn", {}),
@@ -229,7 +565,7 @@ def bench_step(args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("part", choices=["solvers", "step", "one"])
+    parser.add_argument("part", choices=["solvers", "step", "one", "peer", "train"])
     parser.add_argument("--nodes", type=int, default=4000)
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
@@ -243,12 +579,24 @@ def main() -> None:
         help="also measure after this many Adam steps (0: untrained only)",
     )
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=30, help="train: epochs per run")
+    parser.add_argument("--eval-every", type=int, default=5, help="train: evaluate every this many epochs")
+    parser.add_argument(
+        "--jac-weight", type=float, default=1.0, help="train: jac_reg_weight of the regularised runs"
+    )
+    parser.add_argument("--seeds-list", type=int, nargs="+", default=[0, 1], help="train: run seeds")
     parser.add_argument(
         "--models", nargs="+", default=["deq_gnn", "wt_revgnn", "revgnn_small"], choices=sorted(MODELS)
     )
     parser.add_argument("--one", choices=sorted(MODELS), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    {"solvers": bench_solvers, "step": bench_step, "one": bench_one}[args.part](args)
+    {
+        "solvers": bench_solvers,
+        "step": bench_step,
+        "one": bench_one,
+        "peer": bench_peer,
+        "train": bench_train,
+    }[args.part](args)
 
 
 if __name__ == "__main__":

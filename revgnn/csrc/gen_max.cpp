@@ -246,8 +246,8 @@ struct GenMax {
   }
 
   // The winners are scattered over a node's edge segment. Reading the segment once in order
-  // first (the hardware prefetcher follows a stream) and then the winners from cache was
-  // 3.5x faster here than the scattered reads alone; software prefetches did not help.
+  // first (the hardware prefetcher follows a stream) and then the winners from cache is faster
+  // than the scattered reads alone; software prefetches did not help (docs/bench/in_code.md).
   inline void touch_segment(int64_t i) const {
     auto touch = [](const char* begin, const char* end) {
       char sink = 0;

@@ -5,7 +5,9 @@ parts every epoch and trains on one part's induced sub-graph per step. The offic
 sub-graph with Python dictionaries and per-edge loops, which costs minutes per epoch on the 79M edges of
 ogbn-proteins. Here a whole partition is a handful of vectorised tensor operations:
 
-1. ``part[v]`` for every node (a balanced random assignment: a permutation cut into ``K`` chunks);
+1. ``part[v]`` for every node: ``uniform`` draws each node's part on its own (the official code's
+   ``np.random.randint(K, size=N)``: part sizes are multinomial), ``balanced`` cuts a random
+   permutation into ``K`` chunks (sizes differ by at most one);
 2. an edge survives iff both endpoints share a part: ``part[src] == part[dst]``;
 3. one boolean mask per part groups the surviving edge ids into ``K`` contiguous ranges;
 4. a node's local id is its rank inside its part, so ``local[edge_index[:, ids]]`` is the sub-graph.
@@ -23,22 +25,44 @@ from typing import Iterator, Optional
 import torch
 from torch import Tensor
 
-__all__ = ["random_partition", "Partition", "SubGraph", "partition_graph", "sort_by_destination"]
+__all__ = [
+    "PARTITION_MODES",
+    "random_partition",
+    "Partition",
+    "SubGraph",
+    "partition_graph",
+    "sort_by_destination",
+]
+
+#: How :func:`random_partition` assigns nodes to parts.
+PARTITION_MODES = ("balanced", "uniform")
 
 
-def random_partition(num_nodes: int, num_parts: int, generator: Optional[torch.Generator] = None) -> Tensor:
-    """Assigns every node to one of ``num_parts`` parts, uniformly at random and balanced.
+def random_partition(
+    num_nodes: int, num_parts: int, generator: Optional[torch.Generator] = None, mode: str = "balanced"
+) -> Tensor:
+    r"""Assigns every node to one of ``num_parts`` parts at random.
+
+    ``balanced``: a random permutation cut into :math:`K` chunks, so part sizes differ by at most one.
+    ``uniform``: every node's part is drawn on its own, :math:`p_v \sim \mathcal{U}\{0, \ldots, K-1\}`
+    (the official RevGNN code's ``np.random.randint(K, size=N)``), so the sizes are
+    :math:`\mathrm{Multinomial}(N; 1/K, \ldots, 1/K)` and a part may even be empty.
 
     Args:
         num_nodes (int): Number of nodes ``N``.
         num_parts (int): Number of parts ``K`` (``1 <= K <= N``).
         generator (torch.Generator, optional): Source of randomness (default: the global generator).
+        mode (str, optional): ``"balanced"`` or ``"uniform"``. (default: :obj:`"balanced"`)
 
     Returns:
-        A ``[N]`` long tensor of part ids; part sizes differ by at most one.
+        A ``[N]`` long tensor of part ids.
     """
+    if mode not in PARTITION_MODES:
+        raise ValueError(f"partition mode must be one of {', '.join(PARTITION_MODES)}, got {mode!r}")
     if not 1 <= num_parts <= max(num_nodes, 1):
         raise ValueError(f"num_parts must be in [1, num_nodes={num_nodes}], got {num_parts}")
+    if mode == "uniform":
+        return torch.randint(num_parts, (num_nodes,), generator=generator)
     perm = torch.randperm(num_nodes, generator=generator)
     part = torch.empty(num_nodes, dtype=torch.long)
     part[perm] = torch.arange(num_nodes) * num_parts // num_nodes
@@ -114,10 +138,15 @@ class Partition:
 
 
 def partition_graph(
-    edge_index: Tensor, num_nodes: int, num_parts: int, generator: Optional[torch.Generator] = None
+    edge_index: Tensor,
+    num_nodes: int,
+    num_parts: int,
+    generator: Optional[torch.Generator] = None,
+    mode: str = "balanced",
 ) -> Partition:
-    """Draws a random balanced partition and returns its induced sub-graphs (see :class:`Partition`)."""
-    return Partition(edge_index, random_partition(num_nodes, num_parts, generator), num_parts)
+    """Draws a random partition (:func:`random_partition`, ``mode`` ``"balanced"`` or ``"uniform"``)
+    and returns its induced sub-graphs (see :class:`Partition`)."""
+    return Partition(edge_index, random_partition(num_nodes, num_parts, generator, mode), num_parts)
 
 
 def sort_by_destination(edge_index: Tensor, num_nodes: int) -> Tensor:

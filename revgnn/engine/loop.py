@@ -3,13 +3,17 @@
 Recipe (Li et al., ICML 2021, ogbn-proteins): every epoch draws a new random partition of the nodes into
 ``trainer.train_parts`` parts; a step takes ``trainer.parts_per_step`` of them (default one, or one per
 worker under ``backend=ddp``), with the loss on their training nodes. Adam, gradient-norm clipping.
-Evaluation is multi-view inference (:mod:`revgnn.evaluate`) scored by OGB's evaluator; the reported test
-score is the one at the best validation score. Graph-level data go through the same loop with shuffled
+Evaluation is multi-view inference (:mod:`revgnn.evaluate`) scored by OGB's evaluator, every
+``trainer.eval_every`` epochs, on fresh or fixed views (``trainer.fixed_eval_views``); the best validation
+score selects ``best.pt`` and its epoch's test score is ``final_test``. With ``trainer.test_views`` set,
+the loop then loads ``best.pt`` and tests it on that many fresh views (``checkpoint_test``, the official
+code's separate ``test.py``; docs/fidelity.md). Graph-level data go through the same loop with shuffled
 mini-batches of graphs, SAR through it with one full-graph step per epoch: :mod:`revgnn.engine.tasks`
 holds what differs between data, :mod:`revgnn.engine.backends` what differs between backends.
 
 Outputs in the run directory (rank 0 writes them; every write is atomic, :mod:`~revgnn.engine.checkpoint`):
-``metrics.csv`` (one row per epoch, rewritten each epoch), ``summary.json`` (also after a divergence,
+``metrics.csv`` (one row per epoch, rewritten each epoch, and a last ``checkpoint_test`` row),
+``summary.json`` (also after a divergence,
 an interruption or a failure, with its ``status``), ``last.pt`` every epoch and ``best.pt``,
 ``learning_curve.png`` and optionally TensorBoard events. A checkpoint holds every worker's RNG state
 and the position inside the epoch, so a resumed run continues exactly as an uninterrupted one would,
@@ -41,7 +45,10 @@ __all__ = ["train", "train_step", "build_model", "resolve_output_dir", "seed_str
 
 log = logging.getLogger("revgnn.train")
 
-FIELDS = ["epoch", "loss", "train", "valid", "test", "epoch_time_s", "peak_memory_mb", "lr"]
+#: metrics.csv's columns (model statistics follow). ``evaluation`` says what scored a row's train / valid /
+#: test: ``selection`` (the in-training evaluation), ``checkpoint_test`` (the last row: the final test of
+#: ``best.pt``, whose epoch the row's ``epoch`` is), empty when the epoch was not evaluated.
+FIELDS = ["epoch", "evaluation", "loss", "train", "valid", "test", "epoch_time_s", "peak_memory_mb", "lr"]
 
 
 def train(cfg: DictConfig) -> Dict[str, Any]:
@@ -86,6 +93,8 @@ def _train(cfg: DictConfig, backend: Backend) -> Dict[str, Any]:
     log.info("data: %s", task)
     model = backend.prepare_model(build_model(cfg.model, task.shapes).to(device))
     backend.seed_workers(cfg.seed)
+    if tc.fixed_eval_views:  # drawn from the seed alone: a resumed run scores on the same views
+        task.fix_eval_views(torch.Generator().manual_seed(seed_stream(cfg.seed, 0, 1)))
     num_params = count_parameters(model)
     log.info(
         "model: %s (%s parameters), backend %s x %d",
@@ -104,10 +113,11 @@ def _train(cfg: DictConfig, backend: Backend) -> Dict[str, Any]:
         "partial": None,
         "history": [],
         "best": {"epoch": 0, "train": float("nan"), "valid": -math.inf, "test": float("nan")},
+        "checkpoint_test": None,  # the final test of best.pt, after the last epoch
     }
     last_path, best_path = os.path.join(out_dir, "last.pt"), os.path.join(out_dir, "best.pt")
     if cfg.ckpt_path:
-        state = resume(cfg, backend, model, optimizer, flat)
+        state = {**resume(cfg, backend, model, optimizer, flat), "checkpoint_test": None}
     start_epoch, history = state["epoch"], state["history"]
     if start_epoch >= tc.epochs:
         log.warning(
@@ -165,6 +175,8 @@ def _train(cfg: DictConfig, backend: Backend) -> Dict[str, Any]:
             "highest_train": best["train"],
             "highest_valid": best["valid"],
             "final_test": best["test"],
+            # the separate test of best.pt (trainer.test_views x test_parts), or null
+            "checkpoint_test": state["checkpoint_test"],
             "epoch_time_s": sum(times) / max(len(times), 1),
             # the whole run's peak: the rows' figures are taken before each epoch's evaluation
             # and checkpoint, and a resumed run's history holds the earlier process's peaks
@@ -180,7 +192,7 @@ def _train(cfg: DictConfig, backend: Backend) -> Dict[str, Any]:
         }
         if writer:
             atomic_write_text(json.dumps(summary, indent=2), os.path.join(out_dir, "summary.json"))
-            write_metrics(history, os.path.join(out_dir, "metrics.csv"))
+            write_metrics(history, os.path.join(out_dir, "metrics.csv"), state["checkpoint_test"])
         return summary
 
     # ---- the loop -----------------------------------------------------------------------------
@@ -219,6 +231,7 @@ def _train(cfg: DictConfig, backend: Backend) -> Dict[str, Any]:
 
         row = {
             "epoch": epoch,
+            "evaluation": "",
             "loss": loss_sum / max(count, 1),
             "train": "",
             "valid": "",
@@ -238,7 +251,7 @@ def _train(cfg: DictConfig, backend: Backend) -> Dict[str, Any]:
                 backend.all_reduce,
             )
             model_epoch_stats(model, backend, gather=False)  # the evaluation's solves are not training's
-            row.update(scores)
+            row.update(scores, evaluation="selection")
             improved = scores["valid"] > state["best"]["valid"]
             if improved:
                 state["best"] = {"epoch": epoch, **scores}
@@ -262,7 +275,7 @@ def _train(cfg: DictConfig, backend: Backend) -> Dict[str, Any]:
             write_metrics(history, os.path.join(out_dir, "metrics.csv"))
             if tb is not None:
                 for key, value in row.items():
-                    if key not in ("epoch", "lr") and value != "":
+                    if key not in ("epoch", "evaluation", "lr") and value != "":
                         tb.add_scalar(key, value, epoch)
         return row
 
@@ -305,10 +318,22 @@ def _train(cfg: DictConfig, backend: Backend) -> Dict[str, Any]:
         if tb is not None:
             tb.close()
 
+    # ---- the final test of best.pt ----------------------------------------------------------------
+    if tc.test_views is not None:
+        try:
+            state["checkpoint_test"] = checkpoint_test(
+                cfg, task, model, best_path, state["best"]["epoch"], device, autocast, backend
+            )
+        except Exception as e:
+            write_summary(f"failed in the final test: {type(e).__name__}", peak_memory_mb(device))
+            raise
+
     # ---- summary ------------------------------------------------------------------------------
     summary = write_summary("completed", max(backend.gather(peak_memory_mb(device))))
     if writer and cfg.logger.plot and history:
-        plot_learning_curve(history, task.metric, os.path.join(out_dir, "learning_curve.png"))
+        plot_learning_curve(
+            history, task.metric, os.path.join(out_dir, "learning_curve.png"), state["checkpoint_test"]
+        )
     best = state["best"]
     log.info(
         "Highest Train: %.4f  Highest Valid: %.4f  Final Test: %.4f  (%s, epoch %d of %d, %s params, "
@@ -435,6 +460,8 @@ def resume(cfg: DictConfig, backend: Backend, model, optimizer, flat) -> Dict[st
 RESUME_COMPARED = ("model", "data", "optim", "trainer", "backend", "seed")
 RESUME_FREE = (
     "trainer.epochs",
+    "trainer.test_views",
+    "trainer.test_parts",
     "data.root",
     "data.allow_download",
     "backend.num_threads",
@@ -568,14 +595,61 @@ def log_warnings(caught, epoch: int, writer: bool) -> None:
             )
 
 
-def write_metrics(history, path: str) -> None:
+def checkpoint_test(
+    cfg: DictConfig, task, model, best_path: str, best_epoch: int, device, autocast, backend: Backend
+) -> Optional[Dict[str, Any]]:
+    """The final test: every worker loads ``best.pt`` into ``model`` (set to the best epoch's
+    schedule, e.g. DEQ-GNN's pretraining phase) and scores it with ``task.final_test`` on
+    ``trainer.test_views`` x ``trainer.test_parts`` fresh views drawn from the seed alone; returns
+    ``{epoch, views, parts, train, valid, test}``, or :obj:`None` (with a warning) when no
+    evaluation ever saved a ``best.pt``."""
+    tc = cfg.trainer
+    if not best_epoch or not os.path.exists(best_path):
+        log.warning("no best.pt (no evaluation improved on -inf): the final test is skipped")
+        return None
+    ckpt = load_checkpoint(best_path)
+    if ckpt["epoch"] != best_epoch:
+        raise RuntimeError(
+            f"{best_path} holds epoch {ckpt['epoch']}, but the best validation score was at epoch "
+            f"{best_epoch}: another run wrote into this directory. Give each run its own output_dir"
+        )
+    model.load_state_dict(ckpt["model"])
+    if hasattr(model, "set_epoch"):
+        model.set_epoch(best_epoch - 1)
+    generator = torch.Generator().manual_seed(seed_stream(cfg.seed, 0, 2))
+    scores = task.final_test(model, generator, device, autocast, backend.all_reduce)
+    model_epoch_stats(model, backend, gather=False)  # the test's solves are not training's
+    result = {"epoch": best_epoch, "views": tc.test_views, "parts": tc.test_parts, **scores}
+    log.info(
+        "Checkpoint test of best.pt (epoch %d, %d view(s) x %d part(s)): train %.4f  valid %.4f  test %.4f",
+        best_epoch,
+        tc.test_views,
+        tc.test_parts,
+        scores["train"],
+        scores["valid"],
+        scores["test"],
+    )
+    return result
+
+
+def write_metrics(history, path: str, final: Optional[Dict[str, Any]] = None) -> None:
     """``metrics.csv``: one row per epoch (the loop's fields, then any model statistics), rewritten
-    whole (atomically) from the history."""
-    extra = sorted({k for row in history for k in row if k not in FIELDS})
+    whole (atomically) from the history; then, when given, the ``checkpoint_test`` row of the final
+    test (``final``: its epoch and scores)."""
+    rows = list(history)
+    if final is not None:
+        rows.append(
+            {
+                "epoch": final["epoch"],
+                "evaluation": "checkpoint_test",
+                **{k: final[k] for k in ("train", "valid", "test")},
+            }
+        )
+    extra = sorted({k for row in rows for k in row if k not in FIELDS})
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=FIELDS + extra, lineterminator="\n", restval="")
     w.writeheader()
-    w.writerows(history)
+    w.writerows(rows)
     atomic_write_text(buf.getvalue(), path)
 
 
@@ -612,8 +686,9 @@ def peak_memory_mb(device) -> float:
     return peak_rss_bytes() / 2**20
 
 
-def plot_learning_curve(history, metric: str, path: str) -> None:
-    """Training loss and train/valid/test scores against epochs, as a PNG (written atomically)."""
+def plot_learning_curve(history, metric: str, path: str, final: Optional[Dict[str, Any]] = None) -> None:
+    """Training loss and train/valid/test scores against epochs, as a PNG (written atomically); the
+    final test of ``best.pt`` (``final``), when given, as a star at its epoch."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -625,6 +700,9 @@ def plot_learning_curve(history, metric: str, path: str) -> None:
     evaluated = [r for r in history if r["valid"] != ""]
     for split in ("train", "valid", "test"):
         ax_score.plot([r["epoch"] for r in evaluated], [r[split] for r in evaluated], marker="o", label=split)
+    if final is not None:
+        label = f"test of best.pt ({final['views']} x {final['parts']})"
+        ax_score.plot([final["epoch"]], [final["test"]], marker="*", markersize=12, ls="", label=label)
     ax_score.set(xlabel="epoch", ylabel=metric, title=metric)
     ax_score.legend()
     fig.tight_layout()

@@ -13,8 +13,9 @@ full-graph step: worker :math:`p`'s loss is normalised by the *global* number of
 
 so the all-reduced sum of the per-worker gradients is the single-process full-graph gradient of the
 mean loss. Evaluation gathers every split's predictions and runs the OGB Evaluator on every worker
-(the same numbers everywhere). Everything else (checkpoints, exact resume, NaN guard, precision,
-logging, signals) is the one loop's, :mod:`revgnn.engine.loop`.
+(the same numbers everywhere); the final test of ``best.pt`` (``trainer.test_views=1``) is one more
+such full-graph evaluation, with every worker loading the checkpoint. Everything else (checkpoints,
+exact resume, NaN guard, precision, logging, signals) is the one loop's, :mod:`revgnn.engine.loop`.
 """
 
 from __future__ import annotations
@@ -26,14 +27,14 @@ import torch
 from torch import Tensor, nn
 
 from revgnn.engine.backends import DistributedBackend
-from revgnn.engine.tasks import Batch, Step, _autocast, labelled_entries, task_loss
+from revgnn.engine.tasks import Batch, Step, _autocast, check_whole_graph_test, labelled_entries, task_loss
 
 __all__ = ["SARTask", "SARBackend"]
 
 log = logging.getLogger("revgnn.train")
 
 #: trainer keys that describe sub-graph training and multi-view inference, which SAR replaces.
-_FULL_GRAPH = {"train_parts": 1, "eval_views": 1, "eval_parts": 1}
+_FULL_GRAPH = {"train_parts": 1, "eval_views": 1, "eval_parts": 1, "test_parts": 1}
 
 
 class SARTask:
@@ -81,6 +82,7 @@ class SARTask:
         )
 
     def check_trainer(self, tc) -> None:
+        check_whole_graph_test(tc, "backend=sar")
         bad = {k: tc[k] for k, v in _FULL_GRAPH.items() if tc[k] != v}
         if tc.parts_per_step not in (None, 1):
             bad["parts_per_step"] = tc.parts_per_step
@@ -127,6 +129,13 @@ class SARTask:
             )
             for s in pieces
         }
+
+    def fix_eval_views(self, generator) -> None:
+        """The full graph is scored deterministically: there is no random view to fix."""
+
+    def final_test(self, model: nn.Module, generator, device, autocast=None, reduce=None) -> Dict[str, float]:
+        """The final test of a checkpoint: :meth:`evaluate` on the full graph (every worker takes part)."""
+        return self.evaluate(model, generator, device, autocast, reduce)
 
 
 class SARBackend(DistributedBackend):

@@ -5,12 +5,15 @@ the step's loss and scores a model on every split with OGB's evaluator, so that
 :func:`revgnn.engine.loop.train` is one loop for every level and backend:
 
 * :class:`NodeTask` (a :class:`~revgnn.data.node_dataset.NodeDataset`, e.g. ogbn-proteins): every epoch a new
-  random partition into ``trainer.train_parts`` parts; a step takes ``trainer.parts_per_step`` of them
+  random partition into ``trainer.train_parts`` parts (``trainer.partition``: balanced or uniform), visited
+  in order or shuffled (``trainer.shuffle_parts``); a step takes ``trainer.parts_per_step`` of them
   (their induced sub-graphs, the loss on their training nodes, the gradients accumulated). Under
   ``backend=ddp`` every worker draws the same partition and the step's parts are dealt out, so
   :math:`W` workers with :math:`K/W` parts each take the step one process takes with :math:`K`.
-  Evaluation is multi-view inference (``trainer.eval_views`` x ``trainer.eval_parts``), its forwards
-  dealt out the same way.
+  Evaluation is multi-view inference (``trainer.eval_views`` x ``trainer.eval_parts``, fresh views each
+  time or views fixed once by :meth:`NodeTask.fix_eval_views`), the final test of the best checkpoint
+  the same with ``trainer.test_views`` x ``trainer.test_parts`` (:meth:`NodeTask.final_test`); their
+  forwards are dealt out the same way.
 * :class:`GraphTask` (a :class:`~revgnn.data.graph_dataset.GraphDataset`, e.g. ogbg-molhiv): every epoch the
   training graphs are shuffled into batches of ``data.batch_size``, one step each; the model is called
   as ``model(x, edge_index, edge_attr, batch, num_graphs)`` and returns one row per graph.
@@ -84,13 +87,30 @@ def _autocast(ctx):
     return ctx if ctx is not None else contextlib.nullcontext()
 
 
+def trainer_option(tc, key: str, default: Any) -> Any:
+    """``tc[key]`` (an enum as its value), or ``default`` for a config that predates the key (e.g. a
+    checkpoint's saved config)."""
+    value = tc.get(key, default) if hasattr(tc, "get") else getattr(tc, key, default)
+    return getattr(value, "value", value)
+
+
+def check_whole_graph_test(tc, where: str) -> None:
+    """The final test of a whole-graph evaluation (graph-level data, SAR) has one view."""
+    views = trainer_option(tc, "test_views", None)
+    if views not in (None, 1):
+        raise ValueError(
+            f"{where} evaluates whole graphs, one deterministic view: trainer.test_views={views} "
+            f"cannot apply; set trainer.test_views=1 (test best.pt once) or null (no final test)"
+        )
+
+
 class NodeTask:
     """Node-level training on random-partition sub-graphs of one big graph (Li et al., ICML 2021).
 
     Args:
         ds (NodeDataset): The graph.
-        trainer_cfg: ``trainer`` config (``train_parts``, ``parts_per_step``, ``eval_views``,
-            ``eval_parts``).
+        trainer_cfg: ``trainer`` config (``train_parts``, ``parts_per_step``, ``partition``,
+            ``shuffle_parts``, ``eval_views``, ``eval_parts``, ``test_views``, ``test_parts``).
         rank (int): This worker's rank under ``backend=ddp`` (default: :obj:`0`).
         world_size (int): Workers sharing each step (default: :obj:`1`).
     """
@@ -119,27 +139,40 @@ class NodeTask:
                 f"trainer.parts_per_step={k}"
             )
         self.parts_per_step = k
+        self.partition = trainer_option(trainer_cfg, "partition", "balanced")
+        self.shuffle_parts = bool(trainer_option(trainer_cfg, "shuffle_parts", False))
+        self.eval_views: Optional[list] = None  # fixed evaluation views (fix_eval_views)
         self.name, self.shapes = ds.name, shapes(ds)
 
     def __repr__(self) -> str:
         return repr(self.ds)
 
     def train_steps(self, generator: torch.Generator, device, start: int = 0) -> Iterator[Step]:
-        """This worker's steps of one epoch from step ``start`` on; the partition is drawn from
-        ``generator`` alone, so every worker (and a resumed run) draws the same one."""
+        """This worker's steps of one epoch from step ``start`` on; the partition and the order of its
+        parts are drawn from ``generator`` alone, so every worker (and a resumed run) draws the same."""
         from revgnn.data.random_parts import Partition, random_partition
 
         ds, k, per_worker = self.ds, self.parts_per_step, self.parts_per_step // self.world_size
-        part = random_partition(ds.num_nodes, self.tc.train_parts, generator)
-        partition = Partition(ds.edge_index, part, self.tc.train_parts)
-        counts = torch.zeros(self.tc.train_parts, dtype=torch.long).index_add_(0, part, self.entries).tolist()
-        for s in range(start, self.tc.train_parts // k):
-            first = s * k
-            total = sum(counts[first : first + k])
+        num_parts = self.tc.train_parts
+        part = random_partition(ds.num_nodes, num_parts, generator, self.partition)
+        order = self.part_order(generator)
+        partition = Partition(ds.edge_index, part, num_parts)
+        counts = torch.zeros(num_parts, dtype=torch.long).index_add_(0, part, self.entries).tolist()
+        for s in range(start, num_parts // k):
+            parts = order[s * k : (s + 1) * k]
+            total = sum(counts[p] for p in parts)
             if total == 0:  # no labelled node in the whole step (every worker skips it)
                 continue
-            mine = [first + self.rank * per_worker + j for j in range(per_worker)]
+            mine = parts[self.rank * per_worker : (self.rank + 1) * per_worker]
             yield Step(s, (self._batch(partition[p], device) for p in mine if counts[p] > 0), total)
+
+    def part_order(self, generator: torch.Generator) -> list:
+        """The order an epoch visits its parts in: shuffled (``trainer.shuffle_parts``, drawn from
+        ``generator`` after the partition) or ``0, ..., K-1``."""
+        num_parts = self.tc.train_parts
+        if self.shuffle_parts:
+            return torch.randperm(num_parts, generator=generator).tolist()
+        return list(range(num_parts))
 
     def _batch(self, sub, device) -> Batch:
         from revgnn.evaluate import as_edge_index
@@ -156,23 +189,44 @@ class NodeTask:
         """This batch's share of the step loss: its summed loss over the step's labelled entries."""
         return task_loss(logits[batch.select], batch.y, self.ds.task, "sum") / total
 
+    def fix_eval_views(self, generator: torch.Generator) -> None:
+        """Draws the ``trainer.eval_views`` x ``trainer.eval_parts`` evaluation views now; every later
+        :meth:`evaluate` scores on these same partitions (and ignores its generator)."""
+        from revgnn.evaluate import draw_views
+
+        self.eval_views = draw_views(
+            self.ds, self.tc.eval_views, self.tc.eval_parts, generator, self.partition
+        )
+
     def evaluate(
         self, model: nn.Module, generator: torch.Generator, device, autocast=None, reduce=None
     ) -> Dict[str, float]:
-        """Multi-view scores; with ``reduce`` (a sum over workers) each worker runs its share of the
-        forwards and the summed logits are scored everywhere."""
+        """Multi-view scores, on the fixed views if :meth:`fix_eval_views` drew them, else on fresh
+        ones from ``generator``; with ``reduce`` (a sum over workers) each worker runs its share of
+        the forwards and the summed logits are scored everywhere."""
+        from revgnn.evaluate import predict, predict_views
+
+        shard = (self.rank, self.world_size)
+        if self.eval_views is not None:
+            logits = predict_views(model, self.ds, self.eval_views, device, autocast, shard)
+        else:
+            views, parts = self.tc.eval_views, self.tc.eval_parts
+            logits = predict(model, self.ds, views, parts, generator, device, autocast, shard, self.partition)
+        if reduce is not None:
+            logits = reduce(logits)
+        return self.scorer(logits)
+
+    def final_test(
+        self, model: nn.Module, generator: torch.Generator, device, autocast=None, reduce=None
+    ) -> Dict[str, float]:
+        """Scores ``model`` on ``trainer.test_views`` fresh views of ``trainer.test_parts`` parts from
+        ``generator``, logits averaged (the official ``test.py``); forwards dealt out as in
+        :meth:`evaluate`."""
         from revgnn.evaluate import predict
 
-        logits = predict(
-            model,
-            self.ds,
-            self.tc.eval_views,
-            self.tc.eval_parts,
-            generator,
-            device,
-            autocast,
-            shard=(self.rank, self.world_size),
-        )
+        views, parts = self.tc.test_views, self.tc.test_parts
+        shard = (self.rank, self.world_size)
+        logits = predict(model, self.ds, views, parts, generator, device, autocast, shard, self.partition)
         if reduce is not None:
             logits = reduce(logits)
         return self.scorer(logits)
@@ -199,6 +253,8 @@ class GraphTask:
                 f"trainer.parts_per_step concerns node-level partitions; {ds.name} is graph-level "
                 f"and takes one batch of data.batch_size graphs per step"
             )
+        if trainer_cfg is not None:
+            check_whole_graph_test(trainer_cfg, f"{ds.name} is graph-level: it")
         self.name, self.shapes = ds.name, shapes(ds)
 
     def __repr__(self) -> str:
@@ -250,6 +306,15 @@ class GraphTask:
             pred = logits.argmax(-1, keepdim=True) if self.ds.task == "multiclass" else logits
             scores[split] = float(self.evaluator.eval({"y_true": y, "y_pred": pred})[self.metric])
         return scores
+
+    def fix_eval_views(self, generator: torch.Generator) -> None:
+        """Whole graphs are scored deterministically: there is no random view to fix."""
+
+    def final_test(
+        self, model: nn.Module, generator: Optional[torch.Generator], device, autocast=None, reduce=None
+    ) -> Dict[str, float]:
+        """The final test of a checkpoint: :meth:`evaluate` (whole graphs, deterministic)."""
+        return self.evaluate(model, generator, device, autocast, reduce)
 
 
 def make_task(ds, trainer_cfg, rank: int = 0, world_size: int = 1):

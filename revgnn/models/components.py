@@ -104,6 +104,7 @@ def reversible_layers(
     reversible: bool = True,
     keep_every: int = 0,
     quantize: Optional[int] = None,
+    group_init: str = "independent",
 ):
     """``num_layers`` reversible blocks of ``num_groups`` groups, called as ``layers(h, *args)``.
 
@@ -111,7 +112,8 @@ def reversible_layers(
     num_groups``). Returns a :class:`~revgnn.nn.WeightTied` (one block applied ``num_layers``
     times) or a :class:`~revgnn.nn.BlockSequence`; ``reversible=False`` gives the same blocks as a
     plain stack, ``keep_every`` stores every ``keep_every``-th input to bound float32 drift,
-    ``quantize`` makes every block's coupling exact (:class:`~revgnn.nn.GroupAddRev`).
+    ``quantize`` makes every block's coupling exact and ``group_init`` says whether a block's groups
+    start as copies of its first group (:class:`~revgnn.nn.GroupAddRev`).
     """
     from revgnn.nn import BlockSequence, GroupAddRev, WeightTied
 
@@ -128,6 +130,7 @@ def reversible_layers(
             disable=not reversible,
             keep_input=keep,
             quantize=quantize,
+            group_init=group_init,
         )
 
     if weight_tied:

@@ -71,6 +71,10 @@ class RevGNN(DeepNodeGNN):
         quantize (int, optional): Exact coupling on a :math:`2^{-q}` grid in
             every block: bit-exact reconstruction at any depth, also under bf16
             autocast (see :class:`~revgnn.nn.GroupAddRev`). (default: :obj:`None`)
+        group_init (str, optional): ``'copy'`` starts every group of a block as
+            a copy of its first group, :math:`\mathbf{w}_{\ell,i} =
+            \mathbf{w}_{\ell,1}` (the official RevGNN code); ``'independent'``
+            initialises each group on its own. (default: :obj:`'independent'`)
     """
 
     def __init__(
@@ -93,6 +97,7 @@ class RevGNN(DeepNodeGNN):
         reversible: bool = True,
         keep_every: int = 0,
         quantize: Optional[int] = None,
+        group_init: str = "independent",
     ):
         super().__init__()
         make = self._setup(
@@ -120,6 +125,7 @@ class RevGNN(DeepNodeGNN):
             reversible,
             keep_every,
             quantize,
+            group_init,
         )
 
     def reset_parameters(self) -> None:

@@ -14,6 +14,9 @@ from revgnn.nn.invertible import InvertibleModule, PerGroup, RNGState, Shared, f
 
 GroupArgs = List[Tuple[Tuple[Any, ...], Dict[str, Any]]]
 
+#: How the groups of a block built from one module start (``GroupAddRev(group_init=...)``).
+GROUP_INIT = ("independent", "copy")
+
 
 class GroupAddRev(InvertibleModule):
     r"""The grouped reversible residual block of `"Training Graph Neural Networks
@@ -64,8 +67,8 @@ class GroupAddRev(InvertibleModule):
         split_dim (int, optional): The dimension holding the channels.
             (default: :obj:`-1`)
         num_groups (int, optional): Number of groups :math:`C \ge 2`; required
-            when ``conv`` is a single module, which is then deep-copied and
-            re-initialised per group. (default: :obj:`None`)
+            when ``conv`` is a single module, which is then deep-copied for
+            the other groups (see ``group_init``). (default: :obj:`None`)
         disable (bool, optional): Run as a plain (memory-hungry) residual
             block with ordinary autograd. (default: :obj:`False`)
         num_bwd_passes (int, optional): How many backward passes through the
@@ -87,6 +90,13 @@ class GroupAddRev(InvertibleModule):
             layers: max drift 0.6 instead of 3e-4). ``q = 16`` gives a grid of
             1.5e-5 for values up to 256; a warning says when values outgrow it.
             (default: :obj:`None`)
+        group_init (str, optional): How the deep copies of a single ``conv``
+            start: ``"independent"`` re-initialises each copy
+            (:math:`\mathbf{w}_i` drawn independently), ``"copy"`` keeps them
+            equal to ``conv``'s (:math:`\mathbf{w}_1 = \ldots =
+            \mathbf{w}_C` at initialisation, as the official RevGNN code
+            does); they are trained apart either way. Only for a single
+            ``conv``. (default: :obj:`"independent"`)
 
     Example:
         >>> import torch
@@ -110,8 +120,11 @@ class GroupAddRev(InvertibleModule):
         preserve_rng_state: bool = True,
         keep_input: bool = False,
         quantize: Optional[int] = None,
+        group_init: str = "independent",
     ):
         super().__init__(disable, num_bwd_passes, preserve_rng_state, keep_input)
+        if group_init not in GROUP_INIT:
+            raise ValueError(f"group_init must be one of {', '.join(GROUP_INIT)}, got {group_init!r}")
         if quantize is not None and not 1 <= quantize <= 50:
             raise ValueError(
                 f"quantize must be the number of fractional bits, 1..50 (e.g. 16), got {quantize}"
@@ -121,6 +134,11 @@ class GroupAddRev(InvertibleModule):
                 raise ValueError(
                     f"GroupAddRev got num_groups={num_groups} but a ModuleList "
                     f"of {len(conv)} modules; pass one or the other."
+                )
+            if group_init != "independent":
+                raise ValueError(
+                    f"group_init={group_init!r} concerns the copies of a single conv; a ModuleList "
+                    f"brings its own module per group: initialise them as you mean them to start"
                 )
             convs = conv
         else:
@@ -132,8 +150,14 @@ class GroupAddRev(InvertibleModule):
             convs = nn.ModuleList([conv])
             for _ in range(num_groups - 1):
                 clone = copy.deepcopy(conv)
-                if hasattr(clone, "reset_parameters"):
+                if group_init == "independent" and hasattr(clone, "reset_parameters"):
                     clone.reset_parameters()
+                elif group_init == "independent" and any(True for _ in clone.parameters()):
+                    raise ValueError(
+                        f"group_init='independent' re-initialises each group's copy of the conv, "
+                        f"but {type(conv).__name__} has parameters and no reset_parameters(); give "
+                        f"it one, pass group_init='copy' or one module per group (ModuleList)"
+                    )
                 convs.append(clone)
         if len(convs) < 2:
             raise ValueError(
@@ -143,6 +167,7 @@ class GroupAddRev(InvertibleModule):
         self.convs = convs
         self.split_dim = split_dim
         self.quantize = quantize
+        self.group_init = group_init
         self._warned_range = False
 
     @property
@@ -150,9 +175,14 @@ class GroupAddRev(InvertibleModule):
         return len(self.convs)
 
     def reset_parameters(self) -> None:
-        for conv in self.convs:
+        """Re-initialises every group; with ``group_init='copy'`` the first one, copied to the others."""
+        convs = self.convs[:1] if self.group_init == "copy" else self.convs
+        for conv in convs:
             if hasattr(conv, "reset_parameters"):
                 conv.reset_parameters()
+        if self.group_init == "copy":
+            for conv in self.convs[1:]:
+                conv.load_state_dict(self.convs[0].state_dict())
 
     # ------------------------------------------------------------------ helpers
 
@@ -317,4 +347,5 @@ class GroupAddRev(InvertibleModule):
     def __repr__(self) -> str:
         extra = ", disable=True" if self.disable else ""
         extra += f", quantize={self.quantize}" if self.quantize is not None else ""
+        extra += f", group_init={self.group_init!r}" if self.group_init != "independent" else ""
         return f"{self.__class__.__name__}({self.convs[0]}, num_groups={self.num_groups}{extra})"

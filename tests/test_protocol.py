@@ -1,0 +1,271 @@
+"""The official ogbn-proteins protocol (issue 15): group init by copy, uniform partitions in shuffled
+order, a fixed selection view, the final multi-view test of ``best.pt``, duplicate edges."""
+
+import pytest
+import torch
+
+from revgnn.models import create_model
+from revgnn.models.components import first_block
+
+
+def _group_states(block):
+    return [conv.state_dict() for conv in block.convs]
+
+
+def test_group_init_copy_starts_groups_identical_and_trains_them_apart():
+    torch.manual_seed(0)
+    model = create_model("revgnn_112", num_layers=3, hidden_channels=8, group_init="copy").double()
+    for block in model.layers:
+        first, *others = _group_states(block)
+        for other in others:
+            for key in first:
+                assert torch.equal(first[key], other[key]), key
+    # independent: the groups differ; reset_parameters keeps each mode's rule
+    torch.manual_seed(0)
+    indep = create_model("revgnn_112", num_layers=3, hidden_channels=8)
+    a, b = _group_states(first_block(indep.layers))
+    assert any(not torch.equal(a[k], b[k]) for k in a if a[k].numel() > 1)
+    model.reset_parameters()
+    a, b = _group_states(model.layers[1])
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # the copies are separate parameters: one optimiser step on a loss that depends on the
+    # groups' inputs differently moves them apart
+    x = torch.randn(20, 16, dtype=torch.float64)
+    edge_index = torch.randint(0, 20, (2, 60))
+    edge_attr = torch.randn(60, 8, dtype=torch.float64)
+    model(x, edge_index, edge_attr).square().mean().backward()
+    block = model.layers[0]
+    g0, g1 = (dict(c.named_parameters()) for c in block.convs)
+    assert any(not torch.equal(g0[k].grad, g1[k].grad) for k in g0 if g0[k].grad is not None)
+    # weight-tied: the one block's groups start as copies too
+    wt = create_model("wt_revgnn", num_layers=3, hidden_channels=8, group_init="copy")
+    a, b = _group_states(first_block(wt.layers))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert "group_init='copy'" in repr(block)
+
+
+def test_group_init_errors_are_clear():
+    from torch import nn
+
+    from revgnn.nn import GENBlock, GroupAddRev
+
+    with pytest.raises(ValueError, match="group_init must be one of independent, copy"):
+        GroupAddRev(GENBlock(4), num_groups=2, group_init="clone")
+    with pytest.raises(ValueError, match="a ModuleList brings its own module"):
+        GroupAddRev(nn.ModuleList([GENBlock(4), GENBlock(4)]), group_init="copy")
+
+    class NoReset(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.lin(x)
+
+    with pytest.raises(ValueError, match="no reset_parameters"):
+        GroupAddRev(NoReset(), num_groups=2)
+    GroupAddRev(NoReset(), num_groups=2, group_init="copy")  # copies need no re-initialisation
+
+
+# ---- partitions ---------------------------------------------------------------------------------
+
+
+def test_uniform_partition_is_randint_with_multinomial_sizes_and_balanced_is_balanced():
+    from revgnn.data.random_parts import random_partition
+
+    n, k = 1000, 10
+    part = random_partition(n, k, torch.Generator().manual_seed(3), mode="uniform")
+    assert torch.equal(part, torch.randint(k, (n,), generator=torch.Generator().manual_seed(3)))
+    # sizes over 400 fixed-seed draws: Multinomial(n; 1/k), so each size has mean n/k = 100 and
+    # variance n p (1 - p) = 90; the sample variance of 4000 sizes lies within 10% of 90 (its own
+    # standard error is ~2.2%), whereas a balanced partition's sizes have variance 0
+    g = torch.Generator().manual_seed(0)
+    sizes = torch.stack(
+        [torch.bincount(random_partition(n, k, g, "uniform"), minlength=k) for _ in range(400)]
+    )
+    sizes = sizes.double()
+    assert sizes.sum(1).eq(n).all() and abs(sizes.mean().item() - 100) < 1e-9
+    assert 81 <= sizes.var().item() <= 99, sizes.var().item()
+    assert sizes.min() < 90 and sizes.max() > 110  # not balanced
+    # the covariance of two parts' sizes is -n p^2 = -10 (they compete for the same nodes)
+    cov = torch.cov(sizes[:, :2].t())[0, 1].item()
+    assert -16 <= cov <= -4, cov
+    balanced = random_partition(n + 3, k, g, "balanced")
+    counts = torch.bincount(balanced, minlength=k)
+    assert counts.max() - counts.min() <= 1
+
+    with pytest.raises(ValueError, match="partition mode must be one of balanced, uniform, got 'metis'"):
+        random_partition(n, k, g, "metis")
+
+
+def _node_task(partition="balanced", shuffle=False, parts=4, **extra):
+    from omegaconf import OmegaConf
+
+    from revgnn.data.synthetic import proteins_like
+    from revgnn.engine.tasks import NodeTask
+
+    ds = proteins_like(num_nodes=300, window=5, avg_degree=6, max_hops=2)
+    tc = OmegaConf.create(
+        dict(
+            train_parts=parts,
+            parts_per_step=None,
+            partition=partition,
+            shuffle_parts=shuffle,
+            eval_views=2,
+            eval_parts=3,
+            test_views=3,
+            test_parts=2,
+            **extra,
+        )
+    )
+    return NodeTask(ds, tc), ds
+
+
+def test_shuffled_part_order_visits_every_part_once_in_the_drawn_order():
+    from revgnn.data.random_parts import partition_graph
+
+    task, ds = _node_task("uniform", shuffle=True, parts=6)
+    g = torch.Generator().manual_seed(11)
+    reference = partition_graph(ds.edge_index, ds.num_nodes, 6, g, "uniform")
+    order = torch.randperm(6, generator=g).tolist()  # drawn after the partition
+    assert sorted(order) == list(range(6)) and order != list(range(6))
+    steps = list(task.train_steps(torch.Generator().manual_seed(11), "cpu"))
+    assert [s.index for s in steps] == list(range(6))
+    for step, p in zip(steps, order):
+        (batch,) = list(step.batches)
+        assert torch.equal(batch.inputs[0], ds.x[reference[p].node_idx])
+    # in order without shuffling
+    task, _ = _node_task("uniform", shuffle=False, parts=6)
+    for step, p in zip(task.train_steps(torch.Generator().manual_seed(11), "cpu"), range(6)):
+        (batch,) = list(step.batches)
+        assert torch.equal(batch.inputs[0], ds.x[reference[p].node_idx])
+
+
+def test_checks_of_whole_graph_tests():
+    from omegaconf import OmegaConf
+
+    from revgnn.engine.tasks import check_whole_graph_test
+
+    check_whole_graph_test(OmegaConf.create({"test_views": None}), "backend=sar")
+    check_whole_graph_test(OmegaConf.create({"test_views": 1}), "backend=sar")
+    with pytest.raises(ValueError, match=r"backend=sar evaluates whole graphs.*test_views=10 cannot apply"):
+        check_whole_graph_test(OmegaConf.create({"test_views": 10}), "backend=sar")
+
+
+# ---- the loop: fixed selection view, final test of best.pt ----------------------------------------
+
+TINY = [
+    "data.num_nodes=400",
+    "data.window=5",
+    "data.avg_degree=6",
+    "data.max_hops=2",
+    "model.num_layers=2",
+    "model.hidden_channels=8",
+]
+OFFICIAL = [
+    "trainer=proteins_official",
+    "model.group_init=copy",
+    "backend.precision=fp32",
+    "trainer.test_views=2",
+    "trainer.test_parts=2",
+]
+
+
+@pytest.fixture
+def fast_scores(monkeypatch):
+    """OGB's ROC-AUC over 112 tasks costs seconds per evaluation here; these tests check which model
+    and views are scored, not the metric, so a cheap score that every logit moves stands in."""
+    from revgnn.evaluate import Scorer
+
+    def score(self, y_true, logits):
+        return float((logits.double() * (2 * y_true.double() - 1)).mean())
+
+    monkeypatch.setattr(Scorer, "score", score)
+
+
+def _train(out_dir, *overrides):
+    from conftest import compose_train
+
+    from revgnn.train import train
+
+    return train(compose_train(out_dir, *TINY, *OFFICIAL, *overrides))
+
+
+def test_selection_view_is_drawn_once_and_reused_every_epoch(tmp_path, monkeypatch, fast_scores):
+    import revgnn.evaluate
+
+    seen = []
+    real = revgnn.evaluate.predict_views
+
+    def spy(model, ds, views, *args, **kwargs):
+        seen.append(views)
+        return real(model, ds, views, *args, **kwargs)
+
+    monkeypatch.setattr(revgnn.evaluate, "predict_views", spy)
+    _train(tmp_path, "trainer.epochs=3", "trainer.test_views=null")
+    assert len(seen) == 3 and all(v is seen[0] for v in seen)
+    (view,) = seen[0]  # 1 view x 5 parts
+    assert len(view) == 5
+
+
+def test_final_test_scores_the_best_checkpoint_not_the_last_model(tmp_path, monkeypatch, fast_scores):
+    """The selection scores are scripted so that epoch 1 is best and epoch 3 last; the final test
+    must equal an independent 2 x 2-view test of best.pt and differ from one of last.pt."""
+    import csv
+    import json
+
+    from revgnn.engine.checkpoint import load_checkpoint
+    from revgnn.engine.loop import build_model, seed_stream
+    from revgnn.engine.tasks import NodeTask
+    from revgnn.evaluate import Scorer, predict
+
+    valid = iter([0.9, 0.5, 0.1])
+    monkeypatch.setattr(
+        NodeTask, "evaluate", lambda self, *a, **k: {"train": 0.0, "valid": next(valid), "test": 0.0}
+    )
+    summary = _train(tmp_path, "trainer.epochs=3", "trainer.fixed_eval_views=false")
+    assert summary["best_epoch"] == 1 and summary["epochs"] == 3
+    final = summary["checkpoint_test"]
+    assert final["epoch"] == 1 and (final["views"], final["parts"]) == (2, 2)
+
+    from conftest import compose_train
+    from hydra.utils import instantiate
+
+    cfg = compose_train(tmp_path, *TINY, *OFFICIAL)
+    ds = instantiate(cfg.data)
+
+    def test_of(name):
+        ckpt = load_checkpoint(str(tmp_path / name))
+        model = build_model(cfg.model, NodeTask(ds, cfg.trainer).shapes)
+        model.load_state_dict(ckpt["model"])
+        g = torch.Generator().manual_seed(seed_stream(cfg.seed, 0, 2))
+        return ckpt["epoch"], Scorer.for_dataset(ds)(predict(model, ds, 2, 2, g, mode="uniform"))
+
+    epoch, best = test_of("best.pt")
+    assert epoch == 1 and best == {k: final[k] for k in ("train", "valid", "test")}
+    epoch, last = test_of("last.pt")
+    assert epoch == 3 and last != best
+    assert json.loads((tmp_path / "summary.json").read_text())["checkpoint_test"] == final
+    rows = list(csv.DictReader(open(tmp_path / "metrics.csv")))
+    assert [(r["epoch"], r["evaluation"]) for r in rows] == [
+        ("1", "selection"),
+        ("2", "selection"),
+        ("3", "selection"),
+        ("1", "checkpoint_test"),
+    ]
+    assert float(rows[-1]["test"]) == final["test"] and rows[-1]["loss"] == ""
+
+
+def test_official_protocol_resumes_exactly(tmp_path, fast_scores):
+    """Uniform partitions in shuffled order, the fixed view and the final test: 3 epochs equal
+    1 epoch resumed for 2 more (the fixed view is drawn from the seed, not the first epoch)."""
+    from revgnn.engine.checkpoint import load_checkpoint
+
+    full = _train(tmp_path / "full", "trainer.epochs=3")
+    _train(tmp_path / "half", "trainer.epochs=1")
+    resumed = _train(tmp_path / "resumed", "trainer.epochs=3", f"ckpt_path={tmp_path / 'half' / 'last.pt'}")
+    a, b = (load_checkpoint(str(tmp_path / d / "last.pt")) for d in ("full", "resumed"))
+    timing = {"epoch_time_s", "peak_memory_mb"}
+    strip = lambda hist: [{k: v for k, v in r.items() if k not in timing} for r in hist]  # noqa: E731
+    assert strip(a["history"]) == strip(b["history"])
+    assert full["checkpoint_test"] == resumed["checkpoint_test"] is not None
