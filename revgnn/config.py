@@ -12,9 +12,11 @@ fails at composition time with an error that names the key, instead of being sil
   with ``defaults: [/schema/data@_here_: proteins_like, _self_]``. A new data set is therefore its loader
   plus one YAML file; every ``_target_`` in ``revgnn/configs/data`` gets its schema at import.
 * The ``optim`` group has one schema per option.
-* ``model`` options use :class:`ModelConfig` (the overrides the zoo's factories share). A model family
-  with options of its own may ship a YAML without that schema: ``revgnn.models.create_model`` rejects
-  unknown overrides itself, naming them.
+* A ``model`` option (``revgnn/configs/model/<name>.yaml``) is the name of a registered variant;
+  :class:`ModelConfig` types only ``_target_`` and ``name`` and leaves the node open, so every argument
+  of the variant's model class can be set (``model.learn_t=true``). The keys are checked against that
+  class's signature by :func:`revgnn.models.check_model_config` when a run starts, before any data is
+  loaded: a key that is no argument is an error naming it and listing those that are.
 
 This module imports neither torch nor PyG (nor do the loader modules it reads signatures from), so
 ``revgnn-train --help`` and ``--cfg job`` stay fast.
@@ -112,24 +114,15 @@ class PartitionMode(str, Enum):
 
 @dataclass
 class ModelConfig:
-    """Arguments of :func:`revgnn.models.create_model`; ``None`` keeps the registered variant's default.
+    """A model option: the registered variant ``name``, built by :func:`revgnn.models.create_model`.
 
+    Stored open (struct off, :func:`register_configs`): any other key is an override of one of the
+    variant's arguments, checked against its model class by :func:`revgnn.models.check_model_config`.
     ``in_channels``, ``out_channels``, ``edge_channels`` and ``species_channels`` come from the data set.
     """
 
     _target_: str = "revgnn.models.create_model"
     name: str = MISSING
-    conv: Optional[str] = None
-    num_layers: Optional[int] = ranged(None, 1)
-    hidden_channels: Optional[int] = ranged(None, 1)
-    num_groups: Optional[int] = ranged(None, 1)
-    dropout: Optional[float] = ranged(None, 0, 1, high_open=True)
-    aggr: Optional[str] = None
-    norm: Optional[str] = None
-    heads: Optional[int] = ranged(None, 1)
-    keep_every: Optional[int] = ranged(None, 1)
-    quantize: Optional[int] = ranged(None, 1)
-    group_init: Optional[str] = None
 
 
 _DATA_CONFIGS = Path(__file__).parent / "configs" / "data"
@@ -356,7 +349,10 @@ def register_configs() -> None:
             OmegaConf.register_new_resolver(name, fn)
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
-    cs.store(group="schema/model", name="model", node=ModelConfig)
+    # open: the keys a variant accepts are its model class's arguments (checked at the start of a run)
+    cs.store(
+        group="schema/model", name="model", node=OmegaConf.structured(ModelConfig, flags={"struct": False})
+    )
     for name, schema in data_schemas().items():
         cs.store(group="schema/data", name=name, node=schema)
     cs.store(group="schema/optim", name="adam", node=AdamConfig)

@@ -62,12 +62,13 @@ def test_molhiv_experiments_have_the_paper_model(experiment, norm, params):
     from revgnn.data.graph_dataset import GraphDataset
     from revgnn.engine.loop import build_model
     from revgnn.engine.tasks import shapes as data_shapes
-    from revgnn.models import count_parameters
+    from revgnn.models import count_parameters, model_info
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = compose(config_name="train", overrides=[f"experiment={experiment}"])
     assert cfg.data._target_ == "revgnn.data.graph_dataset.load_ogbg" and cfg.data.name == "ogbg-molhiv"
-    assert cfg.model.norm == norm and cfg.data.batch_size == 32 and cfg.trainer.epochs == 300
+    assert model_info(cfg.model.name).defaults["norm"] == norm
+    assert cfg.data.batch_size == 32 and cfg.trainer.epochs == 300
     shapes = GraphDataset(
         name="ogbg-molhiv",
         graphs=[],

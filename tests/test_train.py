@@ -52,9 +52,9 @@ class NanAfter(nn.Module):
         return out * float("nan") if self.training and self.calls >= self.bad_step else out
 
 
-@register_model(name="test_nan_after")
-def _nan_model(**kwargs):
-    return NanAfter(**kwargs)
+@register_model(NanAfter, name="test_nan_after")
+def _nan_model():
+    return {}
 
 
 def test_cli_one_epoch_smoke(train_cli):

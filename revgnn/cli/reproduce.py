@@ -32,22 +32,28 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
-#: Paper test scores (Li et al., ICML 2021 and the cited reference implementations): (mean, std or None).
-PAPER = {
-    "proteins_revgnn_deep": ("RevGNN-Deep, test ROC-AUC", 87.74, 0.13),
-    "proteins_revgnn_wide": ("RevGNN-Wide, test ROC-AUC", 88.24, 0.15),
-    "proteins_resgnn_112": ("ResGNN-112x64, test ROC-AUC", 85.94, None),
-    "proteins_wt_revgnn": ("WT-RevGNN-112x224, test ROC-AUC", 85.28, None),
-    "proteins_deq_gnn": ("DEQ-GNN-224, test ROC-AUC", 85.84, None),
-    "products_revgnn_112": ("RevGNN-112 (PyG example), test accuracy", 83.07, 0.30),
-    "arxiv_revgat": ("RevGAT, test accuracy", 74.02, 0.18),
-    "molhiv_revgnn_graphnorm": ("RevGNN + GraphNorm, ogbg-molhiv test ROC-AUC", 78.62, None),
-    "molhiv_revgnn_batchnorm": ("RevGNN + BatchNorm, ogbg-molhiv test ROC-AUC", 77.82, None),
-}
+EXPERIMENTS = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
+
+
+def paper_score(experiment: str) -> Tuple[str, float, Optional[float]]:
+    """The published score ``experiment`` reproduces, from the model registry
+    (:func:`revgnn.models.registry.paper_result`): (label, mean, std or :obj:`None`)."""
+    from revgnn.models import list_models, model_info
+    from revgnn.models.registry import paper_result
+
+    found = paper_result(experiment)
+    if found is None:
+        names = sorted(r.experiment for n in list_models() for r in model_info(n).reported if r.experiment)
+        raise SystemExit(
+            f"revgnn-reproduce: experiment {experiment!r} reproduces no published score; "
+            f"those that do: {', '.join(names)}"
+        )
+    info, result = found
+    return f"{result.label}, {info.dataset} {result.metric}", result.value, result.std
 
 
 def _mean_std(values):
@@ -82,8 +88,11 @@ def _smoke_overrides(experiment: str, data_root: str) -> List[str]:
         "trainer.eval_every=1",
         "logger.progress_bar=false",
     ]
+    from revgnn.models import model_arguments
+
+    arguments = model_arguments(cfg.model.name)
     for key, value in (("num_layers", 2), ("hidden_channels", 8), ("max_iter", 3), ("pretrain_depth", 2)):
-        if cfg.model.get(key) is not None:
+        if key in arguments:
             out.append(f"model.{key}={value}")
     return out
 
@@ -103,7 +112,7 @@ def format_table(
 ) -> str:
     """The markdown table of ``summaries`` (one per seed). When ``smoke`` or any seed trained fewer than
     ``recipe`` epochs, the title says so and every number of this run carries the label."""
-    label, paper_mean, paper_std = PAPER[experiment]
+    label, paper_mean, paper_std = paper_score(experiment)
     epochs = [int(s["epochs"]) for s in summaries]
     short = smoke or min(epochs) < recipe
     tag = ""
@@ -229,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="revgnn-reproduce", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--experiment", default="proteins_revgnn_deep", choices=sorted(PAPER))
+    parser.add_argument("--experiment", default="proteins_revgnn_deep", choices=EXPERIMENTS)
     parser.add_argument("--seeds", type=int, default=10, help="seeds 0 .. n-1 (default: 10)")
     parser.add_argument("--data-root", default=None, help="directory holding ogbn_proteins/ (data.root)")
     parser.add_argument("--out", default=None, help="output directory (default: reproduce/<experiment>)")
@@ -253,6 +262,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     args = build_parser().parse_args(argv)
     if args.seeds < 1:
         raise SystemExit(f"revgnn-reproduce: --seeds must be >= 1, got {args.seeds}")
+    paper_score(args.experiment)  # before any run: the experiment reproduces a published score
     launcher_keys = [o for o in args.overrides if o.lstrip("+~").startswith("hydra.launcher.")]
     if launcher_keys and not args.launcher:
         raise SystemExit(f"revgnn-reproduce: {' '.join(launcher_keys)} given without --launcher")

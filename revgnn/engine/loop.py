@@ -55,8 +55,10 @@ def train(cfg: DictConfig) -> Dict[str, Any]:
     """Runs one training job described by ``cfg`` (a composed ``train.yaml``) on its backend;
     returns the summary (the same on every worker)."""
     from revgnn.config import check_ranges
+    from revgnn.models import check_model_config
 
     check_ranges(cfg)  # every value in the range its schema declares, before anything starts
+    check_model_config(cfg.model)  # every model key an argument of the variant's class, in range
     backend = make_backend(cfg)
     backend.start()
     try:
@@ -655,11 +657,10 @@ def write_metrics(history, path: str, final: Optional[Dict[str, Any]] = None) ->
 
 def build_model(model_cfg: DictConfig, shapes: Dict[str, Any]) -> "torch.nn.Module":
     """Instantiates ``model_cfg`` with the data's shapes (``in_channels``, ``out_channels``,
-    ``edge_channels``, ``species_channels``); ``null`` entries keep the variant's default."""
+    ``edge_channels``, ``species_channels``); every key is passed on, ``null`` as :obj:`None`."""
     from hydra.utils import instantiate
 
-    kwargs = {k: v for k, v in OmegaConf.to_container(model_cfg, resolve=True).items() if v is not None}
-    return instantiate(kwargs, **shapes)
+    return instantiate(OmegaConf.to_container(model_cfg, resolve=True), **shapes)
 
 
 def resolve_output_dir(cfg: DictConfig) -> str:

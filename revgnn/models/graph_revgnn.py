@@ -9,7 +9,7 @@ residual blocks replaced by 2-group reversible blocks.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 import torch
 from torch import Tensor, nn
@@ -18,7 +18,8 @@ from torch_geometric.nn.aggr import AttentionalAggregation
 from torch_geometric.typing import Adj, OptTensor
 
 from revgnn.models.components import reversible_layers, reversible_repr
-from revgnn.models.registry import build, register_model
+from revgnn.models.registry import Reported, register_model
+from revgnn.models.revgnn import LI_2021
 from revgnn.nn import GENBlock, Shared, SharedDropout
 from revgnn.nn.blocks import make_norm
 from revgnn.nn.gen_max import sort_edges
@@ -30,6 +31,11 @@ ENCODERS = ("ogb", "linear")
 
 #: ogbg-molhiv shapes: 9 categorical atom features, 3 categorical bond features, 1 binary task.
 MOLHIV = dict(in_channels=9, edge_channels=3, out_channels=1)
+
+#: DeeperGCN's ogbg-molhiv recipe with reversible blocks (the norm inside them aside).
+_MOLHIV_RECIPE = dict(
+    num_layers=7, hidden_channels=256, num_groups=2, aggr="softmax", learn_t=True, dropout=0.2, readout="mean"
+)
 
 
 class GraphRevGNN(nn.Module):
@@ -214,65 +220,61 @@ class GraphRevGNN(nn.Module):
         return reversible_repr(self, f", readout={self.readout}")
 
 
-@register_model
-def revgnn_molhiv(**overrides: Any) -> GraphRevGNN:
-    """RevGNN for ogbg-molhiv with GraphNorm in the blocks: 7 reversible GENConv blocks x 256 channels
-    (2 groups), learnable softmax aggregation, dropout 0.2, mean readout; 745,999 parameters (paper:
-    78.62 test ROC-AUC)."""
-    return build(
-        GraphRevGNN,
-        dict(
-            MOLHIV,
-            hidden_channels=256,
-            num_layers=7,
-            num_groups=2,
-            norm="graph",
-            aggr="softmax",
-            learn_t=True,
-            dropout=0.2,
-            readout="mean",
-        ),
-        overrides,
-    )
+@register_model(
+    GraphRevGNN,
+    dataset="ogbg-molhiv",
+    num_parameters=745_999,
+    paper=LI_2021,
+    reported=[
+        Reported(
+            "RevGNN + GraphNorm",
+            "test ROC-AUC",
+            78.62,
+            source="Li et al. 2021, ogbg-molhiv results",
+            experiment="molhiv_revgnn_graphnorm",
+            note="the authors released no code for it; DeeperGCN's ogbg-molhiv recipe here",
+        )
+    ],
+)
+def revgnn_molhiv() -> Dict[str, Any]:
+    """Graph-level RevGNN with GraphNorm in the blocks: 7 reversible GENConv blocks x 256 channels
+    (2 groups), learnable softmax aggregation, dropout 0.2, mean readout."""
+    return dict(MOLHIV, **_MOLHIV_RECIPE, norm="graph")
 
 
-@register_model
-def revgnn_molhiv_batchnorm(**overrides: Any) -> GraphRevGNN:
-    """:func:`revgnn_molhiv` with BatchNorm in the blocks; 743,951 parameters (paper: 77.82 test
-    ROC-AUC)."""
-    return build(
-        GraphRevGNN,
-        dict(
-            MOLHIV,
-            hidden_channels=256,
-            num_layers=7,
-            num_groups=2,
-            norm="batch",
-            aggr="softmax",
-            learn_t=True,
-            dropout=0.2,
-            readout="mean",
-        ),
-        overrides,
-    )
+@register_model(
+    GraphRevGNN,
+    dataset="ogbg-molhiv",
+    num_parameters=743_951,
+    paper=LI_2021,
+    reported=[
+        Reported(
+            "RevGNN + BatchNorm",
+            "test ROC-AUC",
+            77.82,
+            source="Li et al. 2021, ogbg-molhiv results",
+            experiment="molhiv_revgnn_batchnorm",
+            note="the authors released no code for it; DeeperGCN's ogbg-molhiv recipe here",
+        )
+    ],
+)
+def revgnn_molhiv_batchnorm() -> Dict[str, Any]:
+    """:func:`revgnn_molhiv` with BatchNorm in the blocks."""
+    return dict(MOLHIV, **_MOLHIV_RECIPE, norm="batch")
 
 
-@register_model
-def revgnn_mol_small(**overrides: Any) -> GraphRevGNN:
-    """A CPU-sized graph-level RevGNN (8 blocks x 64, GraphNorm) for the generated ``mol_like`` set;
-    63,953 parameters."""
-    return build(
-        GraphRevGNN,
-        dict(
-            MOLHIV,
-            hidden_channels=64,
-            num_layers=8,
-            num_groups=2,
-            norm="graph",
-            aggr="softmax",
-            learn_t=True,
-            dropout=0.1,
-            readout="mean",
-        ),
-        overrides,
+@register_model(GraphRevGNN, dataset="mol_like", num_parameters=63_953)
+def revgnn_mol_small() -> Dict[str, Any]:
+    """CPU-sized graph-level RevGNN for the generated ``mol_like`` set: 8 reversible GENConv blocks
+    x 64 channels (2 groups), GraphNorm, learnable softmax aggregation, dropout 0.1, mean readout."""
+    return dict(
+        MOLHIV,
+        num_layers=8,
+        hidden_channels=64,
+        num_groups=2,
+        norm="graph",
+        aggr="softmax",
+        learn_t=True,
+        dropout=0.1,
+        readout="mean",
     )

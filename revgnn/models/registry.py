@@ -1,9 +1,23 @@
-"""The model registry: ``register_model``, ``create_model``, ``list_models``.
+"""The model registry: one entry per model variant, holding everything known about it.
 
-Each model variant is a factory function decorated with :func:`register_model`;
-its name is the function's name. ``create_model(name, **overrides)`` calls it;
-overrides are checked against the model class so a typo is an error that lists
-what exists, never silently ignored.
+A variant is a function that returns its model's arguments, decorated with :func:`register_model`,
+which records the model class, the data set whose shapes the arguments hold, the exact parameter
+count at those shapes and the scores a paper reports for it (:class:`Reported`):
+
+.. code-block:: python
+
+    @register_model(RevGNN, dataset="ogbn-proteins", num_parameters=20_031_384, paper=LI_2021,
+                    reported=[Reported("RevGNN-Deep", "test ROC-AUC", 87.74, 0.13, ...)])
+    def revgnn_deep() -> Dict[str, Any]:
+        \"\"\"RevGNN-Deep: 1001 layers x 80 channels ...\"\"\"
+        return dict(PROTEINS, num_layers=1001, hidden_channels=80, ...)
+
+The decorator returns the factory ``revgnn_deep(**overrides) -> RevGNN``; ``create_model(name,
+**overrides)`` calls it by name. Every override must be an argument of the model class and lie in
+its range (:data:`ARGUMENT_RANGES`), so a typo is an error that lists what exists, never silently
+ignored. The README's zoo table, the paper column of ``revgnn-reproduce`` and the model configs
+(``revgnn/configs/model/<name>.yaml``, which hold the name only) all come from this registry:
+``python -m revgnn.models --markdown`` prints the table, ``--update-readme README.md`` writes it.
 """
 
 from __future__ import annotations
@@ -11,24 +25,173 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import inspect
-from typing import Any, Callable, Dict, List, Optional, Type
+import re
+import types
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Type
 
 from torch import nn
 
+from revgnn.utils.ranges import Range
+
+__all__ = [
+    "ARGUMENT_RANGES",
+    "ModelInfo",
+    "Reported",
+    "register_model",
+    "create_model",
+    "list_models",
+    "model_info",
+    "model_arguments",
+    "check_model_config",
+    "paper_result",
+    "zoo_table",
+    "update_readme",
+]
+
+#: The range of an argument, by name, for every model of the zoo that has it.
+ARGUMENT_RANGES: Dict[str, Range] = {
+    "num_layers": Range(1),
+    "hidden_channels": Range(1),
+    "num_groups": Range(1),
+    "heads": Range(1),
+    "dropout": Range(0, 1, high_open=True),
+    "attn_dropout": Range(0, 1, high_open=True),
+    "keep_every": Range(0),
+    "quantize": Range(1),
+    "max_iter": Range(1),
+    "tol": Range(0, low_open=True),
+    "pretrain_epochs": Range(0),
+    "pretrain_depth": Range(1),
+    "contraction": Range(0, 1, low_open=True, high_open=True),
+}
+
+#: The target of every model config (``revgnn/configs/model/*.yaml``).
+CONFIG_TARGET = "revgnn.models.create_model"
+
+#: Arguments of every model that come from the data set (``revgnn.engine.tasks.shapes``).
+SHAPE_ARGUMENTS = ("in_channels", "out_channels", "edge_channels", "species_channels")
+
+
+@dataclass(frozen=True)
+class Reported:
+    """A score published for a registered variant, with the arguments it was obtained at.
+
+    Args:
+        label (str): The model's name in the source, e.g. ``"RevGNN-Deep"``.
+        metric (str): What was measured, e.g. ``"test ROC-AUC"`` (values in percent).
+        value (float): The reported mean.
+        std (float, optional): The reported standard deviation; :obj:`None` where the source gives
+            none. (default: :obj:`None`)
+        source (str): Where the number is published (paper and table or example).
+        overrides (Mapping, optional): Arguments that differ from the variant's defaults, e.g.
+            ``{"hidden_channels": 224}``. (default: none)
+        num_parameters (int, optional): Exact parameter count of ``create_model(name, **overrides)``
+            at the data set's shapes; required with ``overrides``, the variant's own count without.
+        paper_parameters (str, optional): The count the source states, e.g. ``"2.37M"``.
+        experiment (str, optional): The experiment config (``revgnn/configs/experiment``) that
+            trains exactly this model; :obj:`None` where there is none.
+        note (str, optional): What the source did that this zoo does not. (default: :obj:`""`)
+    """
+
+    label: str
+    metric: str
+    value: float
+    std: Optional[float] = None
+    source: str = ""
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    num_parameters: Optional[int] = None
+    paper_parameters: Optional[str] = None
+    experiment: Optional[str] = None
+    note: str = ""
+
+    def score(self) -> str:
+        """``"87.74 ± 0.13"``, or the mean alone when the source gives no deviation."""
+        return f"{self.value:.2f}" + ("" if self.std is None else f" ± {self.std:.2f}")
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Everything the registry knows about one variant (:func:`model_info`)."""
+
+    name: str
+    cls: Type[nn.Module]
+    defaults: Mapping[str, Any]
+    summary: str
+    dataset: Optional[str]
+    num_parameters: Optional[int]
+    paper: Optional[str]
+    reported: Tuple[Reported, ...]
+
+    def parameters_of(self, result: Reported) -> Optional[int]:
+        """The exact parameter count of the model ``result`` was obtained with."""
+        return self.num_parameters if result.num_parameters is None else result.num_parameters
+
+
 _MODELS: Dict[str, Callable[..., nn.Module]] = {}
+_INFO: Dict[str, ModelInfo] = {}
 
 
-def register_model(fn: Optional[Callable[..., nn.Module]] = None, *, name: Optional[str] = None):
-    """Registers a factory ``fn(**overrides) -> nn.Module`` under ``name`` (default: its name)."""
+def register_model(
+    cls: Type[nn.Module],
+    *,
+    dataset: Optional[str] = None,
+    num_parameters: Optional[int] = None,
+    paper: Optional[str] = None,
+    reported: Sequence[Reported] = (),
+    name: Optional[str] = None,
+) -> Callable[[Callable[[], Dict[str, Any]]], Callable[..., nn.Module]]:
+    """Registers the variant whose arguments the decorated function returns.
 
-    def wrap(f: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
-        key = name or f.__name__
-        if key in _MODELS and _MODELS[key] is not f:
-            raise ValueError(f"a model named {key!r} is already registered")
-        _MODELS[key] = f
-        return f
+    Args:
+        cls (type): The model class the variant builds.
+        dataset (str, optional): The data set whose shapes the arguments hold (``in_channels``,
+            ...). Every variant of this package names one. (default: :obj:`None`)
+        num_parameters (int, optional): Exact parameter count of the variant at those shapes; every
+            variant of this package gives it, and a test builds each and checks it.
+            (default: :obj:`None`)
+        paper (str, optional): The paper the variant comes from. (default: :obj:`None`)
+        reported (sequence of Reported, optional): Published scores. (default: none)
+        name (str, optional): Registered name. (default: the function's name)
 
-    return wrap(fn) if fn is not None else wrap
+    Returns:
+        The factory ``fn(**overrides) -> cls``, named and documented as the decorated function.
+    """
+
+    def wrap(arguments: Callable[[], Dict[str, Any]]) -> Callable[..., nn.Module]:
+        key = name or arguments.__name__
+        if key in _MODELS:
+            raise ValueError(f"a model named {key!r} is already registered ({_MODELS[key].__module__})")
+        defaults = types.MappingProxyType(dict(arguments()))
+        _check_arguments(cls, defaults, owner=f"the defaults of {key!r}: ")
+        for result in reported:
+            _check_arguments(cls, result.overrides, owner=f"{key!r}, reported {result.label!r}: ")
+            if result.overrides and result.num_parameters is None:
+                raise ValueError(
+                    f"{key!r}: reported {result.label!r} has overrides {dict(result.overrides)}; "
+                    "give its num_parameters"
+                )
+        summary = inspect.cleandoc(arguments.__doc__ or "").split("\n\n")[0].replace("\n", " ")
+        info = ModelInfo(key, cls, defaults, summary, dataset, num_parameters, paper, tuple(reported))
+
+        def factory(**overrides: Any) -> nn.Module:
+            _check_arguments(cls, overrides, owner=f"{key!r}: ")
+            return cls(**{**defaults, **overrides})
+
+        factory.__name__ = factory.__qualname__ = key
+        factory.__module__ = arguments.__module__
+        factory.__doc__ = arguments.__doc__
+        factory.info = info
+        _MODELS[key], _INFO[key] = factory, info
+        return factory
+
+    return wrap
+
+
+def _unknown(name: str) -> ValueError:
+    close = difflib.get_close_matches(name, _MODELS, n=3)
+    hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+    return ValueError(f"unknown model {name!r}.{hint} Available: {', '.join(list_models())}")
 
 
 def list_models(pattern: str = "*") -> List[str]:
@@ -36,22 +199,29 @@ def list_models(pattern: str = "*") -> List[str]:
     return sorted(n for n in _MODELS if fnmatch.fnmatch(n, pattern))
 
 
+def model_info(name: str) -> ModelInfo:
+    """The registry's entry for ``name``: class, defaults, data set, parameter count, scores."""
+    if name not in _INFO:
+        raise _unknown(name)
+    return _INFO[name]
+
+
 def create_model(name: str, **overrides: Any) -> nn.Module:
     """Builds the registered model ``name`` with keyword ``overrides``.
 
     Raises:
-        ValueError: ``name`` is not registered (the message lists the names).
-        TypeError: an override is not an argument of the model.
+        ValueError: ``name`` is not registered (the message lists the names), or an override lies
+            outside its range.
+        TypeError: an override is not an argument of the model (the message lists the arguments).
     """
     if name not in _MODELS:
-        close = difflib.get_close_matches(name, _MODELS, n=3)
-        hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
-        raise ValueError(f"unknown model {name!r}.{hint} Available: {', '.join(list_models())}")
+        raise _unknown(name)
     return _MODELS[name](**overrides)
 
 
-def model_arguments(cls: Type[nn.Module]) -> List[str]:
-    """The keyword arguments of ``cls.__init__``."""
+def model_arguments(model: Any) -> List[str]:
+    """The keyword arguments of a model class or of the class of the registered variant ``model``."""
+    cls = model_info(model).cls if isinstance(model, str) else model
     params = inspect.signature(cls.__init__).parameters
     return [
         p
@@ -61,13 +231,122 @@ def model_arguments(cls: Type[nn.Module]) -> List[str]:
     ]
 
 
-def build(cls: Type[nn.Module], defaults: Dict[str, Any], overrides: Dict[str, Any]) -> nn.Module:
-    """``cls(**{**defaults, **overrides})`` after checking every override name."""
+def _check_arguments(
+    cls: Type[nn.Module], arguments: Mapping[str, Any], prefix: str = "", owner: str = ""
+) -> None:
+    """Every key of ``arguments`` is an argument of ``cls`` and lies in its range; ``prefix`` goes
+    before every key an error names (``"model."``), ``owner`` says whose arguments they are."""
     allowed = model_arguments(cls)
-    unknown = sorted(set(overrides) - set(allowed))
+    takes_any = any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(cls.__init__).parameters.values()
+    )
+    unknown = [] if takes_any else sorted(set(arguments) - set(allowed))
     if unknown:
         raise TypeError(
-            f"{cls.__name__} has no argument(s) {', '.join(map(repr, unknown))}; "
+            f"{owner}{cls.__name__} has no argument(s) {', '.join(repr(prefix + k) for k in unknown)}; "
             f"valid overrides: {', '.join(allowed)}"
         )
-    return cls(**{**defaults, **overrides})
+    for key, value in arguments.items():
+        bounds = ARGUMENT_RANGES.get(key)
+        if bounds is not None and isinstance(value, (int, float)) and not bounds.contains(value):
+            raise ValueError(f"{owner}{prefix}{key} must be {bounds.describe()}, got {value}")
+
+
+def check_model_config(model_cfg: Mapping[str, Any], prefix: str = "model.") -> None:
+    """Checks a model config (``revgnn/configs/model/*.yaml`` plus overrides) against the signature
+    of its model class before anything is built: the name is registered, every other key is an
+    argument of the class and lies in its range. A config with another ``_target_`` (a user's own
+    factory) is left to that factory."""
+    if model_cfg.get("_target_") != CONFIG_TARGET:
+        return
+    if "name" not in model_cfg:
+        raise ValueError(f"{prefix}name is missing: choose one of {', '.join(list_models())}")
+    name = model_cfg["name"]
+    if name not in _MODELS:
+        raise ValueError(f"{prefix}name: {_unknown(name)}")
+    overrides = {k: v for k, v in model_cfg.items() if k not in ("_target_", "name")}
+    _check_arguments(_INFO[name].cls, overrides, prefix, owner=f"{name!r}: ")
+
+
+def paper_result(experiment: str) -> Optional[Tuple[ModelInfo, Reported]]:
+    """The variant and the published score that ``experiment`` reproduces, or :obj:`None`."""
+    found = [(i, r) for i in _INFO.values() for r in i.reported if r.experiment == experiment]
+    if len(found) > 1:
+        raise ValueError(
+            f"experiment {experiment!r} is named by several reported scores: "
+            + ", ".join(f"{i.name} {r.label}" for i, r in found)
+        )
+    return found[0] if found else None
+
+
+def _size(info: ModelInfo) -> str:
+    d = info.defaults
+    depth = d.get("num_layers", "equilibrium" if "max_iter" in model_arguments(info.cls) else "")
+    return f"{depth} × {d.get('hidden_channels', '')}"
+
+
+def _markdown(text: str) -> str:
+    """A docstring sentence as markdown: ``x`` and :func:`x` become `x`."""
+    return re.sub(r":\w+:`~?([^`]+)`", r"`\1`", text.replace("``", "`")).rstrip(".")
+
+
+def _reported_cell(info: ModelInfo) -> str:
+    if not info.reported:
+        return "—"
+    by_metric: Dict[str, List[str]] = {}
+    for r in info.reported:
+        extras = [f"`{k}={v}`" for k, v in r.overrides.items()]
+        if r.overrides:
+            extras.append(f"{info.parameters_of(r):,} params")
+        if r.paper_parameters:
+            extras.append(f"source: {r.paper_parameters} params")
+        entry = f"**{r.score()}** {r.label}" + (f" ({', '.join(extras)})" if extras else "")
+        by_metric.setdefault(r.metric, []).append(entry)
+    lines = [f"{metric}: {' · '.join(entries)}" for metric, entries in by_metric.items()]
+    lines += list(dict.fromkeys(r.source for r in info.reported))
+    lines += [f"*{r.label}: {r.note}*" for r in info.reported if r.note]
+    return "<br>".join(lines)
+
+
+def zoo_table(pattern: str = "*") -> str:
+    """The markdown table of the zoo (the README's, between its zoo markers): one row per variant of
+    this package, its published scores with the arguments they were obtained at."""
+    lines = [
+        "| name | model | layers × channels | parameters (data set) | reported | experiment |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in list_models(pattern):
+        info = _INFO[name]
+        if not info.cls.__module__.startswith("revgnn."):
+            continue  # registered by a user or a test
+        experiments = ", ".join(f"`{r.experiment}`" for r in info.reported if r.experiment) or "—"
+        lines.append(
+            f"| `{name}` | {_markdown(info.summary)} | {_size(info)} | {info.num_parameters:,} "
+            f"({info.dataset}) | {_reported_cell(info)} | {experiments} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+BEGIN, END = "<!-- zoo:begin -->", "<!-- zoo:end -->"
+
+
+def readme_zoo(text: str) -> str:
+    """The text between the zoo markers of a README."""
+    match = re.search(re.escape(BEGIN) + r"\n(.*?)" + re.escape(END), text, flags=re.S)
+    if match is None:
+        raise ValueError(f"no {BEGIN} ... {END} block in the README")
+    return match.group(1)
+
+
+def update_readme(path: str) -> bool:
+    """Writes :func:`zoo_table` between the README's zoo markers; returns whether it changed."""
+    with open(path) as f:
+        text = f.read()
+    old = readme_zoo(text)
+    new = zoo_table()
+    if old == new:
+        return False
+    start = text.index(BEGIN) + len(BEGIN) + 1
+    with open(path, "w") as f:
+        f.write(text[:start] + new + text[start + len(old) :])
+    return True

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 from torch import Tensor
 from torch_geometric.typing import Adj, OptTensor
 
 from revgnn.models.components import DeepNodeGNN, reversible_layers, reversible_repr
-from revgnn.models.registry import build, register_model
+from revgnn.models.registry import Reported, register_model
 
 #: ogbn-proteins shapes: 8 summed edge features + 8-way species one-hot in,
 #: 8-d edge features, 112 binary tasks out.
 PROTEINS = dict(in_channels=16, edge_channels=8, out_channels=112, species_channels=8)
+
+#: The paper of RevGNN, WT-RevGNN and DEQ-GNN.
+LI_2021 = "Li et al., Training Graph Neural Networks with 1000 Layers, ICML 2021"
+#: Where the paper's 112-layer models (ResGNN, RevGNN, WT-RevGNN, DEQ-GNN; 64/80/224 channels) are compared.
+ABLATION_112 = "Li et al. 2021, 112-layer comparison on ogbn-proteins"
 
 
 class RevGNN(DeepNodeGNN):
@@ -143,111 +148,201 @@ class RevGNN(DeepNodeGNN):
         return reversible_repr(self)
 
 
-@register_model
-def revgnn_deep(**overrides: Any) -> RevGNN:
-    """RevGNN-Deep for ogbn-proteins: 1001 layers x 80 channels, 2 groups, GENConv
-    (max), dropout 0.1; 20,031,384 parameters; paper test ROC-AUC 87.74 ± 0.13."""
-    return build(
-        RevGNN,
-        dict(
-            PROTEINS, hidden_channels=80, num_layers=1001, num_groups=2, conv="gen", aggr="max", dropout=0.1
+@register_model(
+    RevGNN,
+    dataset="ogbn-proteins",
+    num_parameters=20_031_384,
+    paper=LI_2021,
+    reported=[
+        Reported(
+            "RevGNN-Deep",
+            "test ROC-AUC",
+            87.74,
+            0.13,
+            source="Li et al. 2021, ogbn-proteins results",
+            experiment="proteins_revgnn_deep",
+        )
+    ],
+)
+def revgnn_deep() -> Dict[str, Any]:
+    """RevGNN-Deep: 1001 reversible GENConv-max blocks x 80 channels, 2 groups, dropout 0.1."""
+    return dict(
+        PROTEINS, num_layers=1001, hidden_channels=80, num_groups=2, conv="gen", aggr="max", dropout=0.1
+    )
+
+
+@register_model(
+    RevGNN,
+    dataset="ogbn-proteins",
+    num_parameters=68_471_608,
+    paper=LI_2021,
+    reported=[
+        Reported(
+            "RevGNN-Wide",
+            "test ROC-AUC",
+            88.24,
+            0.15,
+            source="Li et al. 2021, ogbn-proteins results",
+            experiment="proteins_revgnn_wide",
+        )
+    ],
+)
+def revgnn_wide() -> Dict[str, Any]:
+    """RevGNN-Wide: 448 reversible GENConv-max blocks x 224 channels, 2 groups, dropout 0.2."""
+    return dict(
+        PROTEINS, num_layers=448, hidden_channels=224, num_groups=2, conv="gen", aggr="max", dropout=0.2
+    )
+
+
+@register_model(
+    RevGNN,
+    dataset="ogbn-proteins",
+    num_parameters=1_457_080,
+    paper=LI_2021,
+    reported=[
+        Reported("RevGNN-64", "test ROC-AUC", 85.48, source=ABLATION_112),
+        Reported(
+            "RevGNN-80",
+            "test ROC-AUC",
+            85.97,
+            source=ABLATION_112,
+            overrides={"hidden_channels": 80},
+            num_parameters=2_251_384,
         ),
-        overrides,
-    )
-
-
-@register_model
-def revgnn_wide(**overrides: Any) -> RevGNN:
-    """RevGNN-Wide for ogbn-proteins: 448 layers x 224 channels, 2 groups, GENConv
-    (max), dropout 0.2; 68,471,608 parameters; paper test ROC-AUC 88.24 ± 0.15."""
-    return build(
-        RevGNN,
-        dict(
-            PROTEINS, hidden_channels=224, num_layers=448, num_groups=2, conv="gen", aggr="max", dropout=0.2
+        Reported(
+            "RevGNN-224",
+            "test ROC-AUC",
+            87.02,
+            source=ABLATION_112,
+            overrides={"hidden_channels": 224},
+            num_parameters=17_141_560,
         ),
-        overrides,
+    ],
+)
+def revgnn_112() -> Dict[str, Any]:
+    """RevGNN of the 112-layer ablation: 112 reversible GENConv-max blocks, 2 groups, dropout 0.1."""
+    return dict(
+        PROTEINS, num_layers=112, hidden_channels=64, num_groups=2, conv="gen", aggr="max", dropout=0.1
     )
 
 
-@register_model
-def revgnn_112(**overrides: Any) -> RevGNN:
-    """RevGNN of the paper's 112-layer ablation (proteins; 64/80/224 channels via
-    ``hidden_channels``; paper: 85.48 / 85.97 / 87.02)."""
-    return build(
-        RevGNN,
-        dict(PROTEINS, hidden_channels=64, num_layers=112, num_groups=2, conv="gen", aggr="max", dropout=0.1),
-        overrides,
-    )
-
-
-@register_model
-def wt_revgnn(**overrides: Any) -> RevGNN:
-    """WT-RevGNN: one reversible GENConv block applied 112 times (proteins; paper
-    WT-RevGNN-64/80/224: 82.89 / 83.46 / 85.28). Parameters are O(1) in depth."""
-    return build(
-        RevGNN,
-        dict(
-            PROTEINS,
-            hidden_channels=64,
-            num_layers=112,
-            num_groups=2,
-            conv="gen",
-            aggr="max",
-            dropout=0.1,
-            weight_tied=True,
+@register_model(
+    RevGNN,
+    dataset="ogbn-proteins",
+    num_parameters=22_072,
+    paper=LI_2021,
+    reported=[
+        Reported("WT-RevGNN-64", "test ROC-AUC", 82.89, source=ABLATION_112),
+        Reported(
+            "WT-RevGNN-80",
+            "test ROC-AUC",
+            83.46,
+            source=ABLATION_112,
+            overrides={"hidden_channels": 80},
+            num_parameters=31_384,
         ),
-        overrides,
-    )
-
-
-@register_model
-def revgnn_small(**overrides: Any) -> RevGNN:
-    """A CPU-sized RevGNN (16 layers x 64, GENConv max, dropout 0.1) that trains
-    on a generated proteins-like graph in minutes."""
-    return build(
-        RevGNN,
-        dict(PROTEINS, hidden_channels=64, num_layers=16, num_groups=2, conv="gen", aggr="max", dropout=0.1),
-        overrides,
-    )
-
-
-@register_model
-def revgnn_products(**overrides: Any) -> RevGNN:
-    """RevGNN for ogbn-products (PyG example): 112 layers x 160, SAGEConv, 2 groups,
-    dropout 0.5, 100 features, 47 classes; reported 83.07 ± 0.30."""
-    return build(
-        RevGNN,
-        dict(
-            in_channels=100,
-            out_channels=47,
-            hidden_channels=160,
-            num_layers=112,
-            num_groups=2,
-            conv="sage",
-            dropout=0.5,
+        Reported(
+            "WT-RevGNN-224",
+            "test ROC-AUC",
+            85.28,
+            source=ABLATION_112,
+            overrides={"hidden_channels": 224},
+            num_parameters=184_312,
+            experiment="proteins_wt_revgnn",
         ),
-        overrides,
+    ],
+)
+def wt_revgnn() -> Dict[str, Any]:
+    """WT-RevGNN: one reversible GENConv-max block (2 groups, dropout 0.1) applied 112 times;
+    parameters do not grow with depth."""
+    return dict(
+        PROTEINS,
+        num_layers=112,
+        hidden_channels=64,
+        num_groups=2,
+        conv="gen",
+        aggr="max",
+        dropout=0.1,
+        weight_tied=True,
     )
 
 
-@register_model
-def revgat_arxiv(**overrides: Any) -> RevGNN:
-    """Reversible GAT for ogbn-arxiv: 256 hidden in 2 groups, BatchNorm inside the
-    blocks, 128 features, 40 classes (RevGAT reports 74.02 ± 0.18). RevGAT uses 3
-    heads; here the heads must divide the 128 channels of a group, so 2."""
-    return build(
-        RevGNN,
-        dict(
-            in_channels=128,
-            out_channels=40,
-            hidden_channels=256,
-            num_layers=3,
-            num_groups=2,
-            conv="gat",
-            heads=2,
-            norm="batch",
-            dropout=0.5,
-            attn_dropout=0.0,
-        ),
-        overrides,
+@register_model(RevGNN, dataset="ogbn-proteins", num_parameters=215_992)
+def revgnn_small() -> Dict[str, Any]:
+    """CPU-sized RevGNN: 16 reversible GENConv-max blocks x 64 channels, 2 groups, dropout 0.1."""
+    return dict(
+        PROTEINS, num_layers=16, hidden_channels=64, num_groups=2, conv="gen", aggr="max", dropout=0.1
+    )
+
+
+@register_model(RevGNN, dataset="proteins_like", num_parameters=31_800)
+def revgnn_proteins_like() -> Dict[str, Any]:
+    """The default model of ``revgnn-train``: 8 reversible GENConv blocks x 32 channels, 2 groups,
+    mean aggregation (the generated ``proteins_like`` labels are multi-hop neighbourhood means),
+    dropout 0.1."""
+    return dict(
+        PROTEINS, num_layers=8, hidden_channels=32, num_groups=2, conv="gen", aggr="mean", dropout=0.1
+    )
+
+
+@register_model(
+    RevGNN,
+    dataset="ogbn-products",
+    num_parameters=2_945_007,
+    reported=[
+        Reported(
+            "RevGNN-112",
+            "test accuracy",
+            83.07,
+            0.30,
+            source="PyG examples/rev_gnn.py",
+            experiment="products_revgnn_112",
+        )
+    ],
+)
+def revgnn_products() -> Dict[str, Any]:
+    """RevGNN for ogbn-products (PyG's example): 112 reversible SAGEConv blocks x 160 channels,
+    2 groups, dropout 0.5."""
+    return dict(
+        in_channels=100,
+        out_channels=47,
+        num_layers=112,
+        hidden_channels=160,
+        num_groups=2,
+        conv="sage",
+        dropout=0.5,
+    )
+
+
+@register_model(
+    RevGNN,
+    dataset="ogbn-arxiv",
+    num_parameters=145_960,
+    paper=LI_2021,
+    reported=[
+        Reported(
+            "RevGAT",
+            "test accuracy",
+            74.02,
+            0.18,
+            source="Li et al. 2021, ogbn-arxiv results",
+            experiment="arxiv_revgat",
+            note="3 heads, label reuse and self-distillation, which this zoo does not do",
+        )
+    ],
+)
+def revgat_arxiv() -> Dict[str, Any]:
+    """Reversible GAT for ogbn-arxiv: 3 reversible GAT blocks x 256 channels in 2 groups, 2 heads
+    (the heads must divide a group's 128 channels), BatchNorm inside the blocks, dropout 0.5."""
+    return dict(
+        in_channels=128,
+        out_channels=40,
+        num_layers=3,
+        hidden_channels=256,
+        num_groups=2,
+        conv="gat",
+        heads=2,
+        norm="batch",
+        dropout=0.5,
+        attn_dropout=0.0,
     )

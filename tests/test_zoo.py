@@ -1,0 +1,221 @@
+"""One source of truth per model variant: the registry's metadata against the built models, the
+model configs, the experiments, the README's zoo table and ``revgnn-reproduce``'s paper row.
+
+Models are built on the ``meta`` device (shapes, no storage), so the 1001-layer and 448 x 224
+variants are counted exactly without allocating their weights.
+"""
+
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+import revgnn.config  # noqa: F401  (registers the schemas)
+from revgnn.engine.loop import build_model
+from revgnn.models import count_parameters, create_model, list_models, model_info
+from revgnn.models.registry import (
+    SHAPE_ARGUMENTS,
+    check_model_config,
+    paper_result,
+    readme_zoo,
+    zoo_table,
+)
+
+CONFIG_DIR = Path(revgnn.config.__file__).parent / "configs"
+README = Path(__file__).resolve().parents[1] / "README.md"
+#: The zoo's own variants (tests may register others).
+ZOO = [n for n in list_models() if model_info(n).cls.__module__.startswith("revgnn.")]
+EXPERIMENTS = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
+
+_built = {}
+
+
+def _meta(name, **overrides):
+    """``create_model(name, **overrides)`` on the meta device, built once per test session."""
+    key = (name, tuple(sorted(overrides.items())))
+    if key not in _built:
+        with torch.device("meta"):
+            _built[key] = create_model(name, **overrides)
+    return _built[key]
+
+
+def _compose(overrides):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose(config_name="train", overrides=list(overrides))
+
+
+def _state_shapes(model):
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def test_readme_zoo_table_is_the_registry_s():
+    assert readme_zoo(README.read_text()) == zoo_table(), (
+        "README zoo table is stale: python -m revgnn.models --update-readme README.md"
+    )
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_registered_parameter_counts_are_exact(name):
+    info = model_info(name)
+    model = _meta(name)
+    assert type(model) is info.cls
+    assert count_parameters(model) == info.num_parameters, name
+    for result in info.reported:
+        if result.overrides:
+            got = count_parameters(_meta(name, **result.overrides))
+            assert got == result.num_parameters, (name, result.label)
+
+
+def test_every_registered_model_has_a_config_and_every_config_a_registered_model():
+    configs = {p.stem for p in (CONFIG_DIR / "model").glob("*.yaml")}
+    assert configs == set(ZOO), (
+        f"configs without a registered model: {sorted(configs - set(ZOO))}; "
+        f"registered models without configs/model/<name>.yaml: {sorted(set(ZOO) - configs)}"
+    )
+
+
+def _small(name):
+    """Depth 2 where the variant has a depth: the config route and the direct one are compared
+    beyond the 1001 layers, whose exact count ``test_registered_parameter_counts_are_exact`` checks."""
+    info = model_info(name)
+    return {"num_layers": 2} if "num_layers" in info.defaults else {}
+
+
+def _shapes(name):
+    info = model_info(name)
+    return {k: info.defaults[k] for k in SHAPE_ARGUMENTS if k in info.defaults}
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_model_config_builds_the_registered_model(name):
+    """``revgnn-train model=<name>`` and ``create_model(name)`` build the same model: the config holds
+    the name and nothing else, and through ``build_model`` it gives the class, parameter count and
+    state shapes of ``create_model``."""
+    cfg = _compose([f"model={name}"] + [f"model.{k}={v}" for k, v in _small(name).items()])
+    assert OmegaConf.to_container(_compose([f"model={name}"]).model) == {
+        "_target_": "revgnn.models.create_model",
+        "name": name,
+    }
+    check_model_config(cfg.model)
+    from_config = build_model(cfg.model, _shapes(name))
+    direct = create_model(name, **_small(name))
+    assert type(from_config) is type(direct) is model_info(name).cls
+    assert count_parameters(from_config) == count_parameters(direct)
+    assert _state_shapes(from_config) == _state_shapes(direct)
+
+
+def test_the_default_run_trains_its_own_registered_model():
+    cfg = _compose([])
+    assert cfg.model.name == "revgnn_proteins_like"
+    assert model_info("revgnn_proteins_like").defaults["aggr"] == "mean"
+    assert model_info("revgnn_small").defaults["aggr"] == "max"
+
+
+REPORTED = [(n, r) for n in ZOO for r in model_info(n).reported if r.experiment]
+
+
+@pytest.mark.parametrize("name,result", REPORTED, ids=[r.experiment for _, r in REPORTED])
+def test_each_experiment_trains_the_model_of_its_published_score(name, result):
+    """The experiment a score names composes to that variant at the score's arguments (parameter
+    count equal), and ``revgnn-reproduce`` puts that score in its paper row."""
+    """The experiment a score names trains that variant at the score's arguments, and
+    ``revgnn-reproduce`` puts that score in its paper row. Keys the experiment sets beyond the score's
+    arguments (e.g. the official protocol's ``group_init``) must leave every state shape unchanged."""
+    from revgnn.cli.reproduce import paper_score
+
+    assert result.experiment in EXPERIMENTS
+    cfg = _compose([f"experiment={result.experiment}"])
+    assert cfg.model.name == name
+    check_model_config(cfg.model)
+    info = model_info(name)
+    overrides = {k: v for k, v in OmegaConf.to_container(cfg.model).items() if k not in ("_target_", "name")}
+    for key, value in result.overrides.items():
+        assert overrides.get(key, info.defaults.get(key)) == value, (result.experiment, key)
+    extra = {k: v for k, v in overrides.items() if k not in result.overrides}
+    assert not set(extra) & {"num_layers", "hidden_channels", "num_groups", *SHAPE_ARGUMENTS}, extra
+    if extra:
+        small = _small(name)
+        with torch.device("meta"):
+            experiment_model = create_model(name, **overrides, **small)
+            score_model = create_model(name, **result.overrides, **small)
+        assert _state_shapes(experiment_model) == _state_shapes(score_model)
+    assert paper_result(result.experiment) == (info, result)
+    label, mean, std = paper_score(result.experiment)
+    assert result.label in label and (mean, std) == (result.value, result.std)
+
+
+def test_reproduce_refuses_an_experiment_without_a_published_score():
+    from revgnn.cli.reproduce import paper_score
+
+    with pytest.raises(
+        SystemExit, match="mol_like_revgnn.*reproduces no published score.*proteins_revgnn_deep"
+    ):
+        paper_score("mol_like_revgnn")
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["model=revgnn_deep", "model.learn_t=true"],
+        ["model=wt_revgnn", "model.reversible=false"],
+        ["model=deq_gnn", "model.solver=broyden", "model.backward_max_iter=7"],
+        ["model=revgnn_molhiv", "model.readout=attention"],
+        ["experiment=proteins_wt_revgnn", "model.hidden_channels=80"],
+    ],
+)
+def test_every_argument_of_the_model_class_can_be_overridden(overrides):
+    cfg = _compose(overrides)
+    check_model_config(cfg.model)
+    key, value = overrides[-1].split("=")
+    assert str(OmegaConf.select(cfg, key)).lower() == value
+
+
+@pytest.mark.parametrize(
+    "override,error,message",
+    [
+        ("model.lern_t=true", TypeError, r"'model\.lern_t'.*valid overrides:.*learn_t"),
+        ("model.name=revgnn_dep", ValueError, r"model\.name: unknown model 'revgnn_dep'.*'revgnn_deep'"),
+        ("model.dropout=1.5", ValueError, r"model\.dropout must be >= 0 and < 1, got 1\.5"),
+        ("model.num_layers=0", ValueError, r"model\.num_layers must be >= 1, got 0"),
+    ],
+)
+def test_a_wrong_model_key_is_an_error_naming_it(override, error, message):
+    cfg = _compose(["model=revgnn_deep", override])  # composes: the model node is open
+    with pytest.raises(error, match=message):
+        check_model_config(cfg.model)
+
+
+def test_a_wrong_model_key_fails_the_run_before_the_data_is_loaded(monkeypatch, tmp_path):
+    from revgnn.engine import loop
+
+    def no_backend(cfg):
+        raise AssertionError("the run started although the model config is wrong")
+
+    monkeypatch.setattr(loop, "make_backend", no_backend)
+    cfg = _compose([f"output_dir={tmp_path}", "model.hiden_channels=16"])
+    with pytest.raises(TypeError, match=r"'model\.hiden_channels'.*hidden_channels"):
+        loop.train(cfg)
+
+
+def test_registration_checks_its_metadata():
+    from revgnn.models import Reported, RevGNN, register_model
+    from revgnn.models.registry import _INFO, _MODELS
+
+    with pytest.raises(ValueError, match="already registered"):
+        register_model(RevGNN, dataset="x", num_parameters=0, name="revgnn_deep")(dict)
+
+    def zoo_test_typo():
+        return dict(hiden_channels=3)
+
+    with pytest.raises(TypeError, match="the defaults of 'zoo_test_typo'.*'hiden_channels'"):
+        register_model(RevGNN, dataset="x", num_parameters=0)(zoo_test_typo)
+    bad = Reported("X", "acc", 1.0, overrides={"hidden_channels": 8})
+
+    def zoo_test_counts():
+        return dict(in_channels=4, hidden_channels=4, out_channels=2, num_layers=1)
+
+    with pytest.raises(ValueError, match="'zoo_test_counts'.*give its num_parameters"):
+        register_model(RevGNN, dataset="x", num_parameters=0, reported=[bad])(zoo_test_counts)
+    assert not {"zoo_test_typo", "zoo_test_counts"} & (set(_MODELS) | set(_INFO))
