@@ -1,10 +1,10 @@
 r"""Graph-level RevGNN for molecular property prediction (ogbg-molhiv) and its registered variants.
 
-The RevGNN paper (Li et al., ICML 2021) also trains reversible GNNs on ogbg-molhiv: 78.62 test ROC-AUC
-with GraphNorm inside the blocks against 77.82 with BatchNorm. The authors did not release that code;
-the variants here use DeeperGCN's ogbg-molhiv recipe (Li et al., 2020: GENConv with learnable softmax
-aggregation, t = 1, 256 channels, 7 layers, 1-layer MLP in the conv, dropout 0.2, mean readout) with the
-residual blocks replaced by 2-group reversible blocks.
+The RevGNN paper (Li et al., ICML 2021) also trains reversible GNNs on ogbg-molhiv, with GraphNorm and
+with BatchNorm inside the blocks (their scores: the registry's ``Reported`` entries below). The authors
+did not release that code; the variants here use DeeperGCN's ogbg-molhiv recipe (Li et al., 2020:
+GENConv with learnable softmax aggregation, t = 1, 256 channels, 7 layers, 1-layer MLP in the conv,
+dropout 0.2, mean readout) with the residual blocks replaced by 2-group reversible blocks.
 """
 
 from __future__ import annotations
