@@ -35,7 +35,7 @@ def test_hutchinson_is_unbiased_against_the_exact_frobenius_norm(distribution):
     exact = J.square().sum().item()
     M = J @ J.T
     var = 2 * (M.square().sum() - (M.diagonal().square().sum() if distribution == "rademacher" else 0))
-    probes = 4000
+    probes = 1000
     zz = z.clone().requires_grad_()
     est = jacobian_frobenius(
         f(zz), zz, probes, distribution, torch.Generator().manual_seed(1), create_graph=False
@@ -163,23 +163,21 @@ def test_training_loop_adds_the_auxiliary_loss_and_logs_jacobian_stats(tmp_path)
         "model.max_iter=40",
         "seed=3",
     ]
-    plain = train(compose_train(tmp_path / "plain", *base))
     reg = train(
         compose_train(
-            tmp_path / "reg",
+            tmp_path,
             *base,
             "model.jac_reg_weight=1000.0",
             "model.spectral_radius_every=1",
             "model.spectral_radius_iters=5",
         )
     )
-    rows = list(csv.DictReader(open(tmp_path / "reg" / "metrics.csv")))
+    rows = list(csv.DictReader(open(tmp_path / "metrics.csv")))
     jac = float(rows[0]["deq_jac_frobenius_mean"])
     assert jac > 0 and float(rows[0]["deq_spectral_radius_max"]) > 0
-    assert "deq_jac_frobenius_mean" in reg and "deq_jac_frobenius_mean" not in plain
-    # the epoch loss includes ~1000 * ||J||_F^2/d
-    loss_plain = float(list(csv.DictReader(open(tmp_path / "plain" / "metrics.csv")))[0]["loss"])
-    assert float(rows[0]["loss"]) > loss_plain + 100 * jac
+    assert reg["deq_jac_frobenius_mean"] == jac
+    # the epoch's loss is the task loss plus 1000 * ||J||_F^2/d (averaged over its steps)
+    assert float(rows[0]["loss"]) > 500 * jac
 
 
 def test_deq_gnn_layer_twice_differentiable_map_is_the_same_map():

@@ -294,7 +294,8 @@ class DEQ(nn.Module):
                 of the state when that differs from :obj:`inputs[0]`). (default: :obj:`None`)
             batch (LongTensor, optional): graph id of each row of the state: the forward and adjoint
                 solves judge and mix every graph on its own (see :mod:`revgnn.deq.solvers`); for maps
-                that do not couple the graphs. (default: :obj:`None`)
+                that do not couple the graphs. In :obj:`"unroll"` mode, which runs a fixed number of
+                steps without a solver, it changes nothing. (default: :obj:`None`)
         """
         device_type = next((t.device.type for t in inputs if isinstance(t, Tensor)), "cpu")
         if torch.is_autocast_enabled(device_type):
