@@ -15,6 +15,7 @@ _SUBMODULES = ("nn", "models", "deq", "data", "distributed", "utils")
 _EXPORTS = {
     "InvertibleModule": "nn",
     "GroupAddRev": "nn",
+    "register_conv": "nn",
     "create_model": "models",
     "register_model": "models",
 }

@@ -15,7 +15,7 @@ locally; only the edge aggregation goes through the ring.
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Type
 
 import torch
 import torch.distributed as dist
@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch_geometric.nn import GATConv, GCNConv, GENConv, GINConv, SAGEConv
 from torch_geometric.nn.aggr import MaxAggregation, MeanAggregation, SoftmaxAggregation, SumAggregation
+from torch_geometric.nn.conv import MessagePassing
 
 from revgnn.nn.edge_features import LinearEdgeFeatures
 from revgnn.nn.norm_act import sequential_forward
@@ -40,8 +41,22 @@ __all__ = [
     "gcn_edge_weight",
     "SARBatchNorm",
     "convert_to_sar",
+    "sar_conv",
+    "sar_unsupported",
     "SAR_CONVS",
 ]
+
+#: PyG conv class -> its SAR-aware subclass, filled by :func:`sar_conv`.
+SAR_CONVS: Dict[Type[MessagePassing], Type[MessagePassing]] = {}
+
+
+def sar_conv(cls: Type[MessagePassing]) -> Type[MessagePassing]:
+    """Class decorator: ``cls`` subclasses one PyG conv (adding no parameters) and also runs
+    on a :class:`~revgnn.distributed.sar.SARGraph`; :func:`convert_to_sar` switches that
+    conv to it."""
+    (base,) = [b for b in cls.__bases__ if issubclass(b, MessagePassing)]
+    SAR_CONVS[base] = cls
+    return cls
 
 
 class _Linear(EdgeOp):
@@ -124,6 +139,7 @@ class _GENMessage(EdgeOp):
         return s, v
 
 
+@sar_conv
 class SARGENConv(GENConv):
     r""":class:`torch_geometric.nn.GENConv` that also runs on a
     :class:`~revgnn.distributed.sar.SARGraph` (aggregations sum, mean,
@@ -216,6 +232,7 @@ class _GATMessage(EdgeOp):
         return F.leaky_relu(s, self.slope), v
 
 
+@sar_conv
 class SARGATConv(GATConv):
     """:class:`torch_geometric.nn.GATConv` that also runs on a
     :class:`~revgnn.distributed.sar.SARGraph`, with online softmax and
@@ -264,6 +281,7 @@ class SARGATConv(GATConv):
         return out
 
 
+@sar_conv
 class SARSAGEConv(SAGEConv):
     """:class:`torch_geometric.nn.SAGEConv` (sum/mean/max aggregation) that
     also runs on a :class:`~revgnn.distributed.sar.SARGraph`; mean and sum
@@ -291,6 +309,7 @@ class _MaxOfX(EdgeOp):
         return None, x_j
 
 
+@sar_conv
 class SARGINConv(GINConv):
     r""":class:`torch_geometric.nn.GINConv` that also runs on a
     :class:`~revgnn.distributed.sar.SARGraph`:
@@ -336,6 +355,7 @@ def gcn_edge_weight(graph: SARGraph, improved: bool = False) -> Tensor:
     return norm
 
 
+@sar_conv
 class SARGCNConv(GCNConv):
     """:class:`torch_geometric.nn.GCNConv` (unweighted graph, self loops,
     symmetric normalisation) that also runs on a
@@ -397,32 +417,56 @@ class SARBatchNorm(torch.nn.BatchNorm1d):
         return out
 
 
-SAR_CONVS = {
-    GENConv: SARGENConv,
-    GATConv: SARGATConv,
-    SAGEConv: SARSAGEConv,
-    GINConv: SARGINConv,
-    GCNConv: SARGCNConv,
-}
+def _unsupported(cls: type, owner: str) -> str:
+    """The message for a conv layer ``cls`` without SAR implementation inside the conv type ``owner``."""
+    from revgnn.nn import list_convs
+
+    where = f"conv {owner!r} is built on {cls.__name__}, which" if owner else cls.__name__
+    usable = [name for name in list_convs() if not sar_unsupported(name)]
+    return (
+        f"{where} has no SAR implementation (unsupported under SAR). Under SAR use one of the "
+        f"convs {', '.join(usable)} (PyG {', '.join(c.__name__ for c in SAR_CONVS)}), or train "
+        f"this model with backend=local or backend=ddp, which need no SAR version."
+    )
+
+
+def sar_unsupported(conv: str) -> str:
+    """Why the registered conv type ``conv`` (built with its default options) cannot run under
+    SAR, or ``''`` when every PyG layer it holds has a SAR-aware subclass. (Some options are
+    checked only at run time, e.g. SAGEConv's LSTM aggregation.)"""
+    from revgnn.nn import conv_spec
+
+    spec = conv_spec(conv)
+    block = spec.block(4, **({"edge_channels": 4} if spec.uses_edges else {}))
+    for m in block.modules():
+        cls = type(m)
+        if isinstance(m, MessagePassing) and cls not in SAR_CONVS and cls not in SAR_CONVS.values():
+            return f"conv {conv!r} is built on {cls.__name__}, which has no SAR implementation"
+    return ""
 
 
 def convert_to_sar(module: torch.nn.Module) -> torch.nn.Module:
     """Switches every supported PyG conv inside ``module`` to its SAR-aware
     subclass, and every ``BatchNorm1d`` to :class:`SARBatchNorm`, in place
     (same parameters, same ``state_dict``) and returns ``module``. Convs already converted are left
-    alone; other ``MessagePassing`` layers raise, since they would silently need the
-    whole graph."""
-    from torch_geometric.nn.conv import MessagePassing
+    alone; any other ``MessagePassing`` layer is an error naming the registered conv type it
+    belongs to and what to use instead, since it would silently need the whole graph."""
+    from revgnn.nn.conv_registry import conv_name
 
+    owners: Dict[int, str] = {}  # id of a module -> name of the registered conv block holding it
+    for m in module.modules():
+        name = owners.get(id(m)) or conv_name(m)
+        if name:
+            for sub in m.modules():
+                owners[id(sub)] = name
+    for m in module.modules():
+        cls = type(m)
+        if isinstance(m, MessagePassing) and cls not in SAR_CONVS and cls not in SAR_CONVS.values():
+            raise NotImplementedError(_unsupported(cls, owners.get(id(m), "")))
     for m in module.modules():
         cls = type(m)
         if cls in SAR_CONVS:
             m.__class__ = SAR_CONVS[cls]
         elif cls is torch.nn.BatchNorm1d:
             m.__class__ = SARBatchNorm
-        elif isinstance(m, MessagePassing) and cls not in SAR_CONVS.values():
-            raise NotImplementedError(
-                f"{cls.__name__} has no SAR implementation (supported: "
-                f"{', '.join(c.__name__ for c in SAR_CONVS)})"
-            )
     return module

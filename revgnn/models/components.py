@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Optional
+import inspect
+from typing import Any, Dict, Optional
 
 import torch
 from torch import Tensor, nn
@@ -81,16 +82,16 @@ def make_edge_encoder(edge_channels: Optional[int], hidden_channels: int, used: 
 def encode_edges(edge_encoder: Optional[nn.Linear], edge_attr: Optional[Tensor], conv: str):
     """The shared edge embedding handed to every block (``None`` without edges).
 
-    For GENConv blocks it stays in factored form
+    For convs registered with ``factored_edges`` (GENConv blocks) it stays in factored form
     (:class:`~revgnn.nn.edge_features.LinearEdgeFeatures`), so each block's own
     edge encoder runs on the raw features; other convs get it evaluated once,
     wrapped in :class:`~revgnn.nn.Shared` so groups receive it whole.
     """
-    from revgnn.nn import LinearEdgeFeatures, Shared
+    from revgnn.nn import LinearEdgeFeatures, Shared, conv_spec
 
     if edge_encoder is None or edge_attr is None:
         return None
-    if conv == "gen":
+    if conv_spec(conv).factored_edges:
         return LinearEdgeFeatures.from_linear(edge_attr, edge_encoder)
     return Shared(edge_encoder(edge_attr))
 
@@ -159,57 +160,40 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-def block_builder(
-    conv: str,
-    norm: Optional[str],
-    edge_channels: Optional[int],
-    aggr: Optional[str] = None,
-    learn_t: bool = False,
-    heads: int = 1,
-    attn_dropout: float = 0.0,
-):
+def block_builder(conv: str, norm: Optional[str], edge_channels: Optional[int], **options: Any):
     """Returns ``make(channels, preact=True)`` building the pre-activation block of ``conv``.
 
-    Options that ``conv`` does not have are an error rather than being ignored:
-    ``aggr`` is for ``gen``/``sage``, ``learn_t`` for ``gen``, ``heads`` and
-    ``attn_dropout`` for ``gat``.
+    ``conv`` is a name registered with :func:`~revgnn.nn.register_conv`; ``options`` set to
+    :obj:`None` keep the conv's own defaults, and an option the conv's constructor does not
+    take is an error rather than being ignored. ``edge_channels`` goes to convs that use edge
+    features (``make.uses_edges``).
     """
-    from revgnn.nn.blocks import BLOCKS, make_block
+    from revgnn.nn import conv_spec
 
-    if conv not in BLOCKS:
-        raise ValueError(f"unknown conv {conv!r}; choose one of {sorted(BLOCKS)}")
-    given = {
-        "aggr": aggr is not None,
-        "learn_t": learn_t,
-        "heads": heads != 1,
-        "attn_dropout": attn_dropout != 0.0,
-    }
-    accepts = {
-        "gen": {"aggr", "learn_t"},
-        "sage": {"aggr"},
-        "gat": {"heads", "attn_dropout"},
-        "gcn": set(),
-        "gin": set(),
-    }[conv]
-    bad = [k for k, v in given.items() if v and k not in accepts]
-    if bad:
-        raise ValueError(
-            f"conv={conv!r} has no option(s) {', '.join(bad)}; it accepts "
-            f"{sorted(accepts) or 'none of aggr/learn_t/heads/attn_dropout'}"
-        )
-    kwargs = {"norm": norm}
-    if conv == "gen":
-        kwargs.update(edge_channels=edge_channels, aggr=aggr or "max", learn_t=learn_t)
-    elif conv == "sage":
-        kwargs.update(aggr=aggr or "mean")
-    elif conv == "gat":
-        kwargs.update(heads=heads, edge_channels=edge_channels, attn_dropout=attn_dropout)
+    spec = conv_spec(conv)
+    kwargs = {k: v for k, v in options.items() if v is not None}
+    spec.check_options(kwargs)
+    kwargs["norm"] = norm
+    if spec.uses_edges:
+        kwargs["edge_channels"] = edge_channels
 
     def make(channels: int, preact: bool = True):
-        return make_block(conv, channels, preact=preact, **kwargs)
+        return spec.block(channels, preact=preact, **kwargs)
 
-    make.uses_edges = BLOCKS[conv].supports_edge_attr
+    make.uses_edges = spec.uses_edges
     return make
+
+
+def given_options(model_cls: type, **values: Any) -> Dict[str, Any]:
+    """``values`` with :obj:`None` for those equal to the default of ``model_cls``'s constructor:
+    the options a caller actually set, so a conv without them is not blamed for the defaults."""
+    params = inspect.signature(model_cls).parameters
+    return {
+        k: None
+        if k in params and params[k].default is not inspect.Parameter.empty and v == params[k].default
+        else v
+        for k, v in values.items()
+    }
 
 
 class DeepNodeGNN(nn.Module):
@@ -240,9 +224,10 @@ class DeepNodeGNN(nn.Module):
 
         if num_layers < 1:
             raise ValueError(f"num_layers must be >= 1, got {num_layers}")
-        make = block_builder(
-            conv, norm, hidden_channels if edge_channels else None, aggr, learn_t, heads, attn_dropout
+        options = given_options(
+            type(self), aggr=aggr, learn_t=learn_t, heads=heads, attn_dropout=attn_dropout
         )
+        make = block_builder(conv, norm, hidden_channels if edge_channels else None, **options)
         self.num_layers = num_layers
         self.conv = conv
         self.node_encoder = NodeEncoder(in_channels, hidden_channels, species_channels)

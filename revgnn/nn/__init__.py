@@ -2,7 +2,6 @@
 
 from revgnn.deq import DEQ
 from revgnn.nn.blocks import (
-    BLOCKS,
     GATBlock,
     GCNBlock,
     GENBlock,
@@ -10,8 +9,8 @@ from revgnn.nn.blocks import (
     PreActBlock,
     Residual,
     SAGEBlock,
-    make_block,
 )
+from revgnn.nn.conv_registry import CONVS, ConvSpec, conv_spec, list_convs, make_block, register_conv
 from revgnn.nn.dropout import SharedDropout
 from revgnn.nn.edge_features import LinearEdgeFeatures
 from revgnn.nn.group_rev import GroupAddRev
@@ -36,7 +35,11 @@ __all__ = [
     "SAGEBlock",
     "GINBlock",
     "Residual",
-    "BLOCKS",
+    "CONVS",
+    "ConvSpec",
+    "register_conv",
+    "conv_spec",
+    "list_convs",
     "make_block",
     "DEQ",
     "layer_norm_relu",

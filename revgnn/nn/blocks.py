@@ -12,17 +12,20 @@ with :math:`\mathbf{M}` the mask of :class:`~revgnn.nn.SharedDropout`. Every
 block has the signature ``block(x, edge_index, edge_attr=None,
 dropout_mask=None)`` and maps ``[N, channels]`` to ``[N, channels]``, so a
 block of ``channels = hidden / C`` is one group of a :math:`C`-group
-reversible layer. The convolutions are PyG's.
+reversible layer. The convolutions are PyG's. Each block is registered by name
+with :func:`~revgnn.nn.conv_registry.register_conv` (``RevGNN(conv="gen")``);
+a new conv type is one more decorated class here.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Type
+from typing import Any, Optional
 
 from torch import Tensor, nn
 from torch_geometric.nn import GATConv, GCNConv, GENConv, GINConv, GraphNorm, SAGEConv
 from torch_geometric.typing import Adj, OptTensor
 
+from revgnn.nn.conv_registry import register_conv
 from revgnn.nn.edge_features import LinearEdgeFeatures
 from revgnn.nn.gen_max import gen_conv
 from revgnn.nn.norm_act import layer_norm_relu
@@ -48,6 +51,11 @@ def make_norm(norm: Optional[str], channels: int) -> Optional[nn.Module]:
 class PreActBlock(nn.Module):
     r"""Base class: Norm -> ReLU -> dropout mask -> :meth:`conv_forward`.
 
+    A subclass implements :meth:`conv_forward` and is registered with
+    :func:`~revgnn.nn.conv_registry.register_conv`; its ``__init__`` takes
+    ``channels, ..., norm, preact`` (and ``edge_channels`` if it uses edge
+    features).
+
     Args:
         channels (int): Feature width in and out.
         norm (str, optional): ``'layer'``, ``'batch'``, ``'graph'`` or
@@ -55,9 +63,6 @@ class PreActBlock(nn.Module):
         preact (bool, optional): Apply Norm -> ReLU before the conv; the first
             layer of a res+ model sets :obj:`False`. (default: :obj:`True`)
     """
-
-    #: Whether :meth:`conv_forward` uses edge features.
-    supports_edge_attr = False
 
     def __init__(self, channels: int, norm: Optional[str] = "layer", preact: bool = True):
         super().__init__()
@@ -100,6 +105,7 @@ class PreActBlock(nn.Module):
         return f"channels={self.channels}"
 
 
+@register_conv("gen", factored_edges=True)
 class GENBlock(PreActBlock):
     r"""DeeperGCN's GENConv (Li et al., 2020) in a pre-activation block.
 
@@ -134,8 +140,6 @@ class GENBlock(PreActBlock):
         norm (str, optional): Pre-activation norm. (default: :obj:`'layer'`)
         preact (bool, optional): See :class:`PreActBlock`. (default: :obj:`True`)
     """
-
-    supports_edge_attr = True
 
     def __init__(
         self,
@@ -174,6 +178,7 @@ class GENBlock(PreActBlock):
         return f"channels={self.channels}, aggr={self.conv.aggr}"
 
 
+@register_conv("gat")
 class GATBlock(PreActBlock):
     r"""GATConv (Veličković et al., 2018) with concatenated heads in a pre-activation block.
 
@@ -187,8 +192,6 @@ class GATBlock(PreActBlock):
             exactly. (default: :obj:`0.0`)
         norm (str, optional): Pre-activation norm. (default: :obj:`'layer'`)
     """
-
-    supports_edge_attr = True
 
     def __init__(
         self,
@@ -214,6 +217,7 @@ class GATBlock(PreActBlock):
         return self.conv(h, edge_index, edge_attr=edge_attr)
 
 
+@register_conv("gcn")
 class GCNBlock(PreActBlock):
     r"""GCNConv (Kipf & Welling, 2017) in a pre-activation block (no edge features)."""
 
@@ -225,6 +229,7 @@ class GCNBlock(PreActBlock):
         return self.conv(h, edge_index)
 
 
+@register_conv("sage")
 class SAGEBlock(PreActBlock):
     r"""SAGEConv (Hamilton et al., 2017) in a pre-activation block (no edge features)."""
 
@@ -236,6 +241,7 @@ class SAGEBlock(PreActBlock):
         return self.conv(h, edge_index)
 
 
+@register_conv("gin")
 class GINBlock(PreActBlock):
     r"""GINConv (Xu et al., 2019) with a 2-layer MLP in a pre-activation block."""
 
@@ -246,22 +252,6 @@ class GINBlock(PreActBlock):
 
     def conv_forward(self, h: Tensor, edge_index: Adj, edge_attr: OptTensor) -> Tensor:
         return self.conv(h, edge_index)
-
-
-BLOCKS: Dict[str, Type[PreActBlock]] = {
-    "gen": GENBlock,
-    "gat": GATBlock,
-    "gcn": GCNBlock,
-    "sage": SAGEBlock,
-    "gin": GINBlock,
-}
-
-
-def make_block(conv: str, channels: int, **kwargs: Any) -> PreActBlock:
-    """Builds the block named ``conv`` (one of :data:`BLOCKS`)."""
-    if conv not in BLOCKS:
-        raise ValueError(f"unknown conv {conv!r}; choose one of {sorted(BLOCKS)}")
-    return BLOCKS[conv](channels, **kwargs)
 
 
 class Residual(nn.Module):

@@ -1,0 +1,191 @@
+r"""The one registry of graph convolution blocks: a conv type is registered once, by name.
+
+A conv type is a block class :math:`f_{\mathbf{w}}` mapping ``[N, channels]`` to
+``[N, channels]`` (usually a :class:`~revgnn.nn.PreActBlock`), registered with
+:func:`register_conv`. Everything else is derived from the class:
+
+* the **options** it accepts are the keyword parameters of its ``__init__``
+  (:func:`make_block` and the models reject any other, naming the conv and
+  what it accepts);
+* it **uses edge features** when ``__init__`` takes ``edge_channels``;
+* **SAR support** follows from the PyG layers it is built on
+  (:func:`revgnn.distributed.convs.convert_to_sar`).
+
+Models take the conv by name (``RevGNN(conv="gen")``, ``model.conv=gen`` in a
+config), so a new conv type is one decorated class:
+
+Example:
+    >>> from torch_geometric.nn import GraphConv
+    >>> from revgnn.nn import PreActBlock
+    >>> @register_conv("graph")
+    ... class GraphBlock(PreActBlock):
+    ...     def __init__(self, channels, aggr="add", norm="layer", preact=True):
+    ...         super().__init__(channels, norm, preact)
+    ...         self.conv = GraphConv(channels, channels, aggr=aggr)
+    ...
+    ...     def conv_forward(self, h, edge_index, edge_attr):
+    ...         return self.conv(h, edge_index)
+    >>> conv_spec("graph").options
+    ('aggr',)
+    >>> _ = CONVS.pop("graph")  # (keeps this example from registering it for good)
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Tuple, Type
+
+from torch import nn
+
+#: Constructor parameters every conv block has, set by the model rather than chosen per conv.
+STRUCTURAL = ("channels", "norm", "preact")
+
+
+@dataclass(frozen=True)
+class ConvSpec:
+    """What the registry knows about one conv type (all of it read off the block class).
+
+    Attributes:
+        name (str): The registered name (``RevGNN(conv=name)``).
+        block (type): The block class.
+        options (tuple of str): Its keyword options beyond ``channels``,
+            ``norm``, ``preact`` and ``edge_channels``, from ``__init__``.
+        defaults (dict): The default of each option.
+        uses_edges (bool): ``__init__`` takes ``edge_channels``.
+        factored_edges (bool): The block takes the model's edge embedding in
+            factored form (:class:`~revgnn.nn.LinearEdgeFeatures`) rather than
+            evaluated once for all layers.
+    """
+
+    name: str
+    block: Type[nn.Module]
+    options: Tuple[str, ...]
+    defaults: Dict[str, Any]
+    uses_edges: bool
+    factored_edges: bool
+
+    @property
+    def parameters(self) -> Tuple[str, ...]:
+        """Every keyword the constructor accepts (after ``channels``)."""
+        return (*STRUCTURAL[1:], *(("edge_channels",) if self.uses_edges else ()), *self.options)
+
+    def check_options(self, options: Dict[str, Any]) -> None:
+        """Raises if ``options`` holds a keyword the block does not have."""
+        bad = [k for k in options if k not in self.parameters]
+        if bad:
+            raise ValueError(
+                f"conv={self.name!r} has no option(s) {', '.join(bad)}; it accepts "
+                f"{', '.join(self.options) or 'no options'} (besides {', '.join(self.parameters[:2])}"
+                f"{', edge_channels' if self.uses_edges else ''}; see {self.block.__name__})"
+            )
+
+
+#: name -> :class:`ConvSpec` of every registered conv type.
+CONVS: Dict[str, ConvSpec] = {}
+
+
+def register_conv(name: str, *, factored_edges: bool = False) -> Callable[[type], type]:
+    """Class decorator registering a conv block under ``name``.
+
+    The class's ``__init__`` must take ``channels`` first, then ``norm`` and
+    ``preact`` (which models set), optionally ``edge_channels`` (if it uses
+    edge features) and any options of its own, all with defaults and by name
+    (no ``*args``/``**kwargs``: the options are read from the signature).
+    Its ``forward`` is ``forward(x, edge_index, edge_attr=None,
+    dropout_mask=None)``, as :class:`~revgnn.nn.PreActBlock`'s.
+
+    Args:
+        name (str): The name models and configs use (``conv=name``).
+        factored_edges (bool, optional): The block accepts edge features as a
+            :class:`~revgnn.nn.LinearEdgeFeatures` and benefits from keeping
+            them factored. (default: :obj:`False`)
+    """
+
+    def register(cls: type) -> type:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"register_conv needs a non-empty name, got {name!r}")
+        if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+            raise TypeError(f"register_conv({name!r}) decorates a torch.nn.Module class, got {cls!r}")
+        old = CONVS.get(name)
+        if old is not None and old.block.__qualname__ != cls.__qualname__:
+            raise ValueError(
+                f"conv {name!r} is already registered ({old.block.__module__}.{old.block.__qualname__}); "
+                f"register {cls.__name__} under another name"
+            )
+        CONVS[name] = _spec(name, cls, factored_edges)
+        return cls
+
+    return register
+
+
+def _spec(name: str, cls: type, factored_edges: bool) -> ConvSpec:
+    where = f"register_conv({name!r}): {cls.__name__}.__init__"
+    params = list(inspect.signature(cls.__init__).parameters.values())[1:]  # without self
+    kinds = {p.kind for p in params}
+    if inspect.Parameter.VAR_POSITIONAL in kinds or inspect.Parameter.VAR_KEYWORD in kinds:
+        raise TypeError(f"{where} takes *args or **kwargs; name every option so it can be checked")
+    names = [p.name for p in params]
+    if not names or names[0] != "channels":
+        raise TypeError(f"{where} must take `channels` as its first parameter, got ({', '.join(names)})")
+    missing = [k for k in STRUCTURAL[1:] if k not in names]
+    if missing:
+        raise TypeError(
+            f"{where} must accept {' and '.join(missing)} (models set them; subclass PreActBlock to get both)"
+        )
+    required = [p.name for p in params[1:] if p.default is inspect.Parameter.empty]
+    if required:
+        raise TypeError(f"{where} needs a default for {', '.join(required)}")
+    options = [p for p in params if p.name not in (*STRUCTURAL, "edge_channels")]
+    return ConvSpec(
+        name=name,
+        block=cls,
+        options=tuple(p.name for p in options),
+        defaults={p.name: p.default for p in options},
+        uses_edges="edge_channels" in names,
+        factored_edges=factored_edges,
+    )
+
+
+def _registered() -> Dict[str, ConvSpec]:
+    import revgnn.nn.blocks  # noqa: F401  (registers the built-in convs)
+
+    return CONVS
+
+
+def conv_spec(name: str) -> ConvSpec:
+    """The :class:`ConvSpec` of the conv registered as ``name``."""
+    convs = _registered()
+    if name not in convs:
+        close = difflib.get_close_matches(str(name), list(convs), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown conv {name!r}; choose one of {', '.join(sorted(convs))}.{hint}")
+    return convs[name]
+
+
+def list_convs() -> List[str]:
+    """The names of the registered conv types, sorted."""
+    return sorted(_registered())
+
+
+def make_block(conv: str, channels: int, **kwargs: Any) -> nn.Module:
+    """Builds the block of the conv registered as ``conv`` with ``channels`` in and out.
+
+    ``kwargs`` must be parameters of its constructor (:attr:`ConvSpec.parameters`).
+
+    Example:
+        >>> make_block("sage", 16, aggr="max").conv
+        SAGEConv(16, 16, aggr=max)
+    """
+    spec = conv_spec(conv)
+    spec.check_options(kwargs)
+    return spec.block(channels, **kwargs)
+
+
+def conv_name(block: nn.Module) -> str:
+    """The registered name of ``block``'s class, or ``''`` if it is not a registered conv."""
+    for spec in _registered().values():
+        if type(block) is spec.block:
+            return spec.name
+    return ""
