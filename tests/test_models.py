@@ -53,6 +53,10 @@ def test_registry_errors():
         create_model("revgnn_small", conv="gcn", aggr="max")
     with pytest.raises(ValueError, match="divisible by num_groups"):
         create_model("revgnn_small", hidden_channels=63)
+    with pytest.raises(ValueError, match="'revgnn_small': dropout must be >= 0 and < 1, got 1.5"):
+        create_model("revgnn_small", dropout=1.5)
+    with pytest.raises(ValueError, match="'deq_gnn': tol must be > 0, got 0"):
+        create_model("deq_gnn", tol=0)
     assert list_models("revgnn_*")[:2] == ["revgnn_112", "revgnn_deep"]
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
+from conftest import compose
 from omegaconf import OmegaConf
 
 import revgnn.config  # noqa: F401  (registers the schemas)
@@ -41,11 +41,6 @@ def _meta(name, **overrides):
     return _built[key]
 
 
-def _compose(overrides):
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return compose(config_name="train", overrides=list(overrides))
-
-
 def _state_shapes(model):
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
@@ -54,6 +49,21 @@ def test_readme_zoo_table_is_the_registry_s():
     assert readme_zoo(README.read_text()) == zoo_table(), (
         "README zoo table is stale: python -m revgnn.models --update-readme README.md"
     )
+
+
+def test_update_readme_writes_the_table_between_the_markers(tmp_path, capsys):
+    from revgnn.models.__main__ import main
+
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n\n<!-- zoo:begin -->\n| stale |\n<!-- zoo:end -->\n\nafter\n")
+    assert main(["--update-readme", str(readme)]) == 0 and "updated" in capsys.readouterr().out
+    text = readme.read_text()
+    assert readme_zoo(text) == zoo_table() and text.startswith("# x\n") and text.endswith("\n\nafter\n")
+    assert main(["--update-readme", str(readme)]) == 0 and "already up to date" in capsys.readouterr().out
+    assert main(["--markdown"]) == 0 and capsys.readouterr().out == zoo_table()
+    readme.write_text("no markers\n")
+    with pytest.raises(ValueError, match="no <!-- zoo:begin --> ... <!-- zoo:end --> block"):
+        main(["--update-readme", str(readme)])
 
 
 @pytest.mark.parametrize("name", ZOO)
@@ -93,8 +103,8 @@ def test_model_config_builds_the_registered_model(name):
     """``revgnn-train model=<name>`` and ``create_model(name)`` build the same model: the config holds
     the name and nothing else, and through ``build_model`` it gives the class, parameter count and
     state shapes of ``create_model``."""
-    cfg = _compose([f"model={name}"] + [f"model.{k}={v}" for k, v in _small(name).items()])
-    assert OmegaConf.to_container(_compose([f"model={name}"]).model) == {
+    cfg = compose([f"model={name}"] + [f"model.{k}={v}" for k, v in _small(name).items()])
+    assert OmegaConf.to_container(compose([f"model={name}"]).model) == {
         "_target_": "revgnn.models.create_model",
         "name": name,
     }
@@ -107,7 +117,7 @@ def test_model_config_builds_the_registered_model(name):
 
 
 def test_the_default_run_trains_its_own_registered_model():
-    cfg = _compose([])
+    cfg = compose([])
     assert cfg.model.name == "revgnn_proteins_like"
     assert model_info("revgnn_proteins_like").defaults["aggr"] == "mean"
     assert model_info("revgnn_small").defaults["aggr"] == "max"
@@ -126,7 +136,7 @@ def test_each_experiment_trains_the_model_of_its_published_score(name, result):
     from revgnn.cli.reproduce import paper_score
 
     assert result.experiment in EXPERIMENTS
-    cfg = _compose([f"experiment={result.experiment}"])
+    cfg = compose([f"experiment={result.experiment}"])
     assert cfg.model.name == name
     check_model_config(cfg.model)
     info = model_info(name)
@@ -166,7 +176,7 @@ def test_reproduce_refuses_an_experiment_without_a_published_score():
     ],
 )
 def test_every_argument_of_the_model_class_can_be_overridden(overrides):
-    cfg = _compose(overrides)
+    cfg = compose(overrides)
     check_model_config(cfg.model)
     key, value = overrides[-1].split("=")
     assert str(OmegaConf.select(cfg, key)).lower() == value
@@ -182,7 +192,7 @@ def test_every_argument_of_the_model_class_can_be_overridden(overrides):
     ],
 )
 def test_a_wrong_model_key_is_an_error_naming_it(override, error, message):
-    cfg = _compose(["model=revgnn_deep", override])  # composes: the model node is open
+    cfg = compose(["model=revgnn_deep", override])  # composes: the model node is open
     with pytest.raises(error, match=message):
         check_model_config(cfg.model)
 
@@ -194,7 +204,7 @@ def test_a_wrong_model_key_fails_the_run_before_the_data_is_loaded(monkeypatch, 
         raise AssertionError("the run started although the model config is wrong")
 
     monkeypatch.setattr(loop, "make_backend", no_backend)
-    cfg = _compose([f"output_dir={tmp_path}", "model.hiden_channels=16"])
+    cfg = compose([f"output_dir={tmp_path}", "model.hiden_channels=16"])
     with pytest.raises(TypeError, match=r"'model\.hiden_channels'.*hidden_channels"):
         loop.train(cfg)
 
