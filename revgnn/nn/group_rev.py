@@ -35,7 +35,9 @@ class GroupAddRev(InvertibleModule):
     :math:`\mathbf{X}_i = \mathbf{X}'_i - f_{\mathbf{w}_i}(\mathbf{X}'_{i-1})`
     for :math:`i = C, \ldots, 2`, then :math:`\mathbf{X}'_0` from those, then
     :math:`\mathbf{X}_1`. Training memory therefore does not grow with depth:
-    inputs are reconstructed in the backward pass instead of being stored.
+    inputs are reconstructed in the backward pass instead of being stored. It
+    is an :class:`~revgnn.nn.InvertibleModule` (the contract a user's own
+    invertible block implements) with a fused backward.
 
     Compared with :class:`torch_geometric.nn.GroupAddRev` (same signature):
 
