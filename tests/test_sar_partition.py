@@ -11,6 +11,7 @@ import sys
 
 import pytest
 import torch
+from conftest import compose
 
 from revgnn.distributed.launch import run_workers
 from revgnn.distributed.sar_partition import (
@@ -235,11 +236,8 @@ def test_collective_check_rejects_on_every_rank(tmp_path):
 
 
 def _compose(overrides):
-    from hydra import compose, initialize_config_module
-
     register_partition_config()
-    with initialize_config_module("revgnn.configs", version_base="1.3"):
-        return compose("partition", overrides=overrides)
+    return compose(overrides, config_name="partition")
 
 
 def test_partition_command(tmp_path):
