@@ -83,7 +83,8 @@ class Reported:
         value (float): The reported mean.
         std (float, optional): The reported standard deviation; :obj:`None` where the source gives
             none. (default: :obj:`None`)
-        source (str): Where the number is published (paper and table or example).
+        source (str): Where the number is published: the paper and which of its results, or the
+            example that reports it.
         overrides (Mapping, optional): Arguments that differ from the variant's defaults, e.g.
             ``{"hidden_channels": 224}``. (default: none)
         num_parameters (int, optional): Exact parameter count of ``create_model(name, **overrides)``
@@ -112,7 +113,10 @@ class Reported:
 
 @dataclass(frozen=True)
 class ModelInfo:
-    """Everything the registry knows about one variant (:func:`model_info`)."""
+    """Everything the registry knows about one variant (:func:`model_info`): its ``name``, model
+    class ``cls``, the arguments ``defaults`` it builds ``cls`` with, a one-line ``summary`` (its
+    docstring's first paragraph), the ``dataset`` whose shapes ``defaults`` hold, the exact
+    ``num_parameters`` at those shapes, the ``paper`` it comes from and its ``reported`` scores."""
 
     name: str
     cls: Type[nn.Module]
