@@ -8,5 +8,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${REVGNN_VENV:-.venv}/bin/python"
+rm -rf docs/api/generated  # autosummary writes these pages; a removed module must not leave its page behind
 "$PY" -m sphinx -E -W --keep-going -q -b html docs docs/_build/html "$@"
 "$PY" -m pytest -q -p no:cacheprovider --doctest-modules --doctest-glob="README.md" revgnn README.md
