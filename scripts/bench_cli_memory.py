@@ -43,6 +43,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchlib import ChildFailed, child_env, markdown_table, run_child
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -73,16 +75,17 @@ def workload(args, depth: int, run_dir: Path) -> list:
     return overrides + [f"hydra.run.dir={run_dir}"]
 
 
+def threads_env(args) -> dict:
+    """The children's environment: the allocator the CLI would choose (or ``--allocator system``),
+    ``args.threads`` threads."""
+    threads = str(args.threads)
+    return child_env(args.allocator, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
+
+
 def run_depth(args, depth: int, root: Path) -> dict:
     run_dir = root / f"depth_{depth}"
     cmd = [cli_path(), *workload(args, depth, run_dir)]
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
-    env.pop("_REVGNN_REEXEC", None)  # let the CLI choose its allocator as it does for users
-    if args.allocator == "system":
-        env["REVGNN_ALLOCATOR"] = "system"
-        env.pop("LD_PRELOAD", None)
-    else:
-        env.pop("REVGNN_ALLOCATOR", None)
+    env = threads_env(args)
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / "stdout.log"
     t0 = time.perf_counter()
@@ -115,26 +118,30 @@ def run_depth(args, depth: int, root: Path) -> dict:
 
 def table(rows: list) -> str:
     base = next((r for r in rows if "peak_mb" in r), None)
-    lines = [
-        "| depth | params | 16 B/param (MB) | peak RSS (MB) | ratio vs "
-        + (f"depth {base['depth']}" if base else "base")
-        + " | excess (MB) | excess - 16 B/param (MB) | process max RSS (MB) | ratio | wall (s) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
+    header = ["depth", "params", "16 B/param (MB)", "peak RSS (MB)"]
+    header += ["ratio vs " + (f"depth {base['depth']}" if base else "base"), "excess (MB)"]
+    header += ["excess - 16 B/param (MB)", "process max RSS (MB)", "ratio", "wall (s)"]
+
+    def cells(r):
         if "error" in r:
-            lines.append(f"| {r['depth']} | failed: {r['error'][:200]!r} |||||||||")
-            continue
+            return [r["depth"], f"failed: {r['error'][:200]!r}"] + [""] * 8
         state = 16 * r["params"] / 2**20
         excess = r["peak_mb"] - base["peak_mb"]
         extra = excess - (state - 16 * base["params"] / 2**20)
-        lines.append(
-            f"| {r['depth']} | {r['params']:,} | {state:.1f} | {r['peak_mb']:.1f} | "
-            f"{r['peak_mb'] / base['peak_mb']:.3f}x | {excess:+.1f} | {extra:+.1f} | "
-            f"{r['process_max_rss_mb']:.1f} | "
-            f"{r['process_max_rss_mb'] / base['process_max_rss_mb']:.3f}x | {r['wall_s']:.0f} |"
-        )
-    return "\n".join(lines)
+        return [
+            r["depth"],
+            f"{r['params']:,}",
+            f"{state:.1f}",
+            f"{r['peak_mb']:.1f}",
+            f"{r['peak_mb'] / base['peak_mb']:.3f}x",
+            f"{excess:+.1f}",
+            f"{extra:+.1f}",
+            f"{r['process_max_rss_mb']:.1f}",
+            f"{r['process_max_rss_mb'] / base['process_max_rss_mb']:.3f}x",
+            f"{r['wall_s']:.0f}",
+        ]
+
+    return "\n".join(markdown_table(header, map(cells, rows), align="r" * len(header)))
 
 
 PHASES = ("build_model", "forward", "backward", "clip", "optimizer step", "evaluate", "checkpoint")
@@ -234,8 +241,6 @@ def breakdown_child(args, depth: int) -> None:
 
 
 def run_breakdown(args, depth: int) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
-    env.pop("_REVGNN_REEXEC", None)
     cmd = [
         sys.executable,
         __file__,
@@ -256,13 +261,10 @@ def run_breakdown(args, depth: int) -> dict:
         *(["--nodes", str(args.nodes)] if args.nodes else []),
         *[f"--override={o}" for o in args.override],
     ]
-    if args.allocator == "system":
-        env["REVGNN_ALLOCATOR"] = "system"
-        env.pop("LD_PRELOAD", None)
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
-    if out.returncode != 0:
-        raise SystemExit(f"breakdown at depth {depth} failed:\n{out.stderr[-2000:]}")
-    events = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    try:
+        events = [e for e in run_child(cmd, threads_env(args), cwd=REPO) if isinstance(e, dict)]
+    except ChildFailed as e:
+        raise SystemExit(f"breakdown at depth {depth} failed:\n{e.stderr[-2000:]}") from e
     result = dict(depth=depth, calls={})
     for e in events:
         if e["phase"] == "build_model":
@@ -278,12 +280,13 @@ def breakdown_table(results: list) -> str:
     """Per phase: RSS growth of its first call (what it leaves allocated or cached) and the most any
     call raised the process's peak; the last column is the deepest run minus the first."""
     a, b = results[0], results[-1]
-    head = (
-        f"| phase | depth {a['depth']}: RSS growth, first call (MB) | depth {a['depth']}: peak raised (MB) "
-        f"| depth {b['depth']}: RSS growth, first call (MB) | depth {b['depth']}: peak raised (MB) "
-        f"| peak raised, difference (MB) |"
-    )
-    lines = [head, "|---|---:|---:|---:|---:|---:|"]
+    header = ["phase"]
+    for r in (a, b):
+        header += [
+            f"depth {r['depth']}: RSS growth, first call (MB)",
+            f"depth {r['depth']}: peak raised (MB)",
+        ]
+    rows = []
     for phase in PHASES:
         cells, raised = [], []
         for r in (a, b):
@@ -292,10 +295,10 @@ def breakdown_table(results: list) -> str:
             up = sum(c["peak_after"] - c["peak_before"] for c in calls)
             raised.append(up)
             cells += [f"{grow:+.1f}", f"{up:+.1f}"]
-        lines.append(f"| {phase} | " + " | ".join(cells) + f" | {raised[1] - raised[0]:+.1f} |")
-    lines.append(
-        f"| **peak RSS** | | {a['peak_mb']:.1f} | | {b['peak_mb']:.1f} | {b['peak_mb'] - a['peak_mb']:+.1f} |"
-    )
+        rows.append([phase, *cells, f"{raised[1] - raised[0]:+.1f}"])
+    peaks = [f"{a['peak_mb']:.1f}", f"{b['peak_mb']:.1f}", f"{b['peak_mb'] - a['peak_mb']:+.1f}"]
+    rows.append(["**peak RSS**", "", peaks[0], "", *peaks[1:]])
+    lines = markdown_table([*header, "peak raised, difference (MB)"], rows, align="lrrrrr")
     facts = []
     for r in (a, b):
         facts.append(

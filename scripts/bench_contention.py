@@ -45,13 +45,14 @@ import csv
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Dict, List
+
+from benchlib import child_env, markdown_table, median_after, proteins_subgraph, run_child, time_calls
 
 REPO = Path(__file__).resolve().parents[1]
 BEFORE = {"REVGNN_THREADS": "torch"}
@@ -129,11 +130,11 @@ def _on_signal(signum, frame):
 # ---- one measured run (parent side) --------------------------------------------------------------
 
 
-def child_env(extra: Dict[str, str]) -> Dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in _STRIP}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    env.update(extra)
-    return env
+def config_env(extra: Dict[str, str]) -> Dict[str, str]:
+    """A child's environment: as a user's shell would start it (:data:`_STRIP` removed), revgnn
+    importable, then the configuration's variables."""
+    pythonpath = [str(REPO)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
+    return child_env(strip=_STRIP, PYTHONPATH=os.pathsep.join(pythonpath), **extra)
 
 
 def run_small(config: Dict, args, workdir: str) -> Dict:
@@ -153,15 +154,10 @@ def run_small(config: Dict, args, workdir: str) -> Dict:
         cmd.append(f"backend.num_threads={config['threads']}")
     if args.quick:
         cmd += ["data.num_nodes=2000"]
-    proc = subprocess.run(
-        cmd, cwd=workdir, env=child_env(config["env"]), capture_output=True, text=True, timeout=args.timeout
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"revgnn.train failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    run_child(cmd, config_env(config["env"]), cwd=workdir, timeout=args.timeout)
     with open(os.path.join(out_dir, "metrics.csv")) as f:
         times = [float(r["epoch_time_s"]) for r in csv.DictReader(f)]
-    measured = times[1:] or times
-    return {"time_s": statistics.median(measured), "times": times}
+    return {"time_s": median_after(times), "times": times}
 
 
 def run_deep(config: Dict, args, workdir: str) -> Dict:
@@ -180,12 +176,7 @@ def run_deep(config: Dict, args, workdir: str) -> Dict:
     ]
     if config.get("threads"):
         cmd += ["--threads", str(config["threads"])]
-    proc = subprocess.run(
-        cmd, cwd=workdir, env=child_env(config["env"]), capture_output=True, text=True, timeout=args.timeout
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"deep child failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_child(cmd, config_env(config["env"]), cwd=workdir, timeout=args.timeout)[-1]
 
 
 def measure(model: str, name: str, loaded: bool, args) -> Dict:
@@ -219,9 +210,6 @@ def child(args) -> None:
 
     import torch
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_step import proteins_subgraph
-
     from revgnn.models import create_model
     from revgnn.utils.flat import build_optimizer, optimizer_step
 
@@ -232,20 +220,17 @@ def child(args) -> None:
     loss_fn = torch.nn.BCEWithLogitsLoss()
     model.train()
 
-    def step() -> float:
-        start = time.perf_counter()
+    def step() -> None:
         loss = loss_fn(model(x, edge_index, edge_attr), y)
         loss.backward()
         optimizer_step(optimizer, flat, max_norm=1.0)
-        return time.perf_counter() - start
 
-    warmup = step()
-    times = [step() for _ in range(args.deep_steps)]
+    times = time_calls(step, 1 + args.deep_steps)  # a warm-up, then the measured steps
     print(
         json.dumps(
             {
-                "time_s": statistics.median(times),
-                "times": [warmup] + times,
+                "time_s": median_after(times),
+                "times": times,
                 "threads": torch.get_num_threads(),
                 "openmp_env": settings.openmp_env,
                 "kernels": os.environ.get("REVGNN_KERNELS", "1"),
@@ -262,10 +247,7 @@ def fmt(t: float) -> str:
 
 
 def table(results: Dict, models: List[str], configs: List[str]) -> str:
-    rows = [
-        "| model | configuration | threads | idle s | loaded s | loaded / idle | idle / idle `before` |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    rows = []
     for model in models:
         unit = "epoch (2 steps)" if model == "small" else "step"
         base = results.get((model, "before"), {}).get("idle", {}).get("time_s", float("nan"))
@@ -275,11 +257,10 @@ def table(results: Dict, models: List[str], configs: List[str]) -> str:
                 continue
             idle, loaded = r["idle"]["time_s"], r["loaded"]["time_s"]
             threads = r["idle"].get("threads", CONFIGS[name].get("threads", "default"))
-            rows.append(
-                f"| {model} ({unit}) | `{name}` | {threads} | {fmt(idle)} | {fmt(loaded)} | "
-                f"**{loaded / idle:.2f}×** | {idle / base:.2f} |"
-            )
-    return "\n".join(rows)
+            cells = [f"{model} ({unit})", f"`{name}`", threads, fmt(idle), fmt(loaded)]
+            rows.append([*cells, f"**{loaded / idle:.2f}×**", f"{idle / base:.2f}"])
+    header = ["model", "configuration", "threads", "idle s", "loaded s", "loaded / idle"]
+    return "\n".join(markdown_table([*header, "idle / idle `before`"], rows))
 
 
 def main() -> None:

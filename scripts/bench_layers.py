@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from pathlib import Path
+
+from benchlib import destination_sorted_graph, markdown_table, median_after, time_calls
 
 GRAPHS = {"proteins": (13_200, 790_000), "small": (2_000, 40_000)}
 BLOCKS = (
@@ -54,12 +54,7 @@ def bandwidth(reps: int = 10, mib: int = 256) -> float:
     src = torch.ones(mib * 2**20 // 4)
     dst = torch.empty_like(src)
     dst.copy_(src)
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        dst.copy_(src)
-        times.append(time.perf_counter() - t)
-    return 2 * src.numel() * 4 / min(times)
+    return 2 * src.numel() * 4 / min(time_calls(lambda: dst.copy_(src), reps))
 
 
 def matmul_rate(reps: int = 5, n: int = 2048) -> float:
@@ -68,12 +63,7 @@ def matmul_rate(reps: int = 5, n: int = 2048) -> float:
 
     a, b = torch.randn(n, n), torch.randn(n, n)
     a @ b
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        a @ b
-        times.append(time.perf_counter() - t)
-    return 2 * n**3 / min(times)
+    return 2 * n**3 / min(time_calls(lambda: a @ b, reps))
 
 
 def min_flops(block: str, nodes: int, edges: int, channels: int, edge_dim: int = 8):
@@ -120,13 +110,12 @@ def measure(block_name: str, nodes: int, edges: int, channels: int, hidden: int,
 
 def _measure(block_name: str, nodes: int, edges: int, channels: int, hidden: int, reps: int):
     import torch
-    from bench_memory import build_graph  # the same generated, destination-sorted graph
 
     from revgnn.nn import LinearEdgeFeatures
     from revgnn.nn.gen_max import gen_max_aggregate
 
     torch.manual_seed(0)
-    ei, raw = build_graph(nodes, edges)
+    ei, raw = destination_sorted_graph(nodes, edges)
     shared = torch.nn.Linear(8, hidden)
     block = make(block_name, channels, hidden)
     x = torch.randn(nodes, channels)
@@ -153,16 +142,7 @@ def _measure(block_name: str, nodes: int, edges: int, channels: int, hidden: int
         out = call(xr)
         torch.autograd.grad(out, [xr, *params], torch.ones_like(out), allow_unused=True)
 
-    def timed(fn):
-        fn()
-        ts = []
-        for _ in range(reps):
-            t = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t)
-        return statistics.median(ts)
-
-    f, fb = timed(fwd), timed(fwd_bwd)
+    f, fb = (median_after(time_calls(fn, reps + 1)) for fn in (fwd, fwd_bwd))
     node_bytes = nodes * channels * 4
     edge_in = edges * 8 * 4 if uses_edges else 0
     index = edges * 8 + (nodes + 1) * 8
@@ -221,22 +201,29 @@ def main() -> None:
         f"({torch.get_num_threads()} threads); block width {args.channels}, edge embedding "
         f"{args.hidden} (factored from 8-d)",
         "",
-        "| graph | block | fwd ms | fwd+bwd ms | min MB moved | bandwidth bound ms | x bandwidth bound "
-        "| min GFLOP | compute bound ms | x roofline |",
-        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in rows:
+
+    def cells(r):
         compute = r["compute_bound_s"]
         flops = (
-            f"{r['min_flops_fwd_bwd'] / 1e9:.2f} | {compute * 1e3:.2f} | {r['roofline_x']:.1f}"
+            [f"{r['min_flops_fwd_bwd'] / 1e9:.2f}", f"{compute * 1e3:.2f}", f"{r['roofline_x']:.1f}"]
             if compute
-            else "- | - | -"
+            else ["-", "-", "-"]
         )
-        lines.append(
-            f"| {r['graph']} | {r['block']} | {r['fwd_s'] * 1e3:.1f} | {r['fwd_bwd_s'] * 1e3:.1f} "
-            f"| {r['min_bytes_fwd_bwd'] / 2**20:.0f} | {r['bandwidth_bound_s'] * 1e3:.2f} "
-            f"| {r['bound_x']:.1f} | {flops} |"
-        )
+        return [
+            r["graph"],
+            r["block"],
+            f"{r['fwd_s'] * 1e3:.1f}",
+            f"{r['fwd_bwd_s'] * 1e3:.1f}",
+            f"{r['min_bytes_fwd_bwd'] / 2**20:.0f}",
+            f"{r['bandwidth_bound_s'] * 1e3:.2f}",
+            f"{r['bound_x']:.1f}",
+            *flops,
+        ]
+
+    header = ["graph", "block", "fwd ms", "fwd+bwd ms", "min MB moved", "bandwidth bound ms"]
+    header += ["x bandwidth bound", "min GFLOP", "compute bound ms", "x roofline"]
+    lines += markdown_table(header, map(cells, rows))
     by = {(r["graph"], r["block"]): r for r in rows}
     for graph in args.graphs.split(","):
         for a, b, what in (

@@ -29,26 +29,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
+from benchlib import (
+    ChildFailed,
+    child_env,
+    destination_sorted_graph,
+    markdown_table,
+    median_after,
+    run_child,
+    time_calls,
+)
+
 IMPLS = ("revgnn", "pyg", "plain")
-
-
-def build_graph(nodes: int, edges: int, seed: int = 0):
-    import torch
-    from torch_geometric import EdgeIndex
-
-    g = torch.Generator().manual_seed(seed)
-    edge_index = torch.randint(0, nodes, (2, edges), generator=g)
-    edge_attr = torch.rand(edges, 8, generator=g)
-    perm = (edge_index[1] * nodes + edge_index[0]).argsort()  # sort by destination (CSC)
-    edge_index, edge_attr = edge_index[:, perm], edge_attr[perm]
-    edge_index = EdgeIndex(edge_index, sparse_size=(nodes, nodes), sort_order="col")
-    return edge_index, edge_attr
 
 
 def build_stack(impl: str, depth: int, channels: int):
@@ -78,7 +72,7 @@ def child(args) -> None:
     from revgnn.utils import SavedTensorBytes, peak_rss_bytes
     from revgnn.utils.launch import allocator
 
-    edge_index, edge_attr = build_graph(args.nodes, args.edges)
+    edge_index, edge_attr = destination_sorted_graph(args.nodes, args.edges)
     stack = build_stack(args.impl, args.depth, args.channels)
     dropout = SharedDropout(0.1)
     x0 = torch.randn(args.nodes, args.channels)
@@ -102,25 +96,19 @@ def child(args) -> None:
             p.grad = None
         return saved.bytes
 
-    t = time.perf_counter()
-    saved_bytes = step(count_saved=True)  # also the warm-up
-    times = [time.perf_counter() - t]
-    for _ in range(args.reps):
-        t = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t)
-    if len(times) > 1:  # drop the warm-up unless it is the only step (very deep stacks)
-        times = times[1:]
+    saved = []
+    times = time_calls(lambda: saved.append(step(count_saved=True)), 1)  # also the warm-up
+    times += time_calls(step, args.reps)
     print(
         json.dumps(
             dict(
                 impl=args.impl,
                 depth=args.depth,
                 allocator=allocator(),
-                saved_bytes=saved_bytes,
+                saved_bytes=saved[0],
                 peak_rss=peak_rss_bytes(),
                 setup_rss=setup_rss,
-                step_s=statistics.median(times),
+                step_s=median_after(times),
                 param_bytes=sum(p.numel() * p.element_size() for p in stack.parameters()),
                 threads=torch.get_num_threads(),
             )
@@ -136,7 +124,7 @@ def drift(args) -> None:
 
     from revgnn.nn import Shared
 
-    edge_index, edge_attr = build_graph(args.nodes, args.edges)
+    edge_index, edge_attr = destination_sorted_graph(args.nodes, args.edges)
     results = []
     for depth in args.drift_depths:
         stack = build_stack("revgnn", depth, args.channels).eval()
@@ -195,10 +183,12 @@ def bf16_grad_error(stack, x, edge_index, edge_attr) -> float:
     return ((grads[0] - grads[1]).norm() / grads[1].norm()).item()
 
 
+def _graph_args(args) -> list:
+    """The graph's and stack's sizes, for a child's command line."""
+    return ["--nodes", args.nodes, "--edges", args.edges, "--channels", args.channels]
+
+
 def spawn(args, impl: str, depth: int, alloc: str) -> dict:
-    env = dict(os.environ, REVGNN_ALLOCATOR=alloc)
-    env.pop("LD_PRELOAD", None) if alloc == "system" else None
-    env.pop("_REVGNN_REEXEC", None)
     cmd = [
         sys.executable,
         __file__,
@@ -207,19 +197,14 @@ def spawn(args, impl: str, depth: int, alloc: str) -> dict:
         impl,
         "--depth",
         str(depth),
-        "--nodes",
-        str(args.nodes),
-        "--edges",
-        str(args.edges),
-        "--channels",
-        str(args.channels),
+        *_graph_args(args),
         "--reps",
         str(args.reps if depth < 512 else 0),
     ]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if out.returncode != 0:
-        return dict(impl=impl, depth=depth, allocator=alloc, error=out.stderr.strip()[-300:])
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    try:
+        return run_child(cmd, child_env(alloc))[-1]
+    except ChildFailed as e:
+        return dict(impl=impl, depth=depth, allocator=alloc, error=e.stderr.strip()[-300:])
 
 
 def main() -> None:
@@ -282,29 +267,22 @@ def main() -> None:
                     plain_per_layer = row["saved_bytes"] / depth
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    env = dict(os.environ)
-    env.pop("_REVGNN_REEXEC", None)
-    drift_out = subprocess.run(
-        [
-            sys.executable,
-            __file__,
-            "--drift",
-            "--nodes",
-            str(args.nodes),
-            "--edges",
-            str(args.edges),
-            "--channels",
-            str(args.channels),
-            "--drift-depths",
-            ",".join(map(str, args.drift_depths)),
-            "--grad-depth-limit",
-            str(args.grad_depth_limit),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    drift_rows = json.loads(drift_out.stdout.strip().splitlines()[-1]) if drift_out.returncode == 0 else []
+    try:
+        drift_rows = run_child(
+            [
+                sys.executable,
+                __file__,
+                "--drift",
+                *_graph_args(args),
+                "--drift-depths",
+                ",".join(map(str, args.drift_depths)),
+                "--grad-depth-limit",
+                str(args.grad_depth_limit),
+            ],
+            child_env(),
+        )[-1]
+    except ChildFailed:
+        drift_rows = []
     report(rows, drift_rows, args)
 
 
@@ -318,20 +296,27 @@ def report(rows, drift_rows, args) -> None:
         f"graph: {args.nodes} nodes, {args.edges} edges, {args.channels} channels, "
         f"2 groups of GENConv-max blocks, shared dropout 0.1",
         "",
-        "| allocator | depth | impl | saved MB | peak RSS MB | peak RSS - 2 x params MB | step s "
-        "| step / PyG | step / plain |",
-        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in ok:
+
+    def cells(r):
         pyg = get.get(("pyg", r["depth"], r["allocator"]))
         plain = get.get(("plain", r["depth"], r["allocator"]))
         ratio = lambda ref: f"{r['step_s'] / ref['step_s']:.2f}" if ref else "-"
         lean = (r["peak_rss"] - 2 * r["param_bytes"]) / 2**20 if "param_bytes" in r else float("nan")
-        lines.append(
-            f"| {r['allocator']} | {r['depth']} | {r['impl']} | {r['saved_bytes'] / 2**20:.1f} "
-            f"| {r['peak_rss'] / 2**20:.0f} | {lean:.0f} | {r['step_s']:.2f} | {ratio(pyg)} "
-            f"| {ratio(plain)} |"
-        )
+        return [
+            r["allocator"],
+            r["depth"],
+            r["impl"],
+            f"{r['saved_bytes'] / 2**20:.1f}",
+            f"{r['peak_rss'] / 2**20:.0f}",
+            f"{lean:.0f}",
+            f"{r['step_s']:.2f}",
+            ratio(pyg),
+            ratio(plain),
+        ]
+
+    header = ["allocator", "depth", "impl", "saved MB", "peak RSS MB", "peak RSS - 2 x params MB"]
+    lines += markdown_table([*header, "step s", "step / PyG", "step / plain"], map(cells, ok))
     lines.append("")
     for alloc in sorted({r["allocator"] for r in ok}):
         for impl in IMPLS:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
+
+from benchlib import median_after, time_calls
 
 
 def main() -> None:
@@ -58,15 +58,13 @@ def main() -> None:
                 p.grad.copy_(grad)
             else:
                 p.grad = grad
-        times = []
-        for rep in range(args.reps + 1):
-            start = time.perf_counter()
+
+        def step():
             if flat is not None:
                 flat.sync()
             optimizer.step()
-            if rep:
-                times.append(time.perf_counter() - start)
-        return model, statistics.median(times), len(params)
+
+        return model, median_after(time_calls(step, args.reps + 1)), len(params)
 
     ref, t_ref, n_ref = run(False)
     flat_model, t_flat, n_flat = run(True)

@@ -231,18 +231,27 @@ def _epochs(model, task, backend, cfg, barrier=None):
     return base, _rss_peak_mb(), min(times)
 
 
+def _worker_row(rank, base, peak, epoch_s, **extra):
+    """One worker's figures: its idle and peak RSS, the growth between them and its fastest epoch."""
+    return dict(
+        rank=rank,
+        base_rss_mb=base,
+        peak_rss_mb=peak,
+        peak_above_base_mb=peak - base,
+        epoch_s=epoch_s,
+        **extra,
+    )
+
+
 def _single_worker(data_path, cfg, threads):
     from revgnn.engine.backends import LocalBackend
 
     torch.set_num_threads(threads)
     task = FullGraphTask(_load_dataset(data_path))
-    base, peak, epoch_s = _epochs(_model(task.shapes, cfg), task, LocalBackend(None), cfg)
-    return dict(
-        rank=0,
-        base_rss_mb=base,
-        peak_rss_mb=peak,
-        peak_above_base_mb=peak - base,
-        epoch_s=epoch_s,
+    figures = _epochs(_model(task.shapes, cfg), task, LocalBackend(None), cfg)
+    return _worker_row(
+        0,
+        *figures,
         local_nodes=task.x.size(0),
         local_edges=task.edge_index.size(1),
         halo_rows=0,
@@ -271,13 +280,10 @@ def _sar_worker(rank, world_size, mode, part_dir, cfg):
             if type(m) is GENConv:
                 m.__class__ = naive_cls
         task.graph = NaiveGraph(graph)  # the step's edge_index input
-    base, peak, epoch_s = _epochs(model, task, backend, cfg, dist.barrier)
-    return dict(
-        rank=rank,
-        base_rss_mb=base,
-        peak_rss_mb=peak,
-        peak_above_base_mb=peak - base,
-        epoch_s=epoch_s,
+    figures = _epochs(model, task, backend, cfg, dist.barrier)
+    return _worker_row(
+        rank,
+        *figures,
         local_nodes=graph.num_local,
         local_edges=graph.num_edges,
         halo_rows=sum(graph.num_needed),
@@ -299,14 +305,7 @@ def _ddp_worker(rank, world_size, data_path, cfg):
     model = _model(task.shapes, cfg)
     broadcast_parameters(model)
     base, peak, epoch_s = _epochs(model, task, DDPBackend(None), cfg, dist.barrier)
-    return dict(
-        rank=rank,
-        base_rss_mb=base,
-        peak_rss_mb=peak,
-        peak_above_base_mb=peak - base,
-        epoch_s=epoch_s,
-        parts_per_s=cfg["ddp_parts"] / epoch_s,
-    )
+    return _worker_row(rank, base, peak, epoch_s, parts_per_s=cfg["ddp_parts"] / epoch_s)
 
 
 # ---------------------------------------------------------------------- main

@@ -32,10 +32,11 @@ import json
 import os
 import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from benchlib import destination_sorted_graph, time_calls  # noqa: E402
 
 VARIANTS = ("one_process", "sar_kernel", "sar_torch")
 
@@ -53,7 +54,6 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
 
     import torch
-    from bench_memory import build_graph  # the generated destination-sorted graph
 
     from revgnn.distributed import convs
     from revgnn.distributed.convs import convert_to_sar
@@ -67,7 +67,7 @@ def main(argv=None) -> dict:
         raise SystemExit("the gen_max kernel is not available (compiler? REVGNN_KERNELS?)")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    ei, raw = build_graph(args.nodes, args.edges)
+    ei, raw = destination_sorted_graph(args.nodes, args.edges)
     plain = ei.as_tensor()
     graph = SARGraph(build_partitions(plain, args.nodes, 1, edge_attr=raw)[0])
     x = torch.randn(args.nodes, args.channels)
@@ -97,9 +97,7 @@ def main(argv=None) -> dict:
     saved = {v: run(v) for v in args.variants}  # warm-up (kernel build, caches)
     for _ in range(args.reps):
         for v in args.variants:
-            t = time.perf_counter()
-            run(v)
-            times[v].append(time.perf_counter() - t)
+            times[v] += time_calls(lambda: run(v), 1)
     med = {v: statistics.median(ts) for v, ts in times.items()}
     base = med.get("one_process", next(iter(med.values())))
     print(

@@ -19,23 +19,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
-
-def proteins_subgraph(nodes: int, edges: int, device, seed: int = 0):
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    src = torch.randint(0, nodes, (edges // 2,), generator=g)
-    dst = torch.randint(0, nodes, (edges // 2,), generator=g)
-    edge_index = torch.stack([torch.cat([src, dst]), torch.cat([dst, src])])  # undirected
-    edge_attr = torch.rand(edges // 2, 8, generator=g).repeat(2, 1)
-    species = torch.nn.functional.one_hot(torch.randint(0, 8, (nodes,), generator=g), 8).float()
-    edge_sum = torch.zeros(nodes, 8).index_add_(0, edge_index[1], edge_attr)
-    x = torch.cat([edge_sum, species], dim=-1)
-    y = (torch.rand(nodes, 112, generator=g) < 0.2).float()
-    return [t.to(device) for t in (x, edge_index, edge_attr, y)]
+from benchlib import median_after, proteins_subgraph, time_calls
 
 
 def main() -> None:
@@ -82,24 +67,19 @@ def main() -> None:
     )
     loss_fn = torch.nn.BCEWithLogitsLoss()
 
-    def step() -> float:
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
+    def step() -> None:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
             out = model(x, edge_index, edge_attr)
         loss = loss_fn(out.float(), y)
         loss.backward()
         optimizer_step(optimizer, flat, max_norm=1.0)  # as revgnn-train: sync, clip, update, clear
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        return time.perf_counter() - start
 
+    sync = torch.cuda.synchronize if device.type == "cuda" else None
     model.train()
-    warmup = step()
+    (warmup,) = time_calls(step, 1, sync)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    times = [step() for _ in range(args.steps)] or [warmup]
+    times = [warmup] + time_calls(step, args.steps, sync)
     depth = getattr(model, "num_layers", None)
     result = dict(
         model=args.model,
@@ -111,7 +91,7 @@ def main() -> None:
         bf16=args.bf16,
         quantize=args.quantize,
         flat_params=flat is not None,
-        step_s=statistics.median(times),
+        step_s=median_after(times),
         warmup_s=warmup,
         threads=torch.get_num_threads(),
     )

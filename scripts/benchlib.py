@@ -1,0 +1,165 @@
+"""What the benchmark scripts share: generated graphs, median timing, one child process per measured
+row, and markdown tables.
+
+Import it from a script in this directory (``from benchlib import median_after, time_calls``): Python
+puts a script's own directory on ``sys.path``. torch and PyG are imported inside the functions, so a
+script's ``--help`` stays fast.
+
+* Graphs: :func:`destination_sorted_graph` (random edges sorted by destination, with 8-d edge features:
+  the conv and reversible-stack benchmarks) and :func:`proteins_subgraph` (one step's sub-graph of the
+  ogbn-proteins recipe, node features and labels included: the training-step benchmarks).
+* Timing: :func:`time_calls` times each call (synchronising the device where asked);
+  :func:`median_after` takes the median after the warm-up.
+* Child processes: every measured row can run in a fresh interpreter, so that peak RSS, allocator and
+  OpenMP settings belong to that row alone. :func:`child_env` prepares its environment,
+  :func:`run_child` runs it and returns the JSON lines it printed (the last one is the row).
+* Tables: :func:`markdown_table`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import time
+from typing import Callable, Dict, Iterable, List, Optional, Sequence
+
+__all__ = [
+    "destination_sorted_graph",
+    "proteins_subgraph",
+    "time_calls",
+    "median_after",
+    "child_env",
+    "run_child",
+    "ChildFailed",
+    "markdown_table",
+]
+
+
+def destination_sorted_graph(nodes: int, edges: int, seed: int = 0, edge_channels: int = 8):
+    """``edges`` uniformly random directed edges over ``nodes`` nodes (self loops and parallel edges
+    allowed), sorted by destination then source and returned as a PyG ``EdgeIndex`` (``sort_order="col"``,
+    the fast aggregation path), with ``[edges, edge_channels]`` uniform edge features in the same order.
+    """
+    import torch
+    from torch_geometric import EdgeIndex
+
+    g = torch.Generator().manual_seed(seed)
+    edge_index = torch.randint(0, nodes, (2, edges), generator=g)
+    edge_attr = torch.rand(edges, edge_channels, generator=g)
+    perm = (edge_index[1] * nodes + edge_index[0]).argsort()
+    edge_index, edge_attr = edge_index[:, perm], edge_attr[perm]
+    edge_index = EdgeIndex(edge_index, sparse_size=(nodes, nodes), sort_order="col")
+    return edge_index, edge_attr
+
+
+def proteins_subgraph(nodes: int, edges: int, device, seed: int = 0):
+    """A random undirected graph shaped like one step of the ogbn-proteins recipe (a tenth of the graph:
+    about 13.2k nodes and 790k directed edges): ``edges / 2`` random pairs stored in both directions
+    with shared 8-d edge features, node input = per-node sum of the incoming edge features ‖ an 8-way
+    species one-hot, 112 binary labels (20 % positive). Returns ``[x, edge_index, edge_attr, y]`` on
+    ``device``."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(0, nodes, (edges // 2,), generator=g)
+    dst = torch.randint(0, nodes, (edges // 2,), generator=g)
+    edge_index = torch.stack([torch.cat([src, dst]), torch.cat([dst, src])])
+    edge_attr = torch.rand(edges // 2, 8, generator=g).repeat(2, 1)
+    species = torch.nn.functional.one_hot(torch.randint(0, 8, (nodes,), generator=g), 8).float()
+    edge_sum = torch.zeros(nodes, 8).index_add_(0, edge_index[1], edge_attr)
+    x = torch.cat([edge_sum, species], dim=-1)
+    y = (torch.rand(nodes, 112, generator=g) < 0.2).float()
+    return [t.to(device) for t in (x, edge_index, edge_attr, y)]
+
+
+def time_calls(
+    fn: Callable[[], object], calls: int, sync: Optional[Callable[[], None]] = None
+) -> List[float]:
+    """Wall-clock seconds of each of ``calls`` calls of ``fn``; ``sync`` (e.g.
+    ``torch.cuda.synchronize``) runs before the clock starts and before it stops, so that queued
+    device work is counted in the call that queued it."""
+    times = []
+    for _ in range(calls):
+        if sync is not None:
+            sync()
+        start = time.perf_counter()
+        fn()
+        if sync is not None:
+            sync()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def median_after(times: Sequence[float], warmup: int = 1) -> float:
+    """The median of ``times`` without the first ``warmup`` (kernel builds, allocator and cache
+    warm-up), or of all of them when nothing would be left (a run too slow for more than one call)."""
+    return statistics.median(list(times[warmup:]) or list(times))
+
+
+def child_env(allocator: Optional[str] = None, strip: Iterable[str] = (), **extra: str) -> Dict[str, str]:
+    """The environment for a measured child process: this process's, without the keys in ``strip`` and
+    without the launcher's re-execution marker (so that the child's entry point picks its allocator and
+    OpenMP settings itself, as a user's run does), then ``extra``.
+
+    Args:
+        allocator (str, optional): ``"system"``: glibc malloc (``REVGNN_ALLOCATOR=system``, no
+            ``LD_PRELOAD``); any other value: the entry points' default (tcmalloc when installed;
+            ``REVGNN_ALLOCATOR`` unset); :obj:`None`: as inherited. (default: :obj:`None`)
+        strip (Iterable[str]): Variables not to hand down. (default: none)
+        **extra (str): Variables to set.
+    """
+    env = {k: v for k, v in os.environ.items() if k not in set(strip) | {"_REVGNN_REEXEC"}}
+    if allocator == "system":
+        env["REVGNN_ALLOCATOR"] = "system"
+        env.pop("LD_PRELOAD", None)
+    elif allocator is not None:
+        env.pop("REVGNN_ALLOCATOR", None)
+    env.update(extra)
+    return env
+
+
+class ChildFailed(RuntimeError):
+    """A measured child process exited with an error; ``returncode`` and ``stderr`` say how."""
+
+    def __init__(self, cmd: Sequence[str], returncode: int, stderr: str):
+        self.returncode, self.stderr = returncode, stderr
+        super().__init__(f"{' '.join(map(str, cmd[:3]))} ... failed ({returncode}): {stderr[-2000:]}")
+
+
+def run_child(
+    cmd: Sequence[str],
+    env: Optional[Dict[str, str]] = None,
+    cwd: Optional[str] = None,
+    timeout: Optional[float] = None,
+) -> list:
+    """Runs ``cmd`` (e.g. ``[sys.executable, __file__, "--child", ...]``) to completion and returns the
+    JSON values it printed: every stdout line that parses as a JSON object or array (log lines do
+    not); a row's child prints its row last. Raises :class:`ChildFailed` on a non-zero exit and
+    ``subprocess.TimeoutExpired`` after ``timeout`` seconds."""
+    proc = subprocess.run(
+        [str(c) for c in cmd], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
+    if proc.returncode != 0:
+        raise ChildFailed(cmd, proc.returncode, proc.stderr)
+    values = []
+    for line in proc.stdout.splitlines():
+        if line.startswith(("{", "[")):
+            try:
+                values.append(json.loads(line))
+            except json.JSONDecodeError:  # e.g. a "[time][logger][INFO] ..." log line
+                continue
+    return values
+
+
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[object]], align: str = "") -> List[str]:
+    """The lines of a markdown table: ``| a | b |`` for ``header`` and each row (cells already
+    formatted, or ``str()`` of them), under a rule of ``---`` per column, or ``---:`` for a column whose
+    letter in ``align`` is ``r`` (``align="lrr"``: left, right, right; missing letters are left)."""
+    rule = ["---:" if align[i : i + 1] == "r" else "---" for i in range(len(header))]
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join(rule) + "|",
+        *("| " + " | ".join(str(c) for c in row) + " |" for row in rows),
+    ]

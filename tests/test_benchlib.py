@@ -1,0 +1,71 @@
+"""The benchmark scripts' shared machinery (``scripts/benchlib.py``): the parts whose results do not
+depend on timing."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "scripts"))
+import benchlib  # noqa: E402
+
+
+def test_destination_sorted_graph_is_sorted_seeded_and_aligned():
+    ei, attr = benchlib.destination_sorted_graph(50, 400, seed=3, edge_channels=4)
+    plain = ei.as_tensor()
+    key = plain[1] * 50 + plain[0]
+    assert plain.shape == (2, 400) and attr.shape == (400, 4) and bool((key[1:] >= key[:-1]).all())
+    again, attr2 = benchlib.destination_sorted_graph(50, 400, seed=3, edge_channels=4)
+    assert torch.equal(again.as_tensor(), plain) and torch.equal(attr2, attr)
+    # the features travel with their edges: the unsorted draw, permuted the same way, gives them back
+    g = torch.Generator().manual_seed(3)
+    raw_ei, raw_attr = torch.randint(0, 50, (2, 400), generator=g), torch.rand(400, 4, generator=g)
+    perm = (raw_ei[1] * 50 + raw_ei[0]).argsort()
+    assert torch.equal(raw_ei[:, perm], plain) and torch.equal(raw_attr[perm], attr)
+
+
+def test_proteins_subgraph_has_the_recipes_schema():
+    x, ei, ea, y = benchlib.proteins_subgraph(30, 200, "cpu")
+    assert x.shape == (30, 16) and ei.shape == (2, 200) and ea.shape == (200, 8) and y.shape == (30, 112)
+    assert torch.equal(ei[:, :100], ei[:, 100:].flip(0)) and torch.equal(ea[:100], ea[100:])
+    assert torch.allclose(x[:, :8], torch.zeros(30, 8).index_add_(0, ei[1], ea))
+    assert torch.equal(x[:, 8:].sum(1), torch.ones(30))
+
+
+def test_time_calls_counts_calls_and_syncs_and_median_skips_the_warmup():
+    calls, syncs = [], []
+    times = benchlib.time_calls(lambda: calls.append(1), 3, sync=lambda: syncs.append(1))
+    assert len(times) == 3 and len(calls) == 3 and len(syncs) == 6 and all(t >= 0 for t in times)
+    assert benchlib.median_after([100.0, 1.0, 3.0, 2.0]) == 2.0
+    assert benchlib.median_after([5.0]) == 5.0  # only the warm-up: it is the figure
+    assert benchlib.median_after([9.0, 1.0, 2.0], warmup=2) == 2.0
+
+
+def test_child_env(monkeypatch):
+    monkeypatch.setenv("_REVGNN_REEXEC", "1")
+    monkeypatch.setenv("LD_PRELOAD", "libtcmalloc.so")
+    monkeypatch.setenv("REVGNN_ALLOCATOR", "system")
+    monkeypatch.setenv("GOMP_SPINCOUNT", "5")
+    env = benchlib.child_env("system", strip=["GOMP_SPINCOUNT"], OMP_NUM_THREADS="1")
+    assert "_REVGNN_REEXEC" not in env and "LD_PRELOAD" not in env and "GOMP_SPINCOUNT" not in env
+    assert env["REVGNN_ALLOCATOR"] == "system" and env["OMP_NUM_THREADS"] == "1"
+    default = benchlib.child_env("default")
+    assert "REVGNN_ALLOCATOR" not in default and default["LD_PRELOAD"] == "libtcmalloc.so"
+    assert benchlib.child_env()["REVGNN_ALLOCATOR"] == "system"  # None: as inherited
+
+
+def test_run_child_returns_the_json_lines_and_raises_on_failure():
+    code = "print('[12:00][log][INFO] started'); print('{\"a\": 1}'); print('not json'); print('[2, 3]')"
+    assert benchlib.run_child([sys.executable, "-c", code]) == [{"a": 1}, [2, 3]]
+    with pytest.raises(benchlib.ChildFailed, match=r"failed \(3\): .*boom") as err:
+        benchlib.run_child([sys.executable, "-c", "import sys; sys.stderr.write('boom'); sys.exit(3)"])
+    assert err.value.returncode == 3 and err.value.stderr == "boom"
+    with pytest.raises(subprocess.TimeoutExpired):
+        benchlib.run_child([sys.executable, "-c", "import time; time.sleep(30)"], timeout=0.5)
+
+
+def test_markdown_table():
+    lines = benchlib.markdown_table(["a", "b", "c"], [[1, "x", ""], ["2", 3.5, "y"]], align="lr")
+    assert lines == ["| a | b | c |", "|---|---:|---|", "| 1 | x |  |", "| 2 | 3.5 | y |"]
