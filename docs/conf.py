@@ -6,6 +6,7 @@ intersphinx inventories), so the site builds offline.
 """
 
 import importlib
+import inspect
 import os
 import sys
 
@@ -13,6 +14,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, ROOT)
 
 from sphinx.util import logging  # noqa: E402
+from sphinx.util.inspect import stringify_signature  # noqa: E402
 
 import revgnn  # noqa: E402
 
@@ -50,7 +52,6 @@ autodoc_default_options = {
     "member-order": "bysource",
 }
 autodoc_typehints = "description"
-autodoc_class_signature = "separated"
 autoclass_content = "class"
 # torch.autograd.Function.forward and friends: their docstrings describe torch, not these classes
 autodoc_inherit_docstrings = False
@@ -115,6 +116,27 @@ def _resolve_reexport(app, env, node, contnode):
     )
 
 
+# ---- Class signatures ----
+def _constructor_signature(app, what, name, obj, options, signature, return_annotation):
+    """Shows a class's constructor arguments where a base class defines a generic ``__new__``.
+
+    ``InvertibleModule.__new__(cls, *args, **kwargs)`` (it checks the subclass's contract) comes first
+    in autodoc's search, which would show every invertible block as ``(*args, **kwargs)``; Python's
+    own :func:`inspect.signature` takes the ``__init__`` or ``__new__`` nearest in the MRO instead.
+    """
+    if what != "class" or signature != "(*args, **kwargs)":
+        return None
+    try:
+        sig = inspect.signature(obj)
+        if "__new__" in vars(obj) and "__init__" in vars(obj):  # both in one class: __init__'s arguments
+            init = inspect.signature(obj.__init__)
+            sig = init.replace(parameters=list(init.parameters.values())[1:])
+    except (TypeError, ValueError):
+        return None
+    text = stringify_signature(sig, show_annotation=False)
+    return (text, return_annotation) if text != signature else None
+
+
 # ---- Benchmark tables ----
 def _title_bench_tables(app, docname, source):
     """Gives a page under docs/bench/ without a heading its file name as title (in memory only).
@@ -129,3 +151,4 @@ def _title_bench_tables(app, docname, source):
 def setup(app):
     app.connect("source-read", _title_bench_tables)
     app.connect("missing-reference", _resolve_reexport)
+    app.connect("autodoc-process-signature", _constructor_signature)
