@@ -269,3 +269,42 @@ def test_official_protocol_resumes_exactly(tmp_path, fast_scores):
     strip = lambda hist: [{k: v for k, v in r.items() if k not in timing} for r in hist]  # noqa: E731
     assert strip(a["history"]) == strip(b["history"])
     assert full["checkpoint_test"] == resumed["checkpoint_test"] is not None
+
+
+def test_reproduce_table_has_the_final_test_column_with_the_paper_number():
+    from revgnn.cli import reproduce
+
+    def summary(seed, test):
+        return {
+            "seed": seed,
+            "epochs": 2000,
+            "best_epoch": 1500,
+            "highest_valid": 0.9,
+            "final_test": 0.87,
+            "checkpoint_test": {
+                "epoch": 1500,
+                "views": 10,
+                "parts": 3,
+                "train": 0.95,
+                "valid": 0.91,
+                "test": test,
+            },
+            "metric": "rocauc",
+            "num_parameters": 20031384,
+            "peak_memory_mb": 1000.0,
+            "epoch_time_s": 40.0,
+            "device": "cuda",
+        }
+
+    table = reproduce.format_table("proteins_revgnn_deep", [summary(0, 0.88), summary(1, 0.87)], [], 2000)
+    lines = table.splitlines()
+    header = next(line for line in lines if line.startswith("| | valid"))
+    assert "| valid | test | test of best.pt (10 × 3 views) | #params |" in header
+    ours = next(line for line in lines if line.startswith("| this run |"))
+    assert "| 90.00 ± 0.00 | 87.00 ± 0.00 | 87.50 ± 0.71 | 20,031,384 |" in ours
+    paper = next(line for line in lines if line.startswith("| paper"))
+    assert [c.strip() for c in paper.split("|")[2:5]] == ["", "", "87.74 ± 0.13"]
+    assert "0: 90.00 / 87.00 / 1500 / 88.00" in table
+    mixed = [summary(0, 0.88), {**summary(1, 0.87), "checkpoint_test": None}]
+    with pytest.raises(ValueError, match="some seeds ran the final test"):
+        reproduce.format_table("proteins_revgnn_deep", mixed, [], 2000)

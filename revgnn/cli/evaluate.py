@@ -63,7 +63,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     model.to(args.device)
     cfg.trainer.eval_views = views = args.views or cfg.trainer.eval_views
     cfg.trainer.eval_parts = parts = args.parts or cfg.trainer.eval_parts
-    seed = args.seed if args.seed is not None else seed_stream(cfg.seed, ckpt["epoch"], 1)
+    # the views training scored this checkpoint on: fixed ones are drawn from the run's seed alone
+    view_epoch = 0 if cfg.trainer.get("fixed_eval_views") else ckpt["epoch"]
+    seed = args.seed if args.seed is not None else seed_stream(cfg.seed, view_epoch, 1)
     task = make_task(ds, cfg.trainer)  # node level: multi-view inference; graph level: batched graphs
     scores = task.evaluate(model, torch.Generator().manual_seed(seed), args.device)
     print(

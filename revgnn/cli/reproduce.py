@@ -11,8 +11,9 @@ one after the other, writing into ``<out>/seed_<s>``. With ``--launcher L`` the 
 sweep, ``revgnn.train -m hydra/launcher=L seed=0,...,n-1`` into ``<out>/sweep/<time>/``: ``submitit_slurm``
 submits one SLURM job per seed (``hydra.launcher.*`` overrides set partition, GPUs, time limit...),
 ``submitit_local`` runs them as local processes (both need ``pip install "revgnn[cluster]"``). Either way
-each job's ``summary.json`` (best validation and the test score at that epoch) feeds the table: mean ±
-unbiased standard deviation over seeds, parameters, peak memory and time per epoch.
+each job's ``summary.json`` (best validation, the test score at that epoch and, for experiments with
+``trainer.test_views``, the final multi-view test of ``best.pt``, the column the paper's number sits in)
+feeds the table: mean ± unbiased standard deviation over seeds, parameters, peak memory and time per epoch.
 
 A run that trained fewer epochs than the experiment's recipe (``trainer.epochs=...`` among the
 overrides, or ``--smoke``) says so in the table's title and beside each of its numbers.
@@ -88,6 +89,8 @@ def _smoke_overrides(experiment: str, data_root: str) -> List[str]:
         "trainer.eval_every=1",
         "logger.progress_bar=false",
     ]
+    if cfg.trainer.test_views is not None:  # the final test of best.pt, shrunk like the evaluation
+        out += ["trainer.test_views=2", "trainer.test_parts=2"]
     from revgnn.models import model_arguments
 
     arguments = model_arguments(cfg.model.name)
@@ -129,6 +132,19 @@ def format_table(
         title = f"# {experiment}"
     valid = _mean_std([100 * s["highest_valid"] for s in summaries])
     test = _mean_std([100 * s["final_test"] for s in summaries])
+    # the final test of best.pt (trainer.test_views), a column of its own when the runs have it
+    tested = [s.get("checkpoint_test") for s in summaries]
+    if any(t is None for t in tested) and not all(t is None for t in tested):
+        raise ValueError(
+            "some seeds ran the final test of best.pt and others did not: one table needs one protocol"
+        )
+    final = tested[0] is not None
+    if final:
+        protocols = {(t["views"], t["parts"]) for t in tested}
+        if len(protocols) > 1:
+            raise ValueError(f"the seeds' final tests used different views x parts: {sorted(protocols)}")
+        ((views, parts),) = protocols
+        checkpoint = _mean_std([100 * t["test"] for t in tested])
     params = summaries[0]["num_parameters"]
     memory = max(s["peak_memory_mb"] for s in summaries)
     epoch_time = statistics.mean(s["epoch_time_s"] for s in summaries)
@@ -139,6 +155,8 @@ def format_table(
         entry = (
             f"{s['seed']}: {100 * s['highest_valid']:.2f} / {100 * s['final_test']:.2f} / {s['best_epoch']}"
         )
+        if final:
+            entry += f" / {100 * s['checkpoint_test']['test']:.2f}"
         if short:
             entry += f" ({'smoke, ' if smoke else ''}{int(s['epochs'])} of {recipe} epochs)"
         return entry
@@ -152,15 +170,24 @@ def format_table(
     ]
     if runs:
         lines.append(f"Runs: `{runs}`.")
+    # valid and test: the selection evaluation at the best epoch; with a final test, the paper's number
+    # (the official test.py's multi-view test of the saved best model) sits in its column
+    head = ["valid", "test"] + ([f"test of best.pt ({views} × {parts} views)"] if final else [])
+    ours = [f"{valid[0]:.2f} ± {valid[1]:.2f}{tag}", f"{test[0]:.2f} ± {test[1]:.2f}{tag}"]
+    ours += [f"{checkpoint[0]:.2f} ± {checkpoint[1]:.2f}{tag}"] if final else []
+    theirs = ["", "", paper] if final else ["", paper]
+    rest = ["#params", "peak memory (MB, " + device + ")", "time / epoch (s)"]
     lines += [
         "",
-        "| | valid | test | #params | peak memory (MB, " + device + ") | time / epoch (s) |",
-        "|---|---|---|---|---|---|",
-        f"| this run | {valid[0]:.2f} ± {valid[1]:.2f}{tag} | {test[0]:.2f} ± {test[1]:.2f}{tag} | "
-        f"{params:,}{tag} | {memory:.0f}{tag} | {epoch_time:.2f}{tag} |",
-        f"| paper ({label}) | | {paper} | | | |",
+        "| | " + " | ".join(head + rest) + " |",
+        "|---" * (1 + len(head) + len(rest)) + "|",
+        "| this run | "
+        + " | ".join(ours + [f"{params:,}{tag}", f"{memory:.0f}{tag}", f"{epoch_time:.2f}{tag}"])
+        + " |",
+        f"| paper ({label}) | " + " | ".join(theirs + ["", "", ""]) + " |",
         "",
-        "Per seed (valid / test / best epoch): " + ", ".join(seed_entry(s) for s in summaries),
+        f"Per seed (valid / test / best epoch{' / test of best.pt' if final else ''}): "
+        + ", ".join(seed_entry(s) for s in summaries),
         "",
     ]
     return "\n".join(lines)
