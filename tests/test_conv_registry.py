@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from conftest import rel_err
 from torch_geometric.nn import GraphConv
 
 from revgnn.distributed.convs import SAR_CONVS, convert_to_sar, sar_unsupported
@@ -23,10 +24,6 @@ from revgnn.nn import (
 )
 
 N, E, C, F_EDGE = 30, 120, 4, 3
-
-
-def rel_err(a, b):
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item()
 
 
 @pytest.fixture
