@@ -308,3 +308,50 @@ def test_reproduce_table_has_the_final_test_column_with_the_paper_number():
     mixed = [summary(0, 0.88), {**summary(1, 0.87), "checkpoint_test": None}]
     with pytest.raises(ValueError, match="some seeds ran the final test"):
         reproduce.format_table("proteins_revgnn_deep", mixed, [], 2000)
+
+
+# ---- duplicate edges --------------------------------------------------------------------------------
+
+
+def test_loader_reports_duplicate_edges_and_merges_them_as_the_official_adjacency(tmp_path, caplog):
+    """A fake ogbn-proteins whose edge file repeats 5 edges with other features: the loader counts
+    them; merge keeps one edge per pair with the last copy's features; node features sum all copies."""
+    import logging
+    import os
+    import shutil
+
+    import numpy as np
+    import pandas as pd
+
+    from revgnn.data.ogbn import duplicate_edge_copies, load_ogbn
+    from revgnn.testing.fake_ogb import write_fake_ogbn
+
+    path = write_fake_ogbn(str(tmp_path / "clean"), "ogbn-proteins", num_nodes=40, avg_degree=4)
+    clean = load_ogbn("ogbn-proteins", str(tmp_path / "clean"))
+    base, _ = duplicate_edge_copies(clean.edge_index, clean.num_nodes)  # random pairs may repeat
+
+    raw = os.path.join(path, "raw")
+    read = lambda f: pd.read_csv(os.path.join(raw, f), header=None).values  # noqa: E731
+    write = lambda f, a: pd.DataFrame(np.asarray(a)).to_csv(  # noqa: E731
+        os.path.join(raw, f), header=False, index=False, compression="gzip"
+    )
+    edges, feats = read("edge.csv.gz"), read("edge-feat.csv.gz")
+    write("edge.csv.gz", np.concatenate([edges, edges[:5]]))
+    write("edge-feat.csv.gz", np.concatenate([feats, feats[:5] + 1.0]))
+    write("num-edge-list.csv.gz", [len(edges) + 5])
+    shutil.rmtree(os.path.join(path, "processed"))
+    with caplog.at_level(logging.INFO, logger="revgnn.data.ogbn"):
+        kept = load_ogbn("ogbn-proteins", str(tmp_path / "clean"))
+    count, _ = duplicate_edge_copies(kept.edge_index, kept.num_nodes)
+    assert count == base + 10  # 5 repeated edges, each in both directions (OGB adds the inverses)
+    assert f"{count} of {kept.edge_index.size(1)} edges repeat" in caplog.text
+    merged = load_ogbn("ogbn-proteins", str(tmp_path / "clean"), duplicate_edges="merge")
+    assert merged.edge_index.size(1) == kept.edge_index.size(1) - count
+    assert duplicate_edge_copies(merged.edge_index, merged.num_nodes)[0] == 0
+    # the features of a merged edge: its last copy's (the +1.0 one); node features from every copy
+    pairs = {tuple(e): a for e, a in zip(merged.edge_index.t().tolist(), merged.edge_attr.tolist())}
+    src, dst = (int(v) for v in edges[0])
+    assert pairs[(src, dst)] == pytest.approx((feats[0] + 1.0).tolist(), abs=1e-6)
+    assert torch.equal(merged.x, kept.x) and not torch.equal(kept.x, clean.x)
+    with pytest.raises(ValueError, match="duplicate_edges must be one of keep, merge, got 'drop'"):
+        load_ogbn("ogbn-proteins", str(tmp_path / "clean"), duplicate_edges="drop")

@@ -31,10 +31,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict
 
 if TYPE_CHECKING:
-
     from revgnn.data.node_dataset import NodeDataset
 
-__all__ = ["load_ogbn", "OGBN_SPECS", "OGBN_DATASETS", "OgbnSpec", "ogb_safe_globals"]
+__all__ = [
+    "load_ogbn",
+    "OGBN_SPECS",
+    "OGBN_DATASETS",
+    "OgbnSpec",
+    "ogb_safe_globals",
+    "DUPLICATE_EDGES",
+    "duplicate_edge_copies",
+]
 
 log = logging.getLogger(__name__)
 
@@ -259,7 +266,7 @@ def _proteins_features(path: str, data) -> Dict[str, Any]:
     num_nodes = data.num_nodes
     edge_index, edge_attr = data.edge_index, data.edge_attr.float()
     key = edge_index[1] * num_nodes + edge_index[0]
-    perm = torch.sort(key).indices
+    perm = torch.sort(key, stable=True).indices  # copies of an edge keep the file's order
     edge_index, edge_attr = edge_index[:, perm].contiguous(), edge_attr[perm].contiguous()
     one_hot, _ = species_one_hot(data.node_species)
     x = torch.cat([sum_edge_features(edge_index, edge_attr, num_nodes), one_hot], dim=1)
@@ -319,7 +326,55 @@ OGBN_DATASETS = tuple(OGBN_SPECS)
 _TASKS = {"binary classification": "multilabel", "multiclass classification": "multiclass"}
 
 
-def load_ogbn(name: str, root: str = "data", allow_download: bool = False) -> NodeDataset:
+#: What :func:`load_ogbn` does with repeated (source, destination) pairs.
+DUPLICATE_EDGES = ("keep", "merge")
+
+
+def duplicate_edge_copies(edge_index, num_nodes: int):
+    """``(count, last)``: how many edges repeat an earlier (source, destination) pair, and the ids of
+    the last copy of every distinct pair, ascending (all ids when there is no repeat)."""
+    import torch
+
+    key = edge_index[0] * num_nodes + edge_index[1]
+    key, perm = torch.sort(key, stable=True)
+    last = torch.ones_like(key, dtype=torch.bool)
+    last[:-1] = key[1:] != key[:-1]
+    count = int(key.numel() - last.sum())
+    return count, torch.sort(perm[last]).values
+
+
+def _handle_duplicates(name: str, graph: Dict[str, Any], num_nodes: int, mode: str) -> Dict[str, Any]:
+    """Reports the repeated edges of ``graph`` and, with ``mode="merge"``, keeps one copy of each."""
+    count, last = duplicate_edge_copies(graph["edge_index"], num_nodes)
+    edges = graph["edge_index"].size(1)
+    if not count:
+        log.info("%s: no duplicate edges among %d", name, edges)
+        return graph
+    log.warning(
+        "%s: %d of %d edges repeat a (source, destination) pair (%d distinct pairs); "
+        "data.duplicate_edges=%s: %s",
+        name,
+        count,
+        edges,
+        edges - count,
+        mode,
+        "each copy is aggregated"
+        if mode == "keep"
+        else "one edge per pair, with the last copy's features (node features still sum every copy)",
+    )
+    if mode == "keep":
+        return graph
+    attr = graph["edge_attr"]
+    return {
+        **graph,
+        "edge_index": graph["edge_index"][:, last],
+        "edge_attr": None if attr is None else attr[last],
+    }
+
+
+def load_ogbn(
+    name: str, root: str = "data", allow_download: bool = False, duplicate_edges: str = "keep"
+) -> NodeDataset:
     """Loads an OGB node-property data set into a :class:`~revgnn.data.node_dataset.NodeDataset`.
 
     Args:
@@ -327,6 +382,13 @@ def load_ogbn(name: str, root: str = "data", allow_download: bool = False) -> No
             ``"ogbn-products"``.
         root (str): Directory holding ``ogbn_<name>/`` (default: :obj:`"data"`).
         allow_download (bool): Let OGB download a missing data set (default: :obj:`False`).
+        duplicate_edges (str): Edges that repeat a (source, destination) pair, counted and logged
+            on every load: ``"keep"`` aggregates every copy; ``"merge"`` keeps one edge per pair
+            with the features of its last copy in the file, as the official RevGNN code's sparse
+            adjacency and edge-id dictionary do (the paper experiments set it; ogbn-proteins has
+            none, so both give the same graph there). Node features computed from the edges
+            (ogbn-proteins' summed edge features) use every copy either way, as the official code's.
+            (default: :obj:`"keep"`)
     """
     from revgnn.data.node_dataset import NodeDataset
 
@@ -335,11 +397,15 @@ def load_ogbn(name: str, root: str = "data", allow_download: bool = False) -> No
             f"unknown OGB node data set {name!r}; expected one of {OGBN_DATASETS} "
             "(a new one is an entry of revgnn.data.ogbn.OGBN_SPECS)"
         )
+    if duplicate_edges not in DUPLICATE_EDGES:
+        raise ValueError(
+            f"duplicate_edges must be one of {', '.join(DUPLICATE_EDGES)}, got {duplicate_edges!r}"
+        )
     path = _check_layout(name, root, allow_download)
     dataset, split_idx = _load_pyg(name, root)
     data = dataset[0]
     task = _TASKS[_meta(name)["task type"]]
-    graph = OGBN_SPECS[name].prepare(path, data)
+    graph = _handle_duplicates(name, OGBN_SPECS[name].prepare(path, data), data.num_nodes, duplicate_edges)
     ds = NodeDataset(
         name=name,
         y=data.y.float() if task == "multilabel" else data.y.view(-1, 1).long(),
