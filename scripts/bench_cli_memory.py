@@ -155,6 +155,7 @@ def breakdown_child(args, depth: int) -> None:
     import torch
     from hydra import compose, initialize_config_module
 
+    import revgnn.config  # noqa: F401  (registers the schemas that train.yaml's groups select)
     import revgnn.engine.checkpoint
     import revgnn.engine.loop
     import revgnn.engine.tasks

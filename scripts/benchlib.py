@@ -155,11 +155,12 @@ def run_child(
 
 def markdown_table(header: Sequence[str], rows: Iterable[Sequence[object]], align: str = "") -> List[str]:
     """The lines of a markdown table: ``| a | b |`` for ``header`` and each row (cells already
-    formatted, or ``str()`` of them), under a rule of ``---`` per column, or ``---:`` for a column whose
-    letter in ``align`` is ``r`` (``align="lrr"``: left, right, right; missing letters are left)."""
+    formatted, or ``str()`` of them; an empty cell is ``| |``), under a rule of ``---`` per column, or
+    ``---:`` for a column whose letter in ``align`` is ``r`` (``align="lrr"``: left, right, right;
+    missing letters are left)."""
     rule = ["---:" if align[i : i + 1] == "r" else "---" for i in range(len(header))]
-    return [
-        "| " + " | ".join(header) + " |",
-        "|" + "|".join(rule) + "|",
-        *("| " + " | ".join(str(c) for c in row) + " |" for row in rows),
-    ]
+
+    def line(cells):
+        return "|" + "|".join(f" {c} " if str(c) else " " for c in cells) + "|"
+
+    return [line(header), "|" + "|".join(rule) + "|", *(line(row) for row in rows)]

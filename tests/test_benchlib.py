@@ -68,4 +68,4 @@ def test_run_child_returns_the_json_lines_and_raises_on_failure():
 
 def test_markdown_table():
     lines = benchlib.markdown_table(["a", "b", "c"], [[1, "x", ""], ["2", 3.5, "y"]], align="lr")
-    assert lines == ["| a | b | c |", "|---|---:|---|", "| 1 | x |  |", "| 2 | 3.5 | y |"]
+    assert lines == ["| a | b | c |", "|---|---:|---|", "| 1 | x | |", "| 2 | 3.5 | y |"]

@@ -6,29 +6,31 @@ import subprocess
 import sys
 
 
-def test_train_cli_with_sar_backend(tmp_path):
+def _torchrun_sar(tmp_path, *overrides):
+    """Partitions a 400-node ``proteins_like`` graph for 2 workers under ``tmp_path``; returns the
+    ``torchrun`` command that trains a 2-layer model on it with SAR into ``tmp_path / "run"``."""
     from revgnn.data.synthetic import proteins_like
     from revgnn.distributed.sar_partition import partition_dataset
 
     parts = tmp_path / "parts"
     partition_dataset(proteins_like(num_nodes=400), str(parts), 2, "random")
-    env = dict(os.environ, OMP_NUM_THREADS="1", REVGNN_ALLOCATOR="system")
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    return [
+        *torchrun,
         "-m",
         "revgnn.train",
         "backend=sar",
         f"backend.partition_dir={parts}",
         "backend.timeout_s=60",
-        "backend.num_threads=1",
-        "trainer.epochs=2",
         "model.num_layers=2",
         f"output_dir={tmp_path / 'run'}",
+        *overrides,
     ]
+
+
+def test_train_cli_with_sar_backend(tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1", REVGNN_ALLOCATOR="system")
+    cmd = _torchrun_sar(tmp_path, "backend.num_threads=1", "trainer.epochs=2")
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -57,12 +59,8 @@ def test_dead_worker_under_torchrun_ends_the_job_non_zero(tmp_path):
 
     from conftest import REPO
 
-    from revgnn.data.synthetic import proteins_like
-    from revgnn.distributed.sar_partition import partition_dataset
     from revgnn.engine.checkpoint import load_checkpoint
 
-    parts = tmp_path / "parts"
-    partition_dataset(proteins_like(num_nodes=400), str(parts), 2, "random")
     env = dict(
         os.environ,
         OMP_NUM_THREADS="1",
@@ -71,22 +69,7 @@ def test_dead_worker_under_torchrun_ends_the_job_non_zero(tmp_path):
         LOOP_MODELS_RANK="1",
         PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}",
     )
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        "-m",
-        "revgnn.train",
-        "backend=sar",
-        f"backend.partition_dir={parts}",
-        "backend.timeout_s=60",
-        "trainer.epochs=3",
-        "model.num_layers=2",
-        "model._target_=loop_models.exit_at",
-        f"output_dir={tmp_path / 'run'}",
-    ]
+    cmd = _torchrun_sar(tmp_path, "trainer.epochs=3", "model._target_=loop_models.exit_at")
     start = time.monotonic()
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     text = out.stdout + out.stderr
