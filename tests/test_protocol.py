@@ -150,6 +150,19 @@ def test_checks_of_whole_graph_tests():
     check_whole_graph_test(OmegaConf.create({"test_views": 1}), "backend=sar")
     with pytest.raises(ValueError, match=r"backend=sar evaluates whole graphs.*test_views=10 cannot apply"):
         check_whole_graph_test(OmegaConf.create({"test_views": 10}), "backend=sar")
+    # SAR's trainer check applies it, and wants one part per test view (backend/sar.yaml sets them)
+    from conftest import compose_train
+
+    from revgnn.engine.sar import SARTask
+
+    cfg = compose_train("unused", "backend=sar", "backend.partition_dir=unused")
+    SARTask.check_trainer(None, cfg.trainer)
+    cfg.trainer.test_views = 2
+    with pytest.raises(ValueError, match="backend=sar evaluates whole graphs.*test_views=2"):
+        SARTask.check_trainer(None, cfg.trainer)
+    cfg.trainer.test_views, cfg.trainer.test_parts = 1, 3
+    with pytest.raises(ValueError, match="trainer.test_parts=3 cannot apply"):
+        SARTask.check_trainer(None, cfg.trainer)
 
 
 # ---- the loop: fixed selection view, final test of best.pt ----------------------------------------

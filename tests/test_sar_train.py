@@ -157,7 +157,8 @@ def test_sar_sigterm_saves_a_checkpoint_that_resumes_exactly(tmp_path, parts):
 
 def test_sar_honours_precision_loggers_and_set_epoch(tmp_path, parts):
     """bf16 autocast changes the SAR loss; TensorBoard events, the learning curve and one metrics
-    row per epoch are written; the model's set_epoch is called every epoch."""
+    row per epoch are written; the model's set_epoch is called every epoch; the final test of
+    best.pt runs on every worker (full graph) and scores what the best epoch's evaluation scored."""
     p2 = parts / "p2"
     _run(_sar(tmp_path / "fp32", p2, "trainer.epochs=1"))
     cfg = _with_model(
@@ -168,15 +169,21 @@ def test_sar_honours_precision_loggers_and_set_epoch(tmp_path, parts):
             "backend.precision=bf16",
             "logger.tensorboard=true",
             "logger.plot=true",
+            "trainer.test_views=1",
         ),
         "epoch_recorder",
     )
-    (summary, _) = _run(cfg)
+    (summary, other) = _run(cfg)
     run = tmp_path / "bf16"
     assert summary["bf16"] and (run / "learning_curve.png").exists() and any((run / "tensorboard").iterdir())
-    rows = list(csv.DictReader(open(run / "metrics.csv")))
+    *rows, final = list(csv.DictReader(open(run / "metrics.csv")))
     fp32 = list(csv.DictReader(open(tmp_path / "fp32" / "metrics.csv")))
     assert [int(r["epoch"]) for r in rows] == [1, 2, 3]
+    tested = summary["checkpoint_test"]
+    assert tested == other["checkpoint_test"] and tested["epoch"] == summary["best_epoch"]
+    best = rows[summary["best_epoch"] - 1]
+    assert final["evaluation"] == "checkpoint_test" and final["epoch"] == best["epoch"]
+    assert all(tested[k] == float(best[k]) == float(final[k]) for k in ("train", "valid", "test"))
     assert rows[0]["loss"] != fp32[0]["loss"] and abs(float(rows[0]["loss"]) - float(fp32[0]["loss"])) < 0.05
     assert load_checkpoint(str(run / "last.pt"))["model"]["epochs_seen"].tolist() == [0.0, 1.0, 2.0]
 
