@@ -299,20 +299,13 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     overrides = list(args.overrides)
     seeds = args.seeds
     if args.smoke:
+        from revgnn.data.graph_dataset import OGBG_DATASETS
         from revgnn.testing.fake_ogb import write_fake_ogbg, write_fake_ogbn
 
         root = (out / "fake_ogb").resolve()
-        name = (
-            "ogbn-proteins"
-            if args.experiment.startswith("proteins")
-            else "ogbn-products"
-            if args.experiment.startswith("products")
-            else "ogbg-molhiv"
-            if args.experiment.startswith("molhiv")
-            else "ogbn-arxiv"
-        )
-        if not (root / name.replace("-", "_")).exists():
-            if name.startswith("ogbg"):
+        name = _compose(args.experiment).data.get("name")  # the experiment's OGB data set, faked
+        if name is not None and not (root / name.replace("-", "_")).exists():
+            if name in OGBG_DATASETS:
                 write_fake_ogbg(str(root), name, num_graphs=60)
             else:
                 write_fake_ogbn(str(root), name, num_nodes=96, avg_degree=6)
