@@ -368,3 +368,35 @@ def test_loader_reports_duplicate_edges_and_merges_them_as_the_official_adjacenc
     assert torch.equal(merged.x, kept.x) and not torch.equal(kept.x, clean.x)
     with pytest.raises(ValueError, match="duplicate_edges must be one of keep, merge, got 'drop'"):
         load_ogbn("ogbn-proteins", str(tmp_path / "clean"), duplicate_edges="drop")
+
+
+@pytest.mark.parametrize(
+    "experiment",
+    [
+        "proteins_revgnn_deep",
+        "proteins_revgnn_wide",
+        "proteins_resgnn_112",
+        "proteins_wt_revgnn",
+        "proteins_deq_gnn",
+    ],
+)
+def test_paper_experiments_default_to_the_official_protocol(experiment):
+    from conftest import compose_train
+
+    cfg = compose_train("unused", f"experiment={experiment}")
+    tc = cfg.trainer
+    assert (tc.epochs, tc.train_parts, tc.partition.value, tc.shuffle_parts) == (2000, 10, "uniform", True)
+    assert (tc.eval_every, tc.eval_views, tc.eval_parts, tc.fixed_eval_views) == (1, 1, 5, True)
+    assert (tc.test_views, tc.test_parts, tc.grad_clip) == (10, 3, 1.0)
+    assert cfg.backend.precision.value == "fp32" and cfg.optim.lr == 1e-3
+    assert cfg.data.duplicate_edges == "merge"
+    if experiment in ("proteins_revgnn_deep", "proteins_revgnn_wide", "proteins_wt_revgnn"):
+        assert cfg.model.group_init == "copy"
+    # revgnn's own selection protocol by name
+    ours = compose_train("unused", f"experiment={experiment}", "trainer=proteins_multiview").trainer
+    assert (ours.partition.value, ours.eval_every, ours.eval_views, ours.eval_parts) == (
+        "balanced",
+        10,
+        10,
+        3,
+    )

@@ -607,7 +607,11 @@ def checkpoint_test(
     evaluation ever saved a ``best.pt``."""
     tc = cfg.trainer
     if not best_epoch or not os.path.exists(best_path):
-        log.warning("no best.pt (no evaluation improved on -inf): the final test is skipped")
+        log.warning(
+            "no %s from this run (no evaluation improved on -inf, or the best epoch was written to "
+            "another output_dir before a resume): the final test is skipped",
+            best_path,
+        )
         return None
     ckpt = load_checkpoint(best_path)
     if ckpt["epoch"] != best_epoch:
