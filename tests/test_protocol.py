@@ -400,3 +400,19 @@ def test_paper_experiments_default_to_the_official_protocol(experiment):
         10,
         3,
     )
+
+
+def test_graph_level_final_test_is_the_whole_graph_evaluation_and_refuses_more_views():
+    from omegaconf import OmegaConf
+
+    from revgnn.data.graph_dataset import mol_like
+    from revgnn.engine.tasks import GraphTask
+
+    ds = mol_like(num_graphs=40, batch_size=8)
+    tc = lambda views: OmegaConf.create({"parts_per_step": None, "test_views": views})  # noqa: E731
+    task = GraphTask(ds, tc(1))
+    torch.manual_seed(0)
+    model = create_model("revgnn_mol_small", **task.shapes)
+    assert task.final_test(model, None, "cpu") == task.evaluate(model, None, "cpu")
+    with pytest.raises(ValueError, match="graph-level: it evaluates whole graphs.*test_views=3"):
+        GraphTask(ds, tc(3))
