@@ -20,14 +20,18 @@ torch.set_num_threads(1)
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_DIR = str(REPO / "revgnn" / "configs")
 
-#: Overrides for a whole ``revgnn-train`` run that finishes in seconds (tiny graph and model, one epoch).
-TINY_RUN = [
+#: Overrides for a 400-node ``proteins_like`` graph and a 2-layer, 8-channel model.
+TINY_GRAPH = [
     "data.num_nodes=400",
     "data.window=5",
     "data.avg_degree=6",
     "data.max_hops=2",
     "model.num_layers=2",
     "model.hidden_channels=8",
+]
+#: Overrides for a whole ``revgnn-train`` run that finishes in seconds (tiny graph and model, one epoch).
+TINY_RUN = [
+    *TINY_GRAPH,
     "trainer.eval_parts=1",
     "trainer.epochs=1",
     "logger.progress_bar=false",

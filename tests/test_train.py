@@ -2,27 +2,19 @@
 
 import csv
 import json
-from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
+from conftest import TINY_GRAPH, compose
 from omegaconf import OmegaConf
 from torch import nn
 
-import revgnn.config
 from revgnn.engine.checkpoint import load_checkpoint
 from revgnn.models import register_model
 from revgnn.train import train
 
-CONFIG_DIR = str(Path(revgnn.config.__file__).parent / "configs")
 TINY = [
-    "data.num_nodes=400",
-    "data.window=5",
-    "data.avg_degree=6",
-    "data.max_hops=2",
-    "model.num_layers=2",
-    "model.hidden_channels=8",
+    *TINY_GRAPH,
     "trainer.train_parts=2",
     "trainer.eval_every=1",
     "trainer.eval_parts=2",
@@ -32,8 +24,7 @@ TINY = [
 
 def _cfg(tmp_path, *overrides, tiny_data=True):
     base = TINY if tiny_data else [o for o in TINY if not o.startswith("data.")]
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose(config_name="train", overrides=base + ["logger.plot=false"] + list(overrides))
+    cfg = compose(base + ["logger.plot=false"] + list(overrides))
     cfg.output_dir = str(tmp_path)
     return cfg
 
