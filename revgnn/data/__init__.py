@@ -5,8 +5,7 @@ Names are imported on first use: the config schemas read the loaders' signatures
 (:func:`revgnn.config.data_schema`) without importing torch.
 """
 
-import importlib
-from typing import Any
+from revgnn.utils.lazy import lazy_exports
 
 _HOME = {
     "NodeDataset": "node_dataset",
@@ -21,11 +20,8 @@ _HOME = {
     "SubGraph": "random_parts",
     "partition_graph": "random_parts",
     "random_partition": "random_parts",
+    "OGBN_SPECS": "ogbn",
+    "OgbnSpec": "ogbn",
 }
 __all__ = list(_HOME)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _HOME:
-        return getattr(importlib.import_module(f"revgnn.data.{_HOME[name]}"), name)
-    raise AttributeError(f"module 'revgnn.data' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _HOME)

@@ -12,24 +12,21 @@ package never imports it. Names are resolved lazily, so ``revgnn-partition
 --help`` does not import torch.
 """
 
-import importlib
+from revgnn.utils.lazy import lazy_exports
 
 _EXPORTS = {
     "SARCommError": "comm",
     "init_distributed": "comm",
-    "PartitionMismatchError": "partition",
-    "build_partitions": "partition",
-    "load_partition": "partition",
-    "load_partition_checked": "partition",
-    "load_meta": "partition",
-    "partition_dataset": "partition",
-    "partition_nodes": "partition",
-    "save_partitions": "partition",
+    "PartitionMismatchError": "sar_partition",
+    "build_partitions": "sar_partition",
+    "load_partition": "sar_partition",
+    "load_partition_checked": "sar_partition",
+    "load_meta": "sar_partition",
+    "partition_dataset": "sar_partition",
+    "partition_nodes": "sar_partition",
+    "save_partitions": "sar_partition",
 }
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)

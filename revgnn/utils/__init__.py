@@ -4,8 +4,7 @@
 loaded); the memory helpers and ``FlatParameters`` are imported on first use.
 """
 
-import importlib
-from typing import Any
+from revgnn.utils.lazy import lazy_exports
 
 _HOME = {
     "SavedTensorBytes": "memory",
@@ -14,9 +13,4 @@ _HOME = {
     "FlatParameters": "flat",
 }
 __all__ = list(_HOME)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _HOME:
-        return getattr(importlib.import_module(f"revgnn.utils.{_HOME[name]}"), name)
-    raise AttributeError(f"module 'revgnn.utils' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _HOME)
