@@ -158,6 +158,9 @@ def data_schema(target: str) -> type:
         default = MISSING if p.default is p.empty else p.default
         fields.append((p.name, hint, field(default=default, metadata=metadata)))
     schema = dataclasses.make_dataclass(f"{name}_config", fields)
+    # importable by name, so a composed config pickles (torch.multiprocessing workers, run_workers)
+    schema.__module__ = __name__
+    globals()[schema.__name__] = schema
     try:
         OmegaConf.structured(schema)
     except Exception as e:  # omegaconf.ValidationError: a type a config cannot hold
