@@ -121,3 +121,16 @@ def test_data_yaml_without_target_or_with_a_clashing_name_is_an_error(tmp_path, 
         config.data_schemas(configs)
     with pytest.raises(ImportError, match="no_such_module"):
         config.data_schema("no_such_module.loader")
+
+
+@pytest.mark.parametrize("option", DATA_OPTIONS)
+def test_a_composed_data_config_pickles(option):
+    """Worker processes (DDP, SAR, run_workers) receive the composed config pickled: the derived
+    schema must be importable by name."""
+    import pickle
+
+    from conftest import compose
+
+    cfg = compose([f"data={option}"])
+    again = pickle.loads(pickle.dumps(cfg))
+    assert again == cfg and OmegaConf.get_type(again.data) is OmegaConf.get_type(cfg.data)
