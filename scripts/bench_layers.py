@@ -48,7 +48,7 @@ BLOCKS = (
 
 def bandwidth(reps: int = 10, mib: int = 256) -> float:
     """Copy bandwidth in bytes/s (read + write counted), the best of ``reps`` (as STREAM
-    reports): on a shared VM the median moved between 38 and 69 GB/s from run to run."""
+    reports): on a shared machine the median moves widely from run to run."""
     import torch
 
     src = torch.ones(mib * 2**20 // 4)
