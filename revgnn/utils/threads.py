@@ -7,17 +7,11 @@ Two things make torch's defaults fall off a cliff when other processes share the
   waiting thread (for the next region, or for its team at a barrier) spin ``GOMP_SPINCOUNT=300000``
   times, about 3 ms, before it sleeps. The spinning threads look CPU-bound to the scheduler, are
   queued behind the competing processes, and every short region then waits for a time slice.
-  Measured with ``scripts/bench_contention.py`` on 2 cores shared with other jobs, loaded = one
-  spinning process per core (a fair share is 2x): torch's defaults ran the default small model
-  4.3-5.4x and RevGNN-Deep (20 layers, 13.2k nodes) 3.1-5.2x slower than idle, and 17-31x / 15x
-  with three per core. ``GOMP_SPINCOUNT=1000`` (~10 us by libgomp's estimate) brought Deep to 1.7-2.0x
-  (about 4.8x at three per core, fair 4x) at the same or better idle speed, and the small model to
-  2.6-2.9x at 1.0-1.3x its idle time. ``OMP_WAIT_POLICY=PASSIVE`` (never spin) is as good or
-  better loaded but made the small model 2.2-2.9x slower idle (a sleeping thread must be woken
-  for every region); 100 spins behaved like ``PASSIVE``, 10000 kept much of the cliff (19x / 6.6x
-  at three per core). ``KMP_BLOCKTIME`` is Intel/LLVM OpenMP's knob and changes nothing with
-  libgomp; with those runtimes (conda builds, macOS) export ``OMP_WAIT_POLICY=PASSIVE`` or
-  ``KMP_BLOCKTIME=0`` yourself (not measured here).
+  A short spin (``GOMP_SPINCOUNT=1000``, ~10 us by libgomp's estimate) keeps most of the idle
+  speed and loses the cliff; ``OMP_WAIT_POLICY=PASSIVE`` (never spin) is as good under load but
+  slow idle for small graphs (a sleeping thread must be woken for every region). ``KMP_BLOCKTIME``
+  is Intel/LLVM OpenMP's knob and changes nothing with libgomp; with those runtimes (conda builds,
+  macOS) export ``OMP_WAIT_POLICY=PASSIVE`` or ``KMP_BLOCKTIME=0`` yourself.
 * **The thread count.** torch starts one thread per core it can see, which inside a container
   is the host's, whatever its CPU quota: a team of 16 threads on a 2-CPU quota is throttled in
   every region. :func:`default_num_threads` takes the smallest of the CPU affinity mask
@@ -39,9 +33,9 @@ Python API users::
     import torch                 # ... OpenMP and torch now use the settings above
 
 On a machine shared with heavy jobs, ``OMP_WAIT_POLICY=PASSIVE`` is the most robust setting (at
-some idle speed for small graphs). For graphs as small as the default ``proteins_like`` steps
-(3k nodes x 32 channels), one thread (``backend.num_threads=1``) costs 13-40% idle and is the
-fastest under load (1.5-1.8x of idle); from proteins-sized sub-graphs up, keep the default.
+some idle speed for small graphs); for graphs as small as the default ``proteins_like`` steps, one
+thread (``backend.num_threads=1``) is the fastest under load. The figures behind these choices are in
+``docs/bench/contention.md`` (``scripts/bench_contention.py``).
 
 Environment: an explicit ``OMP_WAIT_POLICY``, ``GOMP_SPINCOUNT`` or ``OMP_NUM_THREADS`` is never
 overridden; ``REVGNN_THREADS=torch`` turns all of this off (torch's and OpenMP's defaults, as
