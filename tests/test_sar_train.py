@@ -190,11 +190,14 @@ def test_sar_honours_precision_loggers_and_set_epoch(tmp_path, parts):
 
 def test_ddp_equals_one_process_accumulating_the_same_parts(tmp_path):
     """backend=ddp with 2 workers (one part each per step) == one process with parts_per_step=2, in
-    float64: losses and parameters after 2 epochs x 2 steps."""
+    float64: losses and parameters after 2 epochs x 2 steps (uniform partitions, parts in shuffled
+    order: the workers deal out the same shuffled parts)."""
     common = [
         *MODEL,
         *DATA_OVERRIDES,
         "model.dropout=0.0",
+        "trainer.partition=uniform",
+        "trainer.shuffle_parts=true",
         "trainer.train_parts=4",
         "trainer.epochs=2",
         "trainer.eval_parts=2",
