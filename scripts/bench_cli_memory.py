@@ -3,7 +3,7 @@
 Each depth is one ``revgnn-train`` subprocess, run one after the other (never two at once), on the
 same workload; only ``model.num_layers`` differs:
 
-    revgnn-train model=revgnn_small model.num_layers=D trainer.epochs=1 trainer.eval_every=1
+    revgnn-train model=revgnn_proteins_like model.num_layers=D trainer.epochs=1 trainer.eval_every=1
                  seed=0 backend.num_threads=1 logger.progress_bar=false hydra.run.dir=<tmp>/depth_D
 
 i.e. the default run (``proteins_like`` data, 6000 nodes, RevGNN 32 channels in 2 groups, GENConv
@@ -312,7 +312,7 @@ def breakdown_table(results: list) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--depths", default="8,1001", help="comma list; the first is the baseline")
-    parser.add_argument("--model", default="revgnn_small")
+    parser.add_argument("--model", default="revgnn_proteins_like")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--eval-every", type=int, default=1)
     parser.add_argument(

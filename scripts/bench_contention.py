@@ -8,7 +8,7 @@ by side; a fair share of the cores under one spinner per core is 2x.
 
 Models:
 
-* ``small``: ``revgnn-train``'s default (revgnn_small 8 x 32 on proteins_like, 2 parts per epoch),
+* ``small``: ``revgnn-train``'s default (revgnn_proteins_like, 8 x 32, on proteins_like, 2 parts per epoch),
   run through the real entry point (``python -m revgnn.train``); the figure is the median epoch
   time (2 steps) after the first epoch, from its ``metrics.csv``.
 * ``deep``: RevGNN-Deep (80 channels, 2 groups) at ``--deep-layers`` layers on a proteins-sized
