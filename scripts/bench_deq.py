@@ -7,7 +7,6 @@
 2. ``step``: one training step (forward, backward, Adam) of DEQ-GNN vs WT-RevGNN vs RevGNN at equal width:
    bytes saved for backward (deterministic), peak-RSS growth during the step and median step time. Each
    model runs in its own process so that peak RSS is its own.
-
 3. ``peer``: revgnn against torchdeq 0.1.0 (``pip install -e .[bench]``) on the same float64 maps, a
    held-out contractive graph map and ``deq_gnn_small`` on ``proteins_like``: function evaluations to a
    relative residual of 1e-4 and 1e-6 for each solver, the implicit gradient's error against a dense
@@ -20,8 +19,8 @@ Examples::
 
     .venv/bin/python scripts/bench_deq.py solvers --nodes 4000 --hidden 64 --seeds 3
     .venv/bin/python scripts/bench_deq.py step --nodes 4000 --hidden 64 --steps 3
-    .venv/bin/python scripts/bench_deq.py peer --nodes 2000
-    .venv/bin/python scripts/bench_deq.py train --nodes 2000 --epochs 30 --seeds 0 1
+    .venv/bin/python scripts/bench_deq.py peer --nodes 2000 --max-iter 100
+    .venv/bin/python scripts/bench_deq.py train --nodes 2000 --epochs 50 --seeds-list 0 1 --jac-weights 0 0.1
 """
 
 from __future__ import annotations
@@ -433,7 +432,7 @@ def bench_train(args) -> None:
     root = tempfile.mkdtemp(prefix="bench_deq_train_")
     results = {}
     for seed in args.seeds_list:
-        for weight in (0.0, args.jac_weight):
+        for weight in args.jac_weights:
             rows, summary, overrides = train_run(
                 args, seed, weight, os.path.join(root, f"w{weight:g}_s{seed}")
             )
@@ -582,7 +581,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=30, help="train: epochs per run")
     parser.add_argument("--eval-every", type=int, default=5, help="train: evaluate every this many epochs")
     parser.add_argument(
-        "--jac-weight", type=float, default=1.0, help="train: jac_reg_weight of the regularised runs"
+        "--jac-weights", type=float, nargs="+", default=[0.0, 1.0], help="train: jac_reg_weight of each run"
     )
     parser.add_argument("--seeds-list", type=int, nargs="+", default=[0, 1], help="train: run seeds")
     parser.add_argument(
