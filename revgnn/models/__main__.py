@@ -1,7 +1,9 @@
-"""``python -m revgnn.models``: the zoo table from the registry.
+"""``python -m revgnn.models``: the zoo table from the registry::
 
-    python -m revgnn.models --markdown              # print the table
+    python -m revgnn.models --markdown                  # print the table
     python -m revgnn.models --update-readme README.md   # write it between the README's zoo markers
+
+``tests/test_zoo.py`` fails while the README's table differs from the generated one.
 """
 
 from __future__ import annotations
