@@ -3,6 +3,7 @@ order, a fixed selection view, the final multi-view test of ``best.pt``, duplica
 
 import pytest
 import torch
+from conftest import TINY_GRAPH
 
 from revgnn.models import create_model
 from revgnn.models.components import first_block
@@ -167,14 +168,7 @@ def test_checks_of_whole_graph_tests():
 
 # ---- the loop: fixed selection view, final test of best.pt ----------------------------------------
 
-TINY = [
-    "data.num_nodes=400",
-    "data.window=5",
-    "data.avg_degree=6",
-    "data.max_hops=2",
-    "model.num_layers=2",
-    "model.hidden_channels=8",
-]
+TINY = TINY_GRAPH
 OFFICIAL = [
     "trainer=proteins_official",
     "model.group_init=copy",
