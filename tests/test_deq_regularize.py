@@ -203,6 +203,8 @@ def test_deq_gnn_layer_twice_differentiable_map_is_the_same_map():
     assert torch.allclose(g_fast, g_slow, rtol=0, atol=1e-12)
     g_slow.square().sum().backward()  # the second derivative exists
     assert layer.convs[0].mlp[0].weight.grad is not None
+    with pytest.raises(TypeError, match="second derivative"):  # e.g. a distributed SAR graph
+        layer.twice_differentiable(z, x, object(), edge_attr, mask)
 
 
 def test_train_step_adds_each_batch_share_of_the_auxiliary_loss():

@@ -170,7 +170,14 @@ class DEQGNNLayer(nn.Module):
         r"""The same map through PyG's :class:`~torch_geometric.nn.conv.GENConv` (edge features
         expanded), whose operations can be differentiated twice, unlike the fused kernels of
         :meth:`forward`; :class:`~revgnn.deq.DEQ` uses it for the Jacobian regularisation (the
-        gradient of a vector-Jacobian product)."""
+        gradient of a vector-Jacobian product). Only for a plain ``edge_index`` tensor: the distributed
+        (SAR) aggregation is differentiable once."""
+        if not isinstance(edge_index, Tensor):
+            raise TypeError(
+                f"DEQGNNLayer: the Jacobian regularisation needs the map's second derivative, which the "
+                f"{type(edge_index).__name__} aggregation does not provide (only a plain edge_index tensor "
+                "does); train with jac_reg_weight=0 on this graph"
+            )
 
         def conv_fn(conv, h, edge_index, e):
             return conv(h, edge_index, e.materialize() if isinstance(e, LinearEdgeFeatures) else e)
