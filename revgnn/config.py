@@ -127,6 +127,9 @@ class ModelConfig:
 
 
 _DATA_CONFIGS = Path(__file__).parent / "configs" / "data"
+#: one schema class per loader function, so that every composition (and every pickled config sent to
+#: a worker) refers to the same class object
+_DATA_SCHEMAS: Dict[Any, type] = {}
 
 
 def data_schema(target: str) -> type:
@@ -135,13 +138,16 @@ def data_schema(target: str) -> type:
     defaulting to its default (``???``, i.e. required, where it has none) and carrying the
     :class:`~revgnn.utils.ranges.Range` of an ``Annotated[T, Range(...)]`` annotation for
     :func:`check_ranges`. Misspelt keys and values of the wrong type then fail at composition, naming the
-    key. The loader's module must import without torch (import it inside the function).
+    key. The loader's module must import without torch (import it inside the function). The schema of a
+    loader is built once and reused.
     """
     module, _, name = target.rpartition(".")
     try:
         fn = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError, ValueError) as e:
         raise ImportError(f"data loader {target!r} cannot be imported ({e}); fix the _target_") from e
+    if fn in _DATA_SCHEMAS:
+        return _DATA_SCHEMAS[fn]
     fields: list = [("_target_", str, field(default=target))]
     for p in inspect.signature(fn).parameters.values():
         if p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
@@ -159,13 +165,16 @@ def data_schema(target: str) -> type:
         default = MISSING if p.default is p.empty else p.default
         fields.append((p.name, hint, field(default=default, metadata=metadata)))
     schema = dataclasses.make_dataclass(f"{name}_config", fields)
-    # importable by name, so a composed config pickles (torch.multiprocessing workers, run_workers)
-    schema.__module__ = __name__
-    globals()[schema.__name__] = schema
     try:
         OmegaConf.structured(schema)
     except Exception as e:  # omegaconf.ValidationError: a type a config cannot hold
         raise TypeError(f"{target}: its signature cannot be a config schema ({e})") from e
+    # importable by a name unique to the loader, so a composed config pickles (torch.multiprocessing
+    # workers, run_workers): importing this module in a worker builds the package's schemas again
+    schema.__module__ = __name__
+    schema.__qualname__ = "_data_schema_" + target.replace(".", "_")
+    globals()[schema.__qualname__] = schema
+    _DATA_SCHEMAS[fn] = schema
     return schema
 
 
