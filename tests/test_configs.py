@@ -31,6 +31,7 @@ def test_paper_experiments_exist():
         "proteins_revgnn_deep",
         "proteins_revgnn_wide",
         "proteins_resgnn_112",
+        "proteins_revgnn_112",
         "proteins_wt_revgnn",
         "products_revgnn_112",
         "arxiv_revgat",

@@ -370,6 +370,7 @@ def test_loader_reports_duplicate_edges_and_merges_them_as_the_official_adjacenc
         "proteins_revgnn_deep",
         "proteins_revgnn_wide",
         "proteins_resgnn_112",
+        "proteins_revgnn_112",
         "proteins_wt_revgnn",
         "proteins_deq_gnn",
     ],
@@ -384,7 +385,12 @@ def test_paper_experiments_default_to_the_official_protocol(experiment):
     assert (tc.test_views, tc.test_parts, tc.grad_clip) == (10, 3, 1.0)
     assert cfg.backend.precision.value == "fp32" and cfg.optim.lr == 1e-3
     assert cfg.data.duplicate_edges == "merge"
-    if experiment in ("proteins_revgnn_deep", "proteins_revgnn_wide", "proteins_wt_revgnn"):
+    if experiment in (
+        "proteins_revgnn_deep",
+        "proteins_revgnn_wide",
+        "proteins_revgnn_112",
+        "proteins_wt_revgnn",
+    ):
         assert cfg.model.group_init == "copy"
     # revgnn's own selection protocol by name
     ours = compose_train("unused", f"experiment={experiment}", "trainer=proteins_multiview").trainer

@@ -216,6 +216,7 @@ def revgnn_wide() -> Dict[str, Any]:
             source=ABLATION_112,
             overrides={"hidden_channels": 224},
             num_parameters=17_141_560,
+            experiment="proteins_revgnn_112",
         ),
     ],
 )
