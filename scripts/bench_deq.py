@@ -236,6 +236,22 @@ def peer_evaluations(f, z0, tol: float, max_iter: int):
     return rows
 
 
+def _param_map(f, params):
+    """``f(z)`` as a DEQ map module ``(z, x) -> f(z)`` that owns ``params`` (so the DEQ's implicit
+    backward reaches them)."""
+    import torch
+
+    class ParamMap(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.params = torch.nn.ParameterList(params)
+
+        def forward(self, z, _x):
+            return f(z)
+
+    return ParamMap()
+
+
 def peer_gradient_error(nodes: int, tol: float):
     """Relative error of the implicit gradient d(sum(c * z*))/d(W, b) of the contractive map, against a
     dense float64 reference (z* to 1e-15, (I - J^T) u = c solved directly)."""
@@ -259,17 +275,9 @@ def peer_gradient_error(nodes: int, tol: float):
             p.grad = None
         return ((got - ref).norm() / ref.norm()).item()
 
-    class Map(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.params = torch.nn.ParameterList(params)
-
-        def forward(self, z, _x):
-            return f(z)
-
     out = {}
     for solver in ("anderson", "broyden", "fixed_point"):
-        deq = DEQ(Map(), solver=solver, tol=tol, max_iter=500)
+        deq = DEQ(_param_map(f, params), solver=solver, tol=tol, max_iter=500)
         (deq(z0) * c).sum().backward()
         out[("revgnn", solver)] = error()
         td = "fixed_point_iter" if solver == "fixed_point" else solver
@@ -296,7 +304,6 @@ def peer_saved_bytes(nodes: int):
     100 forward iterations (tolerance unreachable), implicit differentiation in both libraries."""
     import warnings
 
-    import torch
     from torchdeq import get_deq
 
     from revgnn.deq import DEQ, DEQConvergenceWarning
@@ -307,17 +314,9 @@ def peer_saved_bytes(nodes: int):
     for p in params:
         p.requires_grad_(True)
 
-    class Map(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.params = torch.nn.ParameterList(params)
-
-        def forward(self, z, _x):
-            return f(z)
-
     out = {}
     for iters in (10, 100):
-        deq = DEQ(Map(), solver="anderson", tol=1e-30, max_iter=iters).train()
+        deq = DEQ(_param_map(f, params), solver="anderson", tol=1e-30, max_iter=iters).train()
         with SavedTensorBytes() as saved:
             deq(z0).sum()
         out[("revgnn", iters)] = saved.bytes
