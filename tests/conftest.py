@@ -89,3 +89,14 @@ def compose_train(out_dir, *overrides):
     cfg = compose(["logger.plot=false", "logger.progress_bar=false", *overrides])
     cfg.output_dir = str(out_dir)
     return cfg
+
+
+class TanhMap(torch.nn.Module):
+    """A small contractive DEQ map in float64, ``z -> tanh(0.6 Linear(z) + x)``, for the DEQ tests."""
+
+    def __init__(self, n=5):
+        super().__init__()
+        self.lin = torch.nn.Linear(n, n).double()
+
+    def forward(self, z, x):
+        return torch.tanh(0.6 * self.lin(z) + x)

@@ -3,17 +3,9 @@ correction, and the errors for options that cannot work."""
 
 import pytest
 import torch
+from conftest import TanhMap
 
 from revgnn.deq import DEQ, SOLVERS, fixed_point, register_solver
-
-
-class Map(torch.nn.Module):
-    def __init__(self, n=5):
-        super().__init__()
-        self.lin = torch.nn.Linear(n, n).double()
-
-    def forward(self, z, x):
-        return torch.tanh(0.6 * self.lin(z) + x)
 
 
 @pytest.fixture
@@ -32,7 +24,7 @@ def spy():
 
 def test_register_solver_and_separate_stop_modes_and_eval_budget(spy):
     deq = DEQ(
-        Map(),
+        TanhMap(),
         solver="spy",
         solver_options={"damping": 0.9},
         max_iter=60,
@@ -54,7 +46,7 @@ def test_register_solver_and_separate_stop_modes_and_eval_budget(spy):
     with pytest.raises(TypeError, match="batch"):
         deq(x, batch=torch.zeros(3, dtype=torch.long))
     with pytest.raises(TypeError, match="keep"):
-        DEQ(Map(), solver="spy", correction_states=1)
+        DEQ(TanhMap(), solver="spy", correction_states=1)
 
 
 def test_register_solver_validates_the_signature(spy):
@@ -79,14 +71,16 @@ def test_register_solver_validates_the_signature(spy):
         register_solver("d", 3)
     assert not {"a", "b", "c", "d"} & set(SOLVERS)
     with pytest.raises(ValueError, match="may not set"):
-        DEQ(Map(), solver_options={"tol": 1e-3})
+        DEQ(TanhMap(), solver_options={"tol": 1e-3})
     with pytest.raises(ValueError, match="unknown solver .* register_solver"):
-        DEQ(Map(), solver="newton")
+        DEQ(TanhMap(), solver="newton")
 
 
 def test_fixed_point_correction_supervises_intermediate_iterates():
     torch.manual_seed(0)
-    deq = DEQ(Map(), solver="fixed_point", tol=1e-30, max_iter=30, correction_states=2, correction_gamma=0.5)
+    deq = DEQ(
+        TanhMap(), solver="fixed_point", tol=1e-30, max_iter=30, correction_states=2, correction_gamma=0.5
+    )
     x = torch.randn(3, 5, dtype=torch.float64)
     with pytest.warns(RuntimeWarning):
         deq(x)
@@ -112,7 +106,7 @@ def test_fixed_point_correction_supervises_intermediate_iterates():
         deq(x)
     assert deq.correction_states() == []  # none in evaluation
     with pytest.raises(ValueError, match="exceeds max_iter"):
-        DEQ(Map(), max_iter=3, correction_states=4)
+        DEQ(TanhMap(), max_iter=3, correction_states=4)
 
 
 def test_deq_gnn_fixed_point_correction_through_auxiliary_loss():

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from conftest import TanhMap
 
 from revgnn.deq import DEQ, jacobian_frobenius, spectral_radius
 
@@ -96,19 +97,10 @@ def test_estimator_argument_errors():
         spectral_radius(fz, z, iters=0)
 
 
-class Map(torch.nn.Module):
-    def __init__(self, n=5):
-        super().__init__()
-        self.lin = torch.nn.Linear(n, n).double()
-
-    def forward(self, z, x):
-        return torch.tanh(0.6 * self.lin(z) + x)
-
-
 def test_deq_adds_the_jacobian_term_every_k_training_forwards():
     torch.manual_seed(0)
     deq = DEQ(
-        Map(),
+        TanhMap(),
         tol=1e-12,
         max_iter=200,
         jac_reg_weight=0.5,
@@ -140,7 +132,7 @@ def test_deq_adds_the_jacobian_term_every_k_training_forwards():
     assert stats["jac_frobenius_mean"] == pytest.approx(term.item() / 0.5, rel=1e-12)
     assert "spectral_radius_mean" not in deq.epoch_stats()  # forgotten
     with pytest.raises(ValueError, match="jac_reg"):
-        DEQ(Map(), jac_reg_weight=-1.0)
+        DEQ(TanhMap(), jac_reg_weight=-1.0)
 
 
 def test_training_loop_adds_the_auxiliary_loss_and_logs_jacobian_stats(tmp_path):

@@ -168,7 +168,6 @@ def test_checks_of_whole_graph_tests():
 
 # ---- the loop: fixed selection view, final test of best.pt ----------------------------------------
 
-TINY = TINY_GRAPH
 OFFICIAL = [
     "trainer=proteins_official",
     "model.group_init=copy",
@@ -195,7 +194,7 @@ def _train(out_dir, *overrides):
 
     from revgnn.train import train
 
-    return train(compose_train(out_dir, *TINY, *OFFICIAL, *overrides))
+    return train(compose_train(out_dir, *TINY_GRAPH, *OFFICIAL, *overrides))
 
 
 def test_selection_view_is_drawn_once_and_reused_every_epoch(tmp_path, monkeypatch, fast_scores):
@@ -238,7 +237,7 @@ def test_final_test_scores_the_best_checkpoint_not_the_last_model(tmp_path, monk
     from conftest import compose_train
     from hydra.utils import instantiate
 
-    cfg = compose_train(tmp_path, *TINY, *OFFICIAL)
+    cfg = compose_train(tmp_path, *TINY_GRAPH, *OFFICIAL)
     ds = instantiate(cfg.data)
 
     def test_of(name):
