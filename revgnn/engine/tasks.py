@@ -204,17 +204,14 @@ class NodeTask:
         """Multi-view scores, on the fixed views if :meth:`fix_eval_views` drew them, else on fresh
         ones from ``generator``; with ``reduce`` (a sum over workers) each worker runs its share of
         the forwards and the summed logits are scored everywhere."""
-        from revgnn.evaluate import predict, predict_views
+        from revgnn.evaluate import predict_views
 
-        shard = (self.rank, self.world_size)
         if self.eval_views is not None:
+            shard = (self.rank, self.world_size)
             logits = predict_views(model, self.ds, self.eval_views, device, autocast, shard)
         else:
-            views, parts = self.tc.eval_views, self.tc.eval_parts
-            logits = predict(model, self.ds, views, parts, generator, device, autocast, shard, self.partition)
-        if reduce is not None:
-            logits = reduce(logits)
-        return self.scorer(logits)
+            logits = self._predict(model, self.tc.eval_views, self.tc.eval_parts, generator, device, autocast)
+        return self._score(logits, reduce)
 
     def final_test(
         self, model: nn.Module, generator: torch.Generator, device, autocast=None, reduce=None
@@ -222,14 +219,19 @@ class NodeTask:
         """Scores ``model`` on ``trainer.test_views`` fresh views of ``trainer.test_parts`` parts from
         ``generator``, logits averaged (the official ``test.py``); forwards dealt out as in
         :meth:`evaluate`."""
+        logits = self._predict(model, self.tc.test_views, self.tc.test_parts, generator, device, autocast)
+        return self._score(logits, reduce)
+
+    def _predict(self, model, views: int, parts: int, generator, device, autocast) -> Tensor:
+        """This worker's share of the logits summed over ``views`` fresh views of ``parts`` parts."""
         from revgnn.evaluate import predict
 
-        views, parts = self.tc.test_views, self.tc.test_parts
         shard = (self.rank, self.world_size)
-        logits = predict(model, self.ds, views, parts, generator, device, autocast, shard, self.partition)
-        if reduce is not None:
-            logits = reduce(logits)
-        return self.scorer(logits)
+        return predict(model, self.ds, views, parts, generator, device, autocast, shard, self.partition)
+
+    def _score(self, logits: Tensor, reduce) -> Dict[str, float]:
+        """Scores the logits, summed over the workers first with ``reduce``."""
+        return self.scorer(reduce(logits) if reduce is not None else logits)
 
 
 class GraphTask:
