@@ -320,6 +320,14 @@ def _run_dir(output_dir: Optional[str], default: str) -> str:
     return default if output_dir in (None, "") else str(output_dir)
 
 
+def _stamp(default: str) -> str:
+    """The run directory's time stamp: rank 0's start time under ``torchrun`` (shared as
+    ``REVGNN_RUN_STAMP`` by :mod:`revgnn.distributed.torchrun`), else ``default`` (Hydra's ``now``)."""
+    import os
+
+    return os.environ.get("REVGNN_RUN_STAMP") or default
+
+
 def _swept_keys(argv: List[str]) -> List[str]:
     """Keys the command line sweeps (``k=a,b``, ``k=range(...)``, ``choice``, ``glob``, ``interval``)."""
     keys = []
@@ -357,7 +365,7 @@ def _job_dir(num: Any, overrides: Any) -> str:
 
 def register_configs() -> None:
     """Stores the schemas in Hydra's ConfigStore and the run-directory resolvers (idempotent)."""
-    for name, fn in (("revgnn.run_dir", _run_dir), ("revgnn.job_dir", _job_dir)):
+    for name, fn in (("revgnn.run_dir", _run_dir), ("revgnn.job_dir", _job_dir), ("revgnn.stamp", _stamp)):
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)
     cs = ConfigStore.instance()

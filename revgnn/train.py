@@ -48,10 +48,14 @@ def main(cfg: DictConfig) -> float:
 
 def cli() -> None:
     """``revgnn-train``: re-executes once with tcmalloc preloaded when it is installed (flat peak
-    RSS in depth, faster steps; ``REVGNN_ALLOCATOR=system`` opts out), then runs :func:`main`."""
+    RSS in depth, faster steps; ``REVGNN_ALLOCATOR=system`` opts out), then runs :func:`main`. Under
+    ``torchrun`` the ranks first agree on one run directory and only rank 0 writes Hydra's files and
+    ``train.log`` (:func:`revgnn.distributed.torchrun.worker_overrides`)."""
+    from revgnn.distributed.torchrun import worker_overrides
     from revgnn.utils.launch import use_tcmalloc
 
     use_tcmalloc()
+    sys.argv += worker_overrides()
     main()
 
 

@@ -37,6 +37,46 @@ def test_train_cli_with_sar_backend(tmp_path):
     assert summary["backend"] == "sar" and summary["world_size"] == 2
     assert 0.0 <= summary["highest_valid"] <= 1.0 and summary["epochs"] == 2
     assert (tmp_path / "run" / "metrics.csv").read_text().count("\n") == 3
+    # one log: rank 0 writes train.log, rank 1 logs only warnings and errors (to the console)
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert log.count("epoch 2  loss") == 1 and log.count("Highest Valid") == 1, log
+    assert (tmp_path / "run" / ".hydra" / "config.yaml").exists()
+
+
+def test_torchrun_ranks_agree_on_rank_0s_run_directory(tmp_path):
+    """Ranks that start in different seconds name one run directory: rank 0's start time, read from
+    the store torchrun's agent hosts; only rank 0 writes Hydra's files and train.log."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from revgnn.distributed.launch import free_port
+
+    port = free_port()
+    store = TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=120))  # the agent's
+    code = (
+        "import json, os, time\n"
+        "time.sleep(float(os.environ['DELAY']))\n"
+        "from revgnn.distributed.torchrun import worker_overrides\n"
+        "print(json.dumps([worker_overrides(120), os.environ['REVGNN_RUN_STAMP']]))\n"
+    )
+    env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    env.update(TORCHELASTIC_USE_AGENT_STORE="True")
+    env.pop("REVGNN_RUN_STAMP", None)
+    # rank 1 starts first and must wait for rank 0, which starts 2 s later
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            env=dict(env, RANK=str(r), DELAY=d),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for r, d in ((1, "0"), (0, "2"))
+    ]
+    (over1, stamp1), (over0, stamp0) = [json.loads(p.communicate(timeout=300)[0]) for p in procs]
+    assert stamp0 == stamp1, (stamp0, stamp1)
+    assert over0 == [] and over1 == ["hydra.output_subdir=null", "hydra/job_logging=worker"]
+    del store
 
 
 def test_sar_backend_without_partition_dir_is_a_clear_error(tmp_path):
