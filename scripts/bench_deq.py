@@ -12,8 +12,12 @@
    relative residual of 1e-4 and 1e-6 for each solver, the implicit gradient's error against a dense
    float64 reference, and the bytes saved for backward at 10 vs 100 forward iterations. Counts, not
    timings.
-4. ``train``: DEQ-GNN trained on ``proteins_like`` through the training loop, with and without Jacobian
-   regularisation: forward evaluations per solve at every epoch and the validation score.
+4. ``train``: DEQ-GNN trained on ``proteins_like`` through the training loop, arms (``--jac-weights``,
+   the Jacobian regularisation's weight) x seeds, optionally after unrolled pretraining
+   (``--pretrain-epochs``, every arm): per run the epochs whose every training solve reached the
+   tolerance within 30 evaluations, the max evaluations and residual, the best validation score and the
+   test score at it; per arm their mean ± std over the seeds, and the per-seed difference of each arm
+   to the unregularised one.
 
 Examples::
 
@@ -21,6 +25,8 @@ Examples::
     .venv/bin/python scripts/bench_deq.py step --nodes 4000 --hidden 64 --steps 3
     .venv/bin/python scripts/bench_deq.py peer --nodes 2000 --max-iter 100
     .venv/bin/python scripts/bench_deq.py train --nodes 2000 --epochs 50 --seeds-list 0 1 --jac-weights 0 0.1
+    .venv/bin/python scripts/bench_deq.py train --nodes 2000 --epochs 300 --max-iter 100 --seeds-list 0 1 \
+        --jac-weights 0 0.5 --pretrain-epochs 5 --spectral-radius-every 0
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ import statistics
 import subprocess
 import sys
 import time
+
+from benchlib import markdown_table
 
 
 def load_graph(nodes: int, seed: int = 0):
@@ -382,6 +390,18 @@ def bench_peer(args) -> None:
 
 # ---- train: DEQ-GNN on proteins_like with and without Jacobian regularisation -----------------------
 
+#: The issue's budget: every training solve of an epoch within this many evaluations.
+EVAL_BUDGET = 30
+
+
+def _mean_std(values, signed: bool = False) -> str:
+    """``mean ± std`` over the seeds (sample std; the value alone for one seed)."""
+    values = list(values)
+    fmt = "+.4f" if signed else ".4f"
+    if len(values) < 2:
+        return format(values[0], fmt) if values else "n/a"
+    return f"{format(statistics.mean(values), fmt)} ± {statistics.stdev(values):.4f}"
+
 
 def train_run(args, seed: int, jac_weight: float, out_dir: str):
     """One run of the training loop; returns its metrics.csv rows and summary."""
@@ -401,9 +421,11 @@ def train_run(args, seed: int, jac_weight: float, out_dir: str):
         "model=deq_gnn",
         f"model.hidden_channels={args.hidden}",
         f"model.max_iter={args.max_iter}",
-        "model.tol=1e-4",
+        f"model.tol={args.tol:g}",
+        f"model.pretrain_epochs={args.pretrain_epochs}",
         f"model.jac_reg_weight={jac_weight}",
-        "model.spectral_radius_every=1",
+        f"model.jac_reg_every={args.jac_every}",
+        f"model.spectral_radius_every={args.spectral_radius_every}",
         "model.spectral_radius_iters=10",
         f"trainer.epochs={args.epochs}",
         f"trainer.eval_every={args.eval_every}",
@@ -418,6 +440,27 @@ def train_run(args, seed: int, jac_weight: float, out_dir: str):
     return rows, summary, overrides
 
 
+def epoch_report(rows, pretrain_epochs: int) -> dict:
+    """Per run: which epochs kept every training solve within :data:`EVAL_BUDGET` evaluations and at
+    the tolerance (a pretraining epoch counts as its unrolled applications: it solves nothing), the
+    max evaluations over all epochs and the max final residual over the solving (DEQ) epochs."""
+    steps = [float(r["deq_forward_steps_max"]) for r in rows]
+    pre = [int(r["epoch"]) <= pretrain_epochs for r in rows]
+    ok = [
+        s <= EVAL_BUDGET if p else s <= EVAL_BUDGET and float(r["deq_forward_converged"]) == 1.0
+        for r, s, p in zip(rows, steps, pre)
+    ]
+    residuals = [float(r["deq_forward_residual_max"]) for r, p in zip(rows, pre) if not p]
+    return {
+        "steps": steps,
+        "ok": sum(ok),
+        "failed": [(int(r["epoch"]), int(s)) for r, s, o in zip(rows, steps, ok) if not o],
+        "max_steps": max(steps),
+        "max_residual": max(residuals) if residuals else float("nan"),
+        "spectral_last": rows[-1].get("deq_spectral_radius_mean", ""),
+    }
+
+
 def bench_train(args) -> None:
     import tempfile
     import warnings
@@ -428,40 +471,120 @@ def bench_train(args) -> None:
 
     warnings.simplefilter("ignore", DEQConvergenceWarning)
     torch.set_num_threads(args.threads)
-    root = tempfile.mkdtemp(prefix="bench_deq_train_")
+    root = args.out_dir or tempfile.mkdtemp(prefix="bench_deq_train_")
     results = {}
     for seed in args.seeds_list:
         for weight in args.jac_weights:
             rows, summary, overrides = train_run(
                 args, seed, weight, os.path.join(root, f"w{weight:g}_s{seed}")
             )
-            results[(weight, seed)] = (rows, summary)
-            steps = [float(r["deq_forward_steps_max"]) for r in rows]
+            results[(weight, seed)] = (rows, summary, epoch_report(rows, args.pretrain_epochs))
             print(
                 f"jac_reg_weight {weight:g} seed {seed}: forward evaluations per solve, max over each epoch: "
-                f"{[int(s) for s in steps]}",
+                f"{[int(s) for s in results[(weight, seed)][2]['steps']]}",
                 flush=True,
             )
     shown = [o for o in overrides if not o.startswith(("model.jac_reg_weight=", "seed=", "name="))]
-    print(f"\noverrides (besides jac_reg_weight, seed): {' '.join(shown)}")
+    print(f"\nruns in {root}\noverrides (besides jac_reg_weight, seed): {' '.join(shown)}")
+    metric = summary.get("metric", "score")
+    epochs = len(rows)
+    pre = args.pretrain_epochs
+    note = f"; epochs 1-{pre} are unrolled pretraining, counted as their unrolled applications" if pre else ""
     print(
-        "\n| jac_reg_weight | seed | epochs with every solve <= 30 evaluations "
-        "| max evaluations, first / last epoch | mean evaluations, last epoch "
-        "| max rel. residual, last epoch | spectral radius, last epoch "
-        "| best valid ROC-AUC (epoch) | test at best valid |"
+        f"\nEpochs whose every training forward solve reached rel. residual {args.tol:g} within "
+        f"{EVAL_BUDGET} evaluations (budget {args.max_iter}){note}; residual over the solving epochs:\n"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
-    for (weight, seed), (rows, summary) in results.items():
-        steps = [float(r["deq_forward_steps_max"]) for r in rows]
-        ok = sum(s <= 30 for s in steps)
-        last = rows[-1]
-        print(
-            f"| {weight:g} | {seed} | {ok} / {len(rows)} | {steps[0]:.0f} / {steps[-1]:.0f} | "
-            f"{float(last['deq_forward_steps_mean']):.1f} | {float(last['deq_forward_residual_max']):.1e} | "
-            f"{float(last['deq_spectral_radius_mean']):.3f} | {summary['highest_valid']:.4f} "
-            f"({summary['best_epoch']}) | {summary['final_test']:.4f} |",
-            flush=True,
+    spectral = args.spectral_radius_every > 0
+    header = [
+        "jac_reg_weight",
+        "seed",
+        f"epochs ≤ {EVAL_BUDGET} evaluations",
+        "epochs over (their max evaluations)",
+        "max evaluations, all epochs",
+        "max rel. residual, DEQ epochs",
+        *(["spectral radius, last epoch"] if spectral else []),
+        f"best valid {metric} (epoch)",
+        "test at best valid",
+    ]
+    table = []
+    for (weight, seed), (_, summary, rep) in results.items():
+        failed = ", ".join(f"{e} ({s})" for e, s in rep["failed"][:8])
+        failed += f", ... ({len(rep['failed'])} in all)" if len(rep["failed"]) > 8 else ""
+        table.append(
+            [
+                f"{weight:g}",
+                seed,
+                f"{rep['ok']} / {epochs}",
+                failed or "none",
+                f"{rep['max_steps']:.0f}",
+                f"{rep['max_residual']:.1e}",
+                *([f"{float(rep['spectral_last']):.3f}"] if spectral else []),
+                f"{summary['highest_valid']:.4f} ({summary['best_epoch']})",
+                f"{summary['final_test']:.4f}",
+            ]
         )
+    print("\n".join(markdown_table(header, table, align="llrlrrrrr")), flush=True)
+
+    seeds = args.seeds_list
+    print(f"\nPer arm over seeds {', '.join(map(str, seeds))} (mean ± sample std):\n")
+    summary_rows = []
+    for weight in args.jac_weights:
+        reps = [results[(weight, s)][2] for s in seeds]
+        sums = [results[(weight, s)][1] for s in seeds]
+        summary_rows.append(
+            [
+                f"{weight:g}",
+                f"{sum(r['ok'] == epochs for r in reps)} / {len(seeds)}",
+                f"{sum(r['ok'] for r in reps)} / {epochs * len(seeds)}",
+                f"{max(r['max_steps'] for r in reps):.0f}",
+                _mean_std(s["highest_valid"] for s in sums),
+                _mean_std(s["final_test"] for s in sums),
+            ]
+        )
+    print(
+        "\n".join(
+            markdown_table(
+                [
+                    "jac_reg_weight",
+                    f"runs with every epoch ≤ {EVAL_BUDGET}",
+                    f"epochs ≤ {EVAL_BUDGET}",
+                    "max evaluations",
+                    f"best valid {metric}",
+                    "test at best valid",
+                ],
+                summary_rows,
+                align="lrrrrr",
+            )
+        )
+    )
+
+    ref = 0.0 if 0.0 in args.jac_weights else args.jac_weights[0]
+    others = [w for w in args.jac_weights if w != ref]
+    if not others:
+        return
+    print(f"\nPaired by seed, arm − jac_reg_weight {ref:g} (best valid / test at best valid):\n")
+    diffs = {w: [] for w in others}
+    paired = []
+    for s in seeds:
+        cells = [s]
+        for w in others:
+            a, b = results[(w, s)][1], results[(ref, s)][1]
+            d = (a["highest_valid"] - b["highest_valid"], a["final_test"] - b["final_test"])
+            diffs[w].append(d)
+            cells.append(f"{d[0]:+.4f} / {d[1]:+.4f}")
+        paired.append(cells)
+    paired.append(
+        ["mean ± std"]
+        + [
+            f"{_mean_std((d[0] for d in diffs[w]), True)} / {_mean_std((d[1] for d in diffs[w]), True)}"
+            for w in others
+        ]
+    )
+    paired.append(
+        ["seeds with valid ≥ 0"] + [f"{sum(d[0] >= 0 for d in diffs[w])} / {len(seeds)}" for w in others]
+    )
+    header = ["seed"] + [f"{w:g} − {ref:g}" for w in others]
+    print("\n".join(markdown_table(header, paired, align="l" + "r" * len(others))), flush=True)
 
 
 MODELS = {
@@ -583,6 +706,25 @@ def main() -> None:
         "--jac-weights", type=float, nargs="+", default=[0.0, 1.0], help="train: jac_reg_weight of each run"
     )
     parser.add_argument("--seeds-list", type=int, nargs="+", default=[0, 1], help="train: run seeds")
+    parser.add_argument(
+        "--pretrain-epochs",
+        type=int,
+        default=0,
+        help="train: epochs of unrolled weight-tied pretraining first (model.pretrain_epochs), every arm",
+    )
+    parser.add_argument(
+        "--jac-every", type=int, default=1, help="train: model.jac_reg_every of the regularised arms"
+    )
+    parser.add_argument(
+        "--spectral-radius-every",
+        type=int,
+        default=1,
+        help="train: model.spectral_radius_every (0: off; the estimate draws from the global RNG, so it "
+        "changes the run's dropout masks)",
+    )
+    parser.add_argument(
+        "--out-dir", help="train: keep each run's output under this folder (default: a temp dir)"
+    )
     parser.add_argument(
         "--models", nargs="+", default=["deq_gnn", "wt_revgnn", "revgnn_small"], choices=sorted(MODELS)
     )
