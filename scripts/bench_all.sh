@@ -28,6 +28,12 @@ OUT=bench_out; mkdir -p "$OUT"
   "$PY" scripts/bench_partition.py
   echo; echo "## DEQ solvers and step (scripts/bench_deq.py)"; echo
   "$PY" scripts/bench_deq.py solvers
+  echo; echo "## DEQ: revgnn vs torchdeq on the same maps (scripts/bench_deq.py peer; needs .[bench])"; echo
+  "$PY" scripts/bench_deq.py peer --nodes 2000 --max-iter 100
   echo; echo "## SAR vs naive domain-parallel (scripts/bench_sar.py)"; echo
   "$PY" scripts/bench_sar.py --out "$OUT/sar"
+  echo; echo "## SAR GENConv-max shard kernel vs one process (scripts/bench_sar_kernel.py)"; echo
+  "$PY" scripts/bench_sar_kernel.py
+  echo; echo "## Step time under a competing CPU load (scripts/bench_contention.py)"; echo
+  "$PY" scripts/bench_contention.py --repeat 2 --out "$OUT/contention.md" > "$OUT/contention.log" && cat "$OUT/contention.md"
 } 2>&1 | tee "$OUT/REPORT.md"
