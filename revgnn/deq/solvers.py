@@ -66,6 +66,9 @@ MapFn = Callable[[Tensor], Tensor]
 STOP_MODES = ("abs", "rel")
 #: Keyword-only options every registered solver must accept.
 REQUIRED_OPTIONS = ("max_iter", "tol", "stop_mode")
+#: Anderson switches a graph to its Type I coefficients while its last step left the residual norm above
+#: this fraction of the one before (see :func:`anderson`).
+_STALL = 0.9
 
 
 class SolverDivergenceError(FloatingPointError):
@@ -162,6 +165,7 @@ class _Problem:
         self.graph_steps = torch.zeros(G, dtype=torch.long)
         self.best_abs = torch.full((G,), math.inf, dtype=torch.float64, device=z0.device)
         self.best_rel = torch.full((G,), math.inf, dtype=torch.float64, device=z0.device)
+        self.abs_res = torch.full((G,), math.inf, dtype=torch.float64, device=z0.device)  # latest update's
         self.best_z = self.rows.clone()
         self.trace: List[float] = []
         self.fallbacks = 0
@@ -212,6 +216,7 @@ class _Problem:
                 f"{self.name}: the iterate z contains NaN/inf at evaluation {step} "
                 f"(residual trace so far: {_fmt(self.trace)})."
             )
+        self.abs_res = abs_res
         rel_res = abs_res / fz_norm.clamp_min(torch.finfo(torch.float64).tiny)
         res = rel_res if self.stop_mode == "rel" else abs_res
         best = self.best_rel if self.stop_mode == "rel" else self.best_abs
@@ -346,25 +351,51 @@ def anderson(
     batch: Optional[Tensor] = None,
     keep: Sequence[int] = (),
 ) -> SolverResult:
-    r"""Anderson acceleration (Walker & Ni, 2011; difference form).
+    r"""Anderson acceleration (Walker & Ni, 2011; difference form), Type II with a switch to Type I
+    (Fang & Saad, 2009) while it stagnates.
 
     With residuals :math:`\mathbf{g}_k = f(\mathbf{z}_k) - \mathbf{z}_k` and the last :math:`m`
     differences :math:`\Delta\mathbf{Z} = [\mathbf{z}_{i+1} - \mathbf{z}_i]`,
     :math:`\Delta\mathbf{G} = [\mathbf{g}_{i+1} - \mathbf{g}_i]`,
 
     .. math::
-        \boldsymbol{\gamma} &= \left(\Delta\mathbf{G}^\top \Delta\mathbf{G} + \lambda' \mathbf{I}\right)^{-1}
-        \Delta\mathbf{G}^\top \mathbf{g}_k, \qquad
+        \mathbf{z}_{k+1} &= \mathbf{z}_k + \beta \mathbf{g}_k - (\Delta\mathbf{Z} + \beta\,\Delta\mathbf{G})
+        \boldsymbol{\gamma}_k, \qquad
+        \boldsymbol{\gamma}_k = \begin{cases}
+            \boldsymbol{\gamma}^{\mathrm{I}} & \text{if } \|\mathbf{g}_k\|_2 > 0.9\,
+                \|\mathbf{g}_{k-1}\|_2, \\
+            \boldsymbol{\gamma}^{\mathrm{II}} & \text{otherwise,}
+        \end{cases}
+
+        \boldsymbol{\gamma}^{\mathrm{II}} &= \left(\Delta\mathbf{G}^\top \Delta\mathbf{G} + \lambda'
+        \mathbf{I}\right)^{-1} \Delta\mathbf{G}^\top \mathbf{g}_k, \qquad
         \lambda' = \lambda \cdot \tfrac{1}{m_k} \operatorname{tr}(\Delta\mathbf{G}^\top \Delta\mathbf{G}),
 
-        \mathbf{z}_{k+1} &= \mathbf{z}_k + \beta \mathbf{g}_k - (\Delta\mathbf{Z} + \beta\,\Delta\mathbf{G})
-        \boldsymbol{\gamma}.
+        \boldsymbol{\gamma}^{\mathrm{I}} &= \left(\mathbf{A}^\top \mathbf{A} + \lambda'' \mathbf{I}
+        \right)^{-1} \mathbf{A}^\top \Delta\mathbf{Z}^\top \mathbf{g}_k, \qquad
+        \mathbf{A} = \Delta\mathbf{Z}^\top \Delta\mathbf{G}, \qquad
+        \lambda'' = \lambda \cdot \tfrac{1}{m_k} \operatorname{tr}(\mathbf{A}^\top \mathbf{A}).
 
-    The ridge :math:`\lambda'` is scaled to the problem (the Gram matrix shrinks with the residual, so a
-    fixed ridge would either do nothing early or dominate late). If the small :math:`m \times m` system is
-    still singular or yields NaN/inf, the history is dropped and a plain damped fixed-point step is taken
-    (counted in :obj:`SolverResult.fallbacks`). With :obj:`batch`, every graph has its own history,
-    Gram matrix, ridge and :math:`\boldsymbol{\gamma}_g` (and its own fallbacks).
+    :math:`\boldsymbol{\gamma}^{\mathrm{II}}` minimises the linearised residual
+    :math:`\|\mathbf{g}_k - \Delta\mathbf{G}\boldsymbol{\gamma}\|_2` (ridge-regularised); it is the
+    usual choice and is kept as long as each step cuts the residual norm by at least 10%.
+    A minimal-residual projection with a short history stalls, however, when the Jacobian
+    :math:`\mathbf{J}_f` has eigenvalues on both sides of 1 (a map that is not contractive, e.g. an
+    untrained DEQ-GNN layer): the residual that survives lies along the directions where
+    :math:`\mathbf{I} - \mathbf{J}_f` is nearly singular, almost orthogonal to :math:`\Delta\mathbf{G}`,
+    so :math:`\boldsymbol{\gamma}^{\mathrm{II}} \approx \mathbf{0}` and the step is close to a plain
+    fixed-point step. While the residual stagnates, the Galerkin condition
+    :math:`\Delta\mathbf{Z}^\top(\mathbf{g}_k - \Delta\mathbf{G}\boldsymbol{\gamma}) = \mathbf{0}` of the
+    "good" multisecant (Broyden-like) update is used instead, which takes the large quasi-Newton steps
+    those directions need (its small system is regularised through its normal equations, since
+    :math:`\mathbf{A}` is not symmetric). Both use the same history and no extra evaluation of :math:`f`.
+
+    The ridges are scaled to the problem (the small systems shrink with the residual, so a fixed ridge
+    would either do nothing early or dominate late). If the Type II system is singular or yields NaN/inf,
+    the history is dropped and a plain damped fixed-point step is taken (counted in
+    :obj:`SolverResult.fallbacks`); an unusable Type I system keeps the Type II coefficients. With
+    :obj:`batch`, every graph has its own history, small systems, ridges, switch and
+    :math:`\boldsymbol{\gamma}_g` (and its own fallbacks).
 
     Args:
         f (callable): the map; takes and returns tensors shaped like :obj:`z0`.
@@ -401,12 +432,13 @@ def anderson(
     count = torch.zeros(G, dtype=torch.long, device=dev)  # differences stored per graph
     cols = torch.arange(m, device=dev)
     eye = torch.eye(m, dtype=torch.float64, device=dev)
-    x_prev = g_prev = None
+    x_prev = g_prev = res_prev = None
     for _ in range(int(max_iter)):
         fx = F(x)
         g = fx - x
         if prob.update(x, fx):
             break
+        res = prob.abs_res  # [G] ||g_k||_2
         if g_prev is not None:
             rows = prob.rows_of(prob.active).nonzero().squeeze(1)
             slot = prob.rows_of(count % m)[rows]
@@ -419,16 +451,33 @@ def anderson(
         ok = torch.zeros(G, dtype=torch.bool, device=dev)
         step = beta * g
         if bool((k > 0).any()):
-            gram = prob.graph_sum(torch.einsum("nri,nrj->nij", dG, dG)).double()
-            rhs = prob.graph_sum(torch.einsum("nri,nr->ni", dG, g)).double()
             mask = (valid[:, :, None] & valid[:, None, :]).double()
-            diag = torch.where(valid, gram.diagonal(dim1=1, dim2=2), 0.0)
-            ridge = lam * diag.sum(1) / k.clamp(min=1) + torch.finfo(torch.float64).tiny
-            # unused columns: identity rows, zero right-hand side -> their coefficient is exactly 0
-            system = gram * mask + eye * (ridge[:, None, None] * valid[:, :, None] + (~valid)[:, :, None])
-            gamma, info = torch.linalg.solve_ex(system, rhs * valid)
+            unused = eye * (~valid)[:, :, None]  # identity rows, zero right-hand side -> coefficient 0
+            tiny = torch.finfo(torch.float64).tiny
+            # Type II (minimal residual): ridge-regularised least squares on the residual differences.
+            gram = prob.graph_sum(torch.einsum("nri,nrj->nij", dG, dG)).double() * mask
+            rhs = prob.graph_sum(torch.einsum("nri,nr->ni", dG, g)).double() * valid
+            ridge = lam * gram.diagonal(dim1=1, dim2=2).sum(1) / k.clamp(min=1) + tiny
+            gamma, info = torch.linalg.solve_ex(
+                gram + eye * ridge[:, None, None] * valid[:, :, None] + unused, rhs
+            )
             ok = (k > 0) & (info == 0) & torch.isfinite(gamma).all(1)
-            gamma = torch.where(ok[:, None], gamma, 0.0).to(x.dtype)
+            gamma = torch.where(ok[:, None], gamma, 0.0)
+            # Stagnation (the last step cut ||g|| by less than 10%) -> Type I coefficients instead,
+            # where their system is usable.
+            stalled = ok & (res > _STALL * res_prev) if res_prev is not None else torch.zeros_like(ok)
+            if bool(stalled.any()):
+                cross = prob.graph_sum(torch.einsum("nri,nrj->nij", dX, dG)).double() * mask
+                rhs1 = prob.graph_sum(torch.einsum("nri,nr->ni", dX, g)).double() * valid
+                normal = cross.transpose(1, 2) @ cross
+                ridge1 = lam * normal.diagonal(dim1=1, dim2=2).sum(1) / k.clamp(min=1) + tiny
+                system1 = normal + eye * ridge1[:, None, None] * valid[:, :, None] + unused
+                gamma1, info1 = torch.linalg.solve_ex(
+                    system1, (cross.transpose(1, 2) @ rhs1[:, :, None])[..., 0]
+                )
+                use1 = stalled & (info1 == 0) & torch.isfinite(gamma1).all(1)
+                gamma = torch.where(use1[:, None], gamma1, gamma)
+            gamma = gamma.to(x.dtype)
             accel = beta * g - torch.einsum("nrm,nm->nr", dX + beta * dG, prob.rows_of(gamma))
             ok = ok & ~prob.graph_sum((~torch.isfinite(accel)).any(1).to(torch.long)).bool()
             step = torch.where(prob.rows_of(ok)[:, None], accel, step)
@@ -436,6 +485,7 @@ def anderson(
         if bool(failed.any()):
             prob.fallbacks += int(failed.sum())
             count = torch.where(failed, 0, count)  # drop the history: it produced nothing usable
+        res_prev = res
         x = prob.frozen(x + step, x)
     return prob.result()
 
