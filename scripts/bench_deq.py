@@ -404,13 +404,17 @@ def _mean_std(values, signed: bool = False) -> str:
 
 
 def train_run(args, seed: int, jac_weight: float, out_dir: str):
-    """One run of the training loop; returns its metrics.csv rows and summary."""
+    """One run of the training loop; returns its metrics.csv rows and summary, and whether it was
+    reused (``--reuse``: ``out_dir`` holds a completed run of the same length whose checkpoint has the
+    same configuration, compared as a resume compares it; the runs are deterministic per seed; an
+    interrupted run there is trained again from the start)."""
     import csv
 
     from hydra import compose, initialize_config_dir
 
     import revgnn.config  # noqa: F401  (registers the schemas)
-    from revgnn.engine.loop import train
+    from revgnn.engine.checkpoint import load_checkpoint
+    from revgnn.engine.loop import check_resume_config, train
 
     config_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "revgnn", "configs")
     overrides = [
@@ -424,7 +428,8 @@ def train_run(args, seed: int, jac_weight: float, out_dir: str):
         f"model.tol={args.tol:g}",
         f"model.pretrain_epochs={args.pretrain_epochs}",
         f"model.jac_reg_weight={jac_weight}",
-        f"model.jac_reg_every={args.jac_every}",
+        # it acts only with a weight: the unregularised arm's configuration is one for every --jac-every
+        f"model.jac_reg_every={args.jac_every if jac_weight else 1}",
         f"model.spectral_radius_every={args.spectral_radius_every}",
         "model.spectral_radius_iters=10",
         f"trainer.epochs={args.epochs}",
@@ -435,9 +440,20 @@ def train_run(args, seed: int, jac_weight: float, out_dir: str):
     with initialize_config_dir(config_dir=os.path.abspath(config_dir), version_base="1.3"):
         cfg = compose(config_name="train", overrides=overrides)
     cfg.output_dir = out_dir
-    summary = train(cfg)
+    summary_path = os.path.join(out_dir, "summary.json")
+    previous = json.load(open(summary_path)) if args.reuse and os.path.exists(summary_path) else {}
+    if previous.get("status") == "completed":  # an interrupted or failed run is trained again
+        if previous.get("epochs") != args.epochs:
+            raise SystemExit(f"--reuse: {out_dir} holds a run of {previous.get('epochs')} epochs")
+        try:
+            check_resume_config(load_checkpoint(os.path.join(out_dir, "last.pt"))["config"], cfg, out_dir)
+        except ValueError as e:
+            raise SystemExit(f"--reuse: {e}\ngive --out-dir another folder") from None
+        summary, reused = previous, True
+    else:
+        summary, reused = train(cfg), False
     rows = list(csv.DictReader(open(os.path.join(out_dir, "metrics.csv"))))
-    return rows, summary, overrides
+    return rows, summary, overrides, reused
 
 
 def epoch_report(rows, pretrain_epochs: int) -> dict:
@@ -475,17 +491,22 @@ def bench_train(args) -> None:
     results = {}
     for seed in args.seeds_list:
         for weight in args.jac_weights:
-            rows, summary, overrides = train_run(
+            rows, summary, overrides, reused = train_run(
                 args, seed, weight, os.path.join(root, f"w{weight:g}_s{seed}")
             )
             results[(weight, seed)] = (rows, summary, epoch_report(rows, args.pretrain_epochs))
             print(
-                f"jac_reg_weight {weight:g} seed {seed}: forward evaluations per solve, max over each epoch: "
+                f"jac_reg_weight {weight:g} seed {seed}{' (reused)' if reused else ''}: "
+                "forward evaluations per solve, max over each epoch: "
                 f"{[int(s) for s in results[(weight, seed)][2]['steps']]}",
                 flush=True,
             )
-    shown = [o for o in overrides if not o.startswith(("model.jac_reg_weight=", "seed=", "name="))]
-    print(f"\nruns in {root}\noverrides (besides jac_reg_weight, seed): {' '.join(shown)}")
+    skip = ("model.jac_reg_weight=", "model.jac_reg_every=", "seed=", "name=")
+    shown = [o for o in overrides if not o.startswith(skip)]
+    print(
+        f"\nruns in {root}\noverrides (besides jac_reg_weight, seed): {' '.join(shown)}"
+        f"; regularised arms: model.jac_reg_every={args.jac_every}"
+    )
     metric = summary.get("metric", "score")
     epochs = len(rows)
     pre = args.pretrain_epochs
@@ -724,6 +745,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--out-dir", help="train: keep each run's output under this folder (default: a temp dir)"
+    )
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="train: take a run --out-dir already holds, completed with the same configuration, instead "
+        "of training it again (same --threads assumed)",
     )
     parser.add_argument(
         "--models", nargs="+", default=["deq_gnn", "wt_revgnn", "revgnn_small"], choices=sorted(MODELS)
