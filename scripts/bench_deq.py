@@ -471,6 +471,7 @@ def epoch_report(rows, pretrain_epochs: int) -> dict:
         "steps": steps,
         "ok": sum(ok),
         "failed": [(int(r["epoch"]), int(s)) for r, s, o in zip(rows, steps, ok) if not o],
+        "unconverged": sum(float(r["deq_forward_converged"]) < 1.0 for r, p in zip(rows, pre) if not p),
         "max_steps": max(steps),
         "max_residual": max(residuals) if residuals else float("nan"),
         "spectral_last": rows[-1].get("deq_spectral_radius_mean", ""),
@@ -552,11 +553,14 @@ def bench_train(args) -> None:
     for weight in args.jac_weights:
         reps = [results[(weight, s)][2] for s in seeds]
         sums = [results[(weight, s)][1] for s in seeds]
+        first = sorted(r["failed"][0][0] for r in reps if r["failed"])
         summary_rows.append(
             [
                 f"{weight:g}",
                 f"{sum(r['ok'] == epochs for r in reps)} / {len(seeds)}",
                 f"{sum(r['ok'] for r in reps)} / {epochs * len(seeds)}",
+                f"{sum(r['unconverged'] for r in reps)}",
+                f"{first[0]}-{first[-1]}" if first else "none",
                 f"{max(r['max_steps'] for r in reps):.0f}",
                 _mean_std(s["highest_valid"] for s in sums),
                 _mean_std(s["final_test"] for s in sums),
@@ -569,12 +573,35 @@ def bench_train(args) -> None:
                     "jac_reg_weight",
                     f"runs with every epoch ≤ {EVAL_BUDGET}",
                     f"epochs ≤ {EVAL_BUDGET}",
+                    f"epochs with a solve stopped at {args.max_iter}",
+                    "first epoch over, earliest-latest seed",
                     "max evaluations",
                     f"best valid {metric}",
                     "test at best valid",
                 ],
                 summary_rows,
-                align="lrrrrr",
+                align="lrrrrrrr",
+            )
+        )
+    )
+    block = max(10, math.ceil(epochs / 60) * 10)
+    starts = range(1, epochs + 1, block)
+    print(
+        f"\nEpochs over {EVAL_BUDGET} evaluations or unconverged, per {block} epochs, sum over the seeds:\n"
+    )
+    print(
+        "\n".join(
+            markdown_table(
+                ["jac_reg_weight"] + [f"{a}-{min(a + block - 1, epochs)}" for a in starts],
+                [
+                    [f"{w:g}"]
+                    + [
+                        sum(a <= e < a + block for s in seeds for e, _ in results[(w, s)][2]["failed"])
+                        for a in starts
+                    ]
+                    for w in args.jac_weights
+                ],
+                align="l" + "r" * len(starts),
             )
         )
     )
