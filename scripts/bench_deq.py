@@ -12,21 +12,24 @@
    relative residual of 1e-4 and 1e-6 for each solver, the implicit gradient's error against a dense
    float64 reference, and the bytes saved for backward at 10 vs 100 forward iterations. Counts, not
    timings.
-4. ``train``: DEQ-GNN trained on ``proteins_like`` through the training loop, arms (``--jac-weights``,
-   the Jacobian regularisation's weight) x seeds, optionally after unrolled pretraining
-   (``--pretrain-epochs``, every arm): per run the epochs whose every training solve reached the
-   tolerance within 30 evaluations, the max evaluations and residual, the best validation score and the
-   test score at it; per arm their mean ± std over the seeds, and the per-seed difference of each arm
-   to the unregularised one.
+4. ``train``: DEQ-GNN trained on ``proteins_like`` through the training loop, arms (``--arms``, model
+   overrides such as ``jac_reg_weight=0.5`` or ``spectral_reg_weight=10,spectral_reg_target=0.5``;
+   ``none`` unregularised) x seeds, optionally after unrolled pretraining (``--pretrain-epochs``,
+   every arm): per run the epochs whose every training solve reached the tolerance within 30
+   evaluations, the max evaluations and residual, the best validation score and the test score at it;
+   per arm their mean ± std over the seeds, and the per-seed difference of each arm to the
+   unregularised one.
 
 Examples::
 
     .venv/bin/python scripts/bench_deq.py solvers --nodes 4000 --hidden 64 --seeds 3
     .venv/bin/python scripts/bench_deq.py step --nodes 4000 --hidden 64 --steps 3
     .venv/bin/python scripts/bench_deq.py peer --nodes 2000 --max-iter 100
-    .venv/bin/python scripts/bench_deq.py train --nodes 2000 --epochs 50 --seeds-list 0 1 --jac-weights 0 0.1
+    .venv/bin/python scripts/bench_deq.py train --nodes 2000 --epochs 50 --seeds-list 0 1 \
+        --arms none jac_reg_weight=0.1
     .venv/bin/python scripts/bench_deq.py train --nodes 2000 --epochs 300 --max-iter 100 --seeds-list 0 1 \
-        --jac-weights 0 0.5 --pretrain-epochs 5 --spectral-radius-every 0
+        --arms none spectral_reg_weight=10,spectral_reg_target=0.5 --pretrain-epochs 5 \
+        --spectral-radius-every 0
 """
 
 from __future__ import annotations
@@ -403,7 +406,49 @@ def _mean_std(values, signed: bool = False) -> str:
     return f"{format(statistics.mean(values), fmt)} ± {statistics.stdev(values):.4f}"
 
 
-def train_run(args, seed: int, jac_weight: float, out_dir: str):
+#: Short names of the model keys an arm sets, for its folder name (``w0.5_s3``, ``rw10_rt0.6_s3``).
+_ARM_KEYS = {"jac_reg_weight": "w", "spectral_reg_weight": "rw", "spectral_reg_target": "rt"}
+_REGULARISERS = ("jac_reg_weight", "spectral_reg_weight")
+
+
+class Arm:
+    """One arm of ``train``: model overrides ``key=value[,key=value]``, e.g. ``jac_reg_weight=0.5`` or
+    ``spectral_reg_weight=10,spectral_reg_target=0.6``; ``none`` is the unregularised model."""
+
+    def __init__(self, spec: str):
+        self.label = spec
+        self.model = {}
+        for item in [] if spec == "none" else spec.split(","):
+            key, sep, value = item.partition("=")
+            if not sep or not key or not value:
+                raise argparse.ArgumentTypeError(f"arm {spec!r}: expected key=value[,key=value] or none")
+            self.model[key.strip()] = value.strip()
+        for key in _REGULARISERS:
+            if key in self.model:
+                try:
+                    float(self.model[key])
+                except ValueError:
+                    raise argparse.ArgumentTypeError(f"arm {spec!r}: {key} must be a number") from None
+
+    @property
+    def regularised(self) -> bool:
+        return any(float(self.model.get(k, 0)) > 0 for k in _REGULARISERS)
+
+    @property
+    def folder(self) -> str:
+        if not self.model:
+            return "w0"
+        return "_".join(f"{_ARM_KEYS.get(k, k)}{v}" for k, v in self.model.items())
+
+    def overrides(self, jac_every: int):
+        out = [f"model.jac_reg_weight={self.model.get('jac_reg_weight', 0.0)}"]
+        # it acts only with a weight: the unregularised arm's configuration is one for every --jac-every
+        out.append(f"model.jac_reg_every={jac_every if self.regularised else 1}")
+        out += [f"model.{k}={v}" for k, v in self.model.items() if k != "jac_reg_weight"]
+        return out
+
+
+def train_run(args, seed: int, arm: Arm, out_dir: str):
     """One run of the training loop; returns its metrics.csv rows and summary, and whether it was
     reused (``--reuse``: ``out_dir`` holds a completed run of the same length whose checkpoint has the
     same configuration, compared as a resume compares it; the runs are deterministic per seed; an
@@ -427,15 +472,13 @@ def train_run(args, seed: int, jac_weight: float, out_dir: str):
         f"model.max_iter={args.max_iter}",
         f"model.tol={args.tol:g}",
         f"model.pretrain_epochs={args.pretrain_epochs}",
-        f"model.jac_reg_weight={jac_weight}",
-        # it acts only with a weight: the unregularised arm's configuration is one for every --jac-every
-        f"model.jac_reg_every={args.jac_every if jac_weight else 1}",
+        *arm.overrides(args.jac_every),
         f"model.spectral_radius_every={args.spectral_radius_every}",
         "model.spectral_radius_iters=10",
         f"trainer.epochs={args.epochs}",
         f"trainer.eval_every={args.eval_every}",
         f"seed={seed}",
-        f"name=deq_jac{jac_weight:g}_seed{seed}",
+        f"name=deq_{arm.folder}_seed{seed}",
     ]
     with initialize_config_dir(config_dir=os.path.abspath(config_dir), version_base="1.3"):
         cfg = compose(config_name="train", overrides=overrides)
@@ -490,22 +533,23 @@ def bench_train(args) -> None:
     torch.set_num_threads(args.threads)
     root = args.out_dir or tempfile.mkdtemp(prefix="bench_deq_train_")
     results = {}
+    arms = args.arms
     for seed in args.seeds_list:
-        for weight in args.jac_weights:
+        for arm in arms:
             rows, summary, overrides, reused = train_run(
-                args, seed, weight, os.path.join(root, f"w{weight:g}_s{seed}")
+                args, seed, arm, os.path.join(root, f"{arm.folder}_s{seed}")
             )
-            results[(weight, seed)] = (rows, summary, epoch_report(rows, args.pretrain_epochs))
+            results[(arm.label, seed)] = (rows, summary, epoch_report(rows, args.pretrain_epochs))
             print(
-                f"jac_reg_weight {weight:g} seed {seed}{' (reused)' if reused else ''}: "
+                f"{arm.label} seed {seed}{' (reused)' if reused else ''}: "
                 "forward evaluations per solve, max over each epoch: "
-                f"{[int(s) for s in results[(weight, seed)][2]['steps']]}",
+                f"{[int(s) for s in results[(arm.label, seed)][2]['steps']]}",
                 flush=True,
             )
-    skip = ("model.jac_reg_weight=", "model.jac_reg_every=", "seed=", "name=")
-    shown = [o for o in overrides if not o.startswith(skip)]
+    own = {o for arm in arms for o in arm.overrides(args.jac_every)}
+    shown = [o for o in overrides if o not in own and not o.startswith(("seed=", "name="))]
     print(
-        f"\nruns in {root}\noverrides (besides jac_reg_weight, seed): {' '.join(shown)}"
+        f"\nruns in {root}\noverrides (besides the arm's and the seed): {' '.join(shown)}"
         f"; regularised arms: model.jac_reg_every={args.jac_every}"
     )
     metric = summary.get("metric", "score")
@@ -518,7 +562,7 @@ def bench_train(args) -> None:
     )
     spectral = args.spectral_radius_every > 0
     header = [
-        "jac_reg_weight",
+        "arm",
         "seed",
         f"epochs ≤ {EVAL_BUDGET} evaluations",
         "epochs over (their max evaluations)",
@@ -529,12 +573,12 @@ def bench_train(args) -> None:
         "test at best valid",
     ]
     table = []
-    for (weight, seed), (_, summary, rep) in results.items():
+    for (label, seed), (_, summary, rep) in results.items():
         failed = ", ".join(f"{e} ({s})" for e, s in rep["failed"][:8])
         failed += f", ... ({len(rep['failed'])} in all)" if len(rep["failed"]) > 8 else ""
         table.append(
             [
-                f"{weight:g}",
+                label,
                 seed,
                 f"{rep['ok']} / {epochs}",
                 failed or "none",
@@ -550,13 +594,13 @@ def bench_train(args) -> None:
     seeds = args.seeds_list
     print(f"\nPer arm over seeds {', '.join(map(str, seeds))} (mean ± sample std):\n")
     summary_rows = []
-    for weight in args.jac_weights:
-        reps = [results[(weight, s)][2] for s in seeds]
-        sums = [results[(weight, s)][1] for s in seeds]
+    for arm in arms:
+        reps = [results[(arm.label, s)][2] for s in seeds]
+        sums = [results[(arm.label, s)][1] for s in seeds]
         first = sorted(r["failed"][0][0] for r in reps if r["failed"])
         summary_rows.append(
             [
-                f"{weight:g}",
+                arm.label,
                 f"{sum(r['ok'] == epochs for r in reps)} / {len(seeds)}",
                 f"{sum(r['ok'] for r in reps)} / {epochs * len(seeds)}",
                 f"{sum(r['unconverged'] for r in reps)}",
@@ -570,7 +614,7 @@ def bench_train(args) -> None:
         "\n".join(
             markdown_table(
                 [
-                    "jac_reg_weight",
+                    "arm",
                     f"runs with every epoch ≤ {EVAL_BUDGET}",
                     f"epochs ≤ {EVAL_BUDGET}",
                     f"epochs with a solve stopped at {args.max_iter}",
@@ -592,25 +636,27 @@ def bench_train(args) -> None:
     print(
         "\n".join(
             markdown_table(
-                ["jac_reg_weight"] + [f"{a}-{min(a + block - 1, epochs)}" for a in starts],
+                ["arm"] + [f"{a}-{min(a + block - 1, epochs)}" for a in starts],
                 [
-                    [f"{w:g}"]
+                    [arm.label]
                     + [
-                        sum(a <= e < a + block for s in seeds for e, _ in results[(w, s)][2]["failed"])
+                        sum(
+                            a <= e < a + block for s in seeds for e, _ in results[(arm.label, s)][2]["failed"]
+                        )
                         for a in starts
                     ]
-                    for w in args.jac_weights
+                    for arm in arms
                 ],
                 align="l" + "r" * len(starts),
             )
         )
     )
 
-    ref = 0.0 if 0.0 in args.jac_weights else args.jac_weights[0]
-    others = [w for w in args.jac_weights if w != ref]
+    ref = next((a.label for a in arms if not a.regularised), arms[0].label)
+    others = [a.label for a in arms if a.label != ref]
     if not others:
         return
-    print(f"\nPaired by seed, arm − jac_reg_weight {ref:g} (best valid / test at best valid):\n")
+    print(f"\nPaired by seed, arm − {ref} (best valid / test at best valid):\n")
     diffs = {w: [] for w in others}
     paired = []
     for s in seeds:
@@ -631,7 +677,7 @@ def bench_train(args) -> None:
     paired.append(
         ["seeds with valid ≥ 0"] + [f"{sum(d[0] >= 0 for d in diffs[w])} / {len(seeds)}" for w in others]
     )
-    header = ["seed"] + [f"{w:g} − {ref:g}" for w in others]
+    header = ["seed"] + [f"{w} − {ref}" for w in others]
     print("\n".join(markdown_table(header, paired, align="l" + "r" * len(others))), flush=True)
 
 
@@ -751,7 +797,12 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=30, help="train: epochs per run")
     parser.add_argument("--eval-every", type=int, default=5, help="train: evaluate every this many epochs")
     parser.add_argument(
-        "--jac-weights", type=float, nargs="+", default=[0.0, 1.0], help="train: jac_reg_weight of each run"
+        "--arms",
+        type=Arm,
+        nargs="+",
+        default=[Arm("none"), Arm("jac_reg_weight=1")],
+        help="train: model overrides of each arm, key=value[,key=value] (e.g. jac_reg_weight=0.5 or "
+        "spectral_reg_weight=10,spectral_reg_target=0.6), or none",
     )
     parser.add_argument("--seeds-list", type=int, nargs="+", default=[0, 1], help="train: run seeds")
     parser.add_argument(

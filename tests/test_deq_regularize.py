@@ -1,5 +1,6 @@
-"""Jacobian regularisation and spectral radius: Hutchinson is unbiased, power iteration finds rho,
-the DEQ adds the term to the loss through the training loop's one auxiliary-loss mechanism."""
+"""Jacobian regularisation and spectral radius: Hutchinson is unbiased, power iteration finds rho, the
+spectral-radius penalty has the gradient of the dominant eigenvalue, the DEQ adds the terms to the loss
+through the training loop's one auxiliary-loss mechanism."""
 
 import csv
 import math
@@ -8,7 +9,7 @@ import pytest
 import torch
 from conftest import TanhMap
 
-from revgnn.deq import DEQ, jacobian_frobenius, spectral_radius
+from revgnn.deq import DEQ, jacobian_frobenius, spectral_radius, spectral_radius_penalty
 
 
 def small_map(seed=0, shape=(3, 2)):
@@ -87,6 +88,74 @@ def test_power_iteration_finds_the_spectral_radius_of_a_known_matrix():
     assert spectral_radius(fz, z) == 0.0
 
 
+def _eigenpair_matrix(eigenvalues, seed=0, orthogonal=False):
+    """A = Q diag(eigenvalues) Q^-1 and the unit dominant eigenvector w of A^T (the vector the power
+    iteration on J^T converges to)."""
+    g = torch.Generator().manual_seed(seed)
+    n = len(eigenvalues)
+    Q = torch.randn(n, n, generator=g, dtype=torch.float64) + 3 * torch.eye(n, dtype=torch.float64)
+    if orthogonal:
+        Q = torch.linalg.qr(Q).Q
+    D = torch.diag(torch.tensor(eigenvalues, dtype=torch.float64))
+    Qinv = torch.linalg.inv(Q)
+    A = Q @ D @ Qinv
+    w = Qinv[0]  # row 0 of Q^-1: A^T w = lambda_0 w
+    return A, w / w.norm()
+
+
+@pytest.mark.parametrize("orthogonal", [True, False])
+@pytest.mark.parametrize("lead", [0.9, -0.9])
+def test_spectral_penalty_value_and_gradient_are_the_dominant_eigenvalues_float64(orthogonal, lead):
+    """(rho_hat - t)^2 with rho_hat = ||A^T w||: value (|lambda| - t)^2 and, v held fixed, gradient
+    2 (|lambda| - t) sign(lambda) w w^T with respect to A (symmetric and non-normal A)."""
+    A0, w = _eigenpair_matrix([lead, -0.6, 0.45, 0.3, -0.2, 0.1], orthogonal=orthogonal)
+    A = A0.clone().requires_grad_()
+    z = torch.zeros(6, dtype=torch.float64, requires_grad=True)
+    fz = A @ z
+    term, estimate = spectral_radius_penalty(
+        fz, z, 0.5, iters=200, generator=torch.Generator().manual_seed(1)
+    )
+    assert estimate == pytest.approx(0.9, rel=1e-10)
+    assert term.item() == pytest.approx(0.4**2, rel=1e-10)
+    (grad,) = torch.autograd.grad(term, A)
+    ref = 2 * 0.4 * math.copysign(1.0, lead) * torch.outer(w, w)
+    assert torch.allclose(grad, ref, rtol=1e-9, atol=1e-12 * ref.norm().item())
+
+
+def test_spectral_penalty_is_zero_below_its_target_and_drives_rho_to_it():
+    A0, _ = _eigenpair_matrix([0.9, -0.6, 0.45, 0.3, -0.2, 0.1])
+    z = torch.zeros(6, dtype=torch.float64, requires_grad=True)
+    A = A0.clone().requires_grad_()
+    term, estimate = spectral_radius_penalty(A @ z, z, 0.95, iters=100)
+    assert term.item() == 0.0 and estimate == pytest.approx(0.9, rel=1e-8)
+    (grad,) = torch.autograd.grad(term, A)
+    assert grad.abs().max().item() == 0.0
+    # gradient descent on the penalty alone (symmetric: the step w w^T moves only the dominant
+    # eigenvalue): rho falls from 1.3 to the target, not below
+    S, _ = _eigenpair_matrix([1.3, -0.9, 0.7, 0.3, -0.2, 0.1], orthogonal=True)
+    B = S.clone().requires_grad_()
+    opt = torch.optim.SGD([B], lr=0.2)
+    g = torch.Generator().manual_seed(2)
+    for _ in range(300):
+        opt.zero_grad()
+        term, _ = spectral_radius_penalty(B @ z, z, 0.6, iters=60, generator=g)
+        term.backward()
+        opt.step()
+    rho = torch.linalg.eigvals(B.detach()).abs().max().item()
+    assert 0.595 <= rho <= 0.61
+
+
+def test_spectral_penalty_uses_the_twice_differentiable_map_for_its_gradient():
+    """The power iterations run on fz, the last (differentiated) product on fz_graph."""
+    A0, _ = _eigenpair_matrix([0.9, -0.6, 0.45, 0.3, -0.2, 0.1], orthogonal=True)
+    A = A0.clone().requires_grad_()
+    z = torch.zeros(6, dtype=torch.float64, requires_grad=True)
+    once = A.detach() @ z  # no path to A: differentiating it gives nothing
+    term, _ = spectral_radius_penalty(once, z, 0.0, iters=200, fz_graph=A @ z)
+    (grad,) = torch.autograd.grad(term, A)
+    assert term.item() == pytest.approx(0.81, rel=1e-10) and grad.norm().item() > 1.0
+
+
 def test_estimator_argument_errors():
     fz, z = _linear(torch.eye(2, dtype=torch.float64))
     with pytest.raises(ValueError, match="distribution"):
@@ -95,6 +164,10 @@ def test_estimator_argument_errors():
         jacobian_frobenius(fz, z, probes=0)
     with pytest.raises(ValueError, match="iters"):
         spectral_radius(fz, z, iters=0)
+    with pytest.raises(ValueError, match="iters"):
+        spectral_radius_penalty(fz, z, 0.5, iters=0)
+    with pytest.raises(ValueError, match="target"):
+        spectral_radius_penalty(fz, z, -0.1)
 
 
 def test_deq_adds_the_jacobian_term_every_k_training_forwards():
@@ -133,6 +206,36 @@ def test_deq_adds_the_jacobian_term_every_k_training_forwards():
     assert "spectral_radius_mean" not in deq.epoch_stats()  # forgotten
     with pytest.raises(ValueError, match="jac_reg"):
         DEQ(TanhMap(), jac_reg_weight=-1.0)
+
+
+def test_deq_adds_the_spectral_penalty_and_logs_its_estimate():
+    torch.manual_seed(0)
+    deq = DEQ(
+        TanhMap(),
+        tol=1e-12,
+        max_iter=200,
+        spectral_reg_weight=2.0,
+        spectral_reg_target=0.0,
+        spectral_radius_iters=300,
+    )
+    x = torch.randn(4, 5, dtype=torch.float64)
+    deq(x)
+    term = deq.auxiliary_loss()
+    z_star = deq.solve(x).z
+    J = exact_jacobian(lambda z: deq.f(z, x), z_star)
+    rho = torch.linalg.eigvals(J).abs().max().item()
+    assert term.item() == pytest.approx(2.0 * rho**2, rel=1e-6)
+    term.backward()
+    assert deq.f.lin.weight.grad.norm().item() > 0
+    assert deq.epoch_stats()["spectral_radius_max"] == pytest.approx(rho, rel=1e-4)
+    above = DEQ(TanhMap(), tol=1e-12, max_iter=200, spectral_reg_weight=2.0, spectral_reg_target=rho + 0.1)
+    above.load_state_dict(deq.state_dict())
+    above(x)
+    assert above.auxiliary_loss().item() == 0.0
+    assert "spectral_reg_target=0" in repr(deq)
+    for bad in ({"spectral_reg_weight": -1.0}, {"spectral_reg_target": -0.5}):
+        with pytest.raises(ValueError, match="spectral_reg"):
+            DEQ(TanhMap(), **bad)
 
 
 def test_training_loop_adds_the_auxiliary_loss_and_logs_jacobian_stats(tmp_path):

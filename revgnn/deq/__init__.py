@@ -18,7 +18,7 @@ Example::
 from .implicit import implicit_equilibrium, phantom_grad, unroll
 from .module import BACKWARD_MODES, DEQ, DEQConvergenceWarning
 from .norm import apply_norm, remove_norm, reset_norm
-from .regularize import jacobian_frobenius, spectral_radius
+from .regularize import jacobian_frobenius, spectral_radius, spectral_radius_penalty
 from .solvers import (
     SOLVERS,
     SolverDivergenceError,
@@ -49,6 +49,7 @@ __all__ = [
     "reset_norm",
     "remove_norm",
     "spectral_radius",
+    "spectral_radius_penalty",
     "solver_options",
     "check_solver_options",
     "implicit_equilibrium",

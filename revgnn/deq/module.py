@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from .implicit import implicit_equilibrium, phantom_grad, unroll
-from .regularize import jacobian_frobenius, spectral_radius
+from .regularize import jacobian_frobenius, spectral_radius, spectral_radius_penalty
 from .solvers import SolverDivergenceError, SolverResult, check_solver_options, get_solver, solver_options
 
 #: Solver arguments the DEQ sets itself (from its own arguments); not allowed in ``solver_options``.
@@ -72,9 +72,17 @@ class DEQ(nn.Module):
       :meth:`auxiliary_loss` to the batch's loss (:func:`revgnn.engine.loop.model_auxiliary_loss`).
       The term's gradient differentiates :math:`f` twice; a map whose fast kernels are differentiable
       once offers the same function as :obj:`f.twice_differentiable(z, *inputs)`, used for this term.
+    * *Spectral-radius penalty*: at the same forwards, with :obj:`spectral_reg_weight`
+      :math:`=\gamma_\rho > 0`, adds :math:`\gamma_\rho \max(0, \hat\rho - \rho_0)^2` to
+      :meth:`auxiliary_loss` (:func:`~revgnn.deq.spectral_radius_penalty`: :math:`\hat\rho` after
+      :obj:`spectral_radius_iters` power iterations, :math:`\rho_0 =` :obj:`spectral_reg_target`). It
+      acts on the worst direction of :math:`\mathbf{J}`, which sets the solver's speed and which the
+      Frobenius average over all entries hardly sees when it lives on a few nodes; below the target it
+      leaves the map alone.
     * *Spectral radius*: every :obj:`spectral_radius_every`-th training forward estimates
       :math:`\rho(\mathbf{J})` at :math:`\mathbf{z}^*` by :obj:`spectral_radius_iters` power iterations
-      (:func:`~revgnn.deq.spectral_radius`; logged as ``spectral_radius_mean``/``_max``).
+      (:func:`~revgnn.deq.spectral_radius`; logged as ``spectral_radius_mean``/``_max``); the
+      penalty's own estimate is logged at the forwards it acts on.
     * *Fixed-point correction* (Bai et al., CVPR 2022): :obj:`correction_states` :math:`=K` iterates
       :math:`\mathbf{z}_{k_i}` of the forward solve, at evaluations :math:`k_i = \lceil i \cdot
       \text{max\_iter}/(K+1) \rceil` (those the solve reached), each given a one-step gradient
@@ -118,8 +126,13 @@ class DEQ(nn.Module):
             costs iterations, never correctness). (default: :obj:`False`)
         jac_reg_weight (float, optional): weight :math:`\gamma \ge 0` of the Jacobian regularisation;
             :obj:`0` switches it off. (default: :obj:`0.0`)
-        jac_reg_every (int, optional): regularise every this many training forwards. (default: :obj:`1`)
+        jac_reg_every (int, optional): apply the Jacobian terms (Frobenius and spectral) every this many
+            training forwards. (default: :obj:`1`)
         jac_reg_probes (int, optional): Hutchinson probes per estimate. (default: :obj:`1`)
+        spectral_reg_weight (float, optional): weight :math:`\gamma_\rho \ge 0` of the spectral-radius
+            penalty; :obj:`0` switches it off. (default: :obj:`0.0`)
+        spectral_reg_target (float, optional): spectral radius :math:`\rho_0 \ge 0` above which the
+            penalty acts. (default: :obj:`0.5`)
         spectral_radius_every (int, optional): estimate :math:`\rho(\mathbf{J})` every this many training
             forwards; :obj:`0` never. (default: :obj:`0`)
         spectral_radius_iters (int, optional): power iterations per estimate. (default: :obj:`20`)
@@ -151,6 +164,8 @@ class DEQ(nn.Module):
         jac_reg_weight: float = 0.0,
         jac_reg_every: int = 1,
         jac_reg_probes: int = 1,
+        spectral_reg_weight: float = 0.0,
+        spectral_reg_target: float = 0.5,
         spectral_radius_every: int = 0,
         spectral_radius_iters: int = 20,
         correction_states: int = 0,
@@ -178,6 +193,8 @@ class DEQ(nn.Module):
         self.jac_reg_weight = float(jac_reg_weight)
         self.jac_reg_every = int(jac_reg_every)
         self.jac_reg_probes = int(jac_reg_probes)
+        self.spectral_reg_weight = float(spectral_reg_weight)
+        self.spectral_reg_target = float(spectral_reg_target)
         self.spectral_radius_every = int(spectral_radius_every)
         self.spectral_radius_iters = int(spectral_radius_iters)
         self.num_corrections = int(correction_states)
@@ -215,6 +232,11 @@ class DEQ(nn.Module):
             raise ValueError(
                 f"jac_reg_weight must be >= 0 and jac_reg_every, jac_reg_probes >= 1, got "
                 f"{self.jac_reg_weight}, {self.jac_reg_every}, {self.jac_reg_probes}"
+            )
+        if self.spectral_reg_weight < 0 or self.spectral_reg_target < 0:
+            raise ValueError(
+                f"spectral_reg_weight and spectral_reg_target must be >= 0, got {self.spectral_reg_weight}, "
+                f"{self.spectral_reg_target}"
             )
         if self.spectral_radius_every < 0 or self.spectral_radius_iters < 1:
             raise ValueError("spectral_radius_every must be >= 0 and spectral_radius_iters >= 1")
@@ -360,20 +382,30 @@ class DEQ(nn.Module):
         )
 
     def _regularise(self, f, z_star: Tensor, inputs) -> None:
-        """Jacobian regularisation term and spectral-radius estimate at the equilibrium (training)."""
+        """Jacobian regularisation terms and spectral-radius estimate at the equilibrium (training)."""
         n = self._train_forwards - 1
-        jac = self.jac_reg_weight > 0 and n % self.jac_reg_every == 0
-        rho = self.spectral_radius_every > 0 and n % self.spectral_radius_every == 0
-        if not (jac or rho):
+        due = n % self.jac_reg_every == 0
+        jac = self.jac_reg_weight > 0 and due
+        spec = self.spectral_reg_weight > 0 and due
+        rho = self.spectral_radius_every > 0 and n % self.spectral_radius_every == 0 and not spec
+        if not (jac or spec or rho):
             return
         z = z_star.detach().requires_grad_()
         fz = f(z)
-        if jac:
+        fz2 = fz
+        if jac or spec:
             twice = getattr(self.f, "twice_differentiable", None)  # a map with first-order-only kernels
             fz2 = fz if twice is None else twice(z, *inputs)
+        if jac:
             term = jacobian_frobenius(fz2, z, self.jac_reg_probes, create_graph=True) / z.numel()
             self._aux.append(self.jac_reg_weight * term)
             self._monitor["jac_frobenius"].append(term.item())
+        if spec:
+            term, estimate = spectral_radius_penalty(
+                fz, z, self.spectral_reg_target, self.spectral_radius_iters, fz_graph=fz2
+            )
+            self._aux.append(self.spectral_reg_weight * term)
+            self._monitor["spectral_radius"].append(estimate)
         if rho:
             self._monitor["spectral_radius"].append(spectral_radius(fz, z, self.spectral_radius_iters))
 
@@ -443,7 +475,7 @@ class DEQ(nn.Module):
                 f"DEQ {which} solve did not converge: {result.solver} stopped after {result.steps} "
                 f"evaluations at {result.stop_mode} residual {result.residual:.2e} > tol "
                 f"{result.tol:.1e}; returning the best iterate. Raise max_iter, change the solver, or "
-                "enable the contraction guarantee.",
+                "keep the map contractive (spectral_reg_weight; DEQ-GNN's contraction option).",
                 DEQConvergenceWarning,
                 stacklevel=3,
             )
@@ -477,5 +509,11 @@ class DEQ(nn.Module):
             f"solver={self.solver}, max_iter={self.max_iter}, tol={self.tol:g}, "
             f"stop_mode={self.stop_mode}, backward={self.backward}"
             + (f", jac_reg_weight={self.jac_reg_weight:g}" if self.jac_reg_weight else "")
+            + (
+                f", spectral_reg_weight={self.spectral_reg_weight:g}, "
+                f"spectral_reg_target={self.spectral_reg_target:g}"
+                if self.spectral_reg_weight
+                else ""
+            )
             + (f", correction_states={self.num_corrections}" if self.num_corrections else "")
         )

@@ -169,14 +169,15 @@ class DEQGNNLayer(nn.Module):
     ) -> Tensor:
         r"""The same map through PyG's :class:`~torch_geometric.nn.conv.GENConv` (edge features
         expanded), whose operations can be differentiated twice, unlike the fused kernels of
-        :meth:`forward`; :class:`~revgnn.deq.DEQ` uses it for the Jacobian regularisation (the
+        :meth:`forward`; :class:`~revgnn.deq.DEQ` uses it for the Jacobian penalties (the
         gradient of a vector-Jacobian product). Only for a plain ``edge_index`` tensor: the distributed
         (SAR) aggregation is differentiable once."""
         if not isinstance(edge_index, Tensor):
             raise TypeError(
-                f"DEQGNNLayer: the Jacobian regularisation needs the map's second derivative, which the "
+                f"DEQGNNLayer: the Jacobian and spectral-radius penalties need the map's second derivative, "
+                f"which the "
                 f"{type(edge_index).__name__} aggregation does not provide (only a plain edge_index tensor "
-                "does); train with jac_reg_weight=0 on this graph"
+                "does); train with jac_reg_weight=0 and spectral_reg_weight=0 on this graph"
             )
 
         def conv_fn(conv, h, edge_index, e):
@@ -260,6 +261,10 @@ class DEQGNN(nn.Module):
             :class:`~revgnn.deq.DEQ`). (default: :obj:`0.0`)
         jac_reg_every (int, optional): Regularise every this many training forwards. (default: :obj:`1`)
         jac_reg_probes (int, optional): Hutchinson probes per estimate. (default: :obj:`1`)
+        spectral_reg_weight (float, optional): Weight of the spectral-radius penalty
+            :math:`\gamma_\rho \max(0, \hat\rho - \rho_0)^2` at :math:`\mathbf{Z}^*`; :obj:`0` off (see
+            :class:`~revgnn.deq.DEQ`). (default: :obj:`0.0`)
+        spectral_reg_target (float, optional): :math:`\rho_0`. (default: :obj:`0.5`)
         spectral_radius_every (int, optional): Log the spectral radius of :math:`\partial f/\partial
             \mathbf{Z}` every this many training forwards; :obj:`0` never. (default: :obj:`0`)
         spectral_radius_iters (int, optional): Power iterations per estimate. (default: :obj:`20`)
@@ -300,6 +305,8 @@ class DEQGNN(nn.Module):
         jac_reg_weight: float = 0.0,
         jac_reg_every: int = 1,
         jac_reg_probes: int = 1,
+        spectral_reg_weight: float = 0.0,
+        spectral_reg_target: float = 0.5,
         spectral_radius_every: int = 0,
         spectral_radius_iters: int = 20,
         correction_states: int = 0,
@@ -331,6 +338,8 @@ class DEQGNN(nn.Module):
             jac_reg_weight=jac_reg_weight,
             jac_reg_every=jac_reg_every,
             jac_reg_probes=jac_reg_probes,
+            spectral_reg_weight=spectral_reg_weight,
+            spectral_reg_target=spectral_reg_target,
             spectral_radius_every=spectral_radius_every,
             spectral_radius_iters=spectral_radius_iters,
             correction_states=correction_states,
