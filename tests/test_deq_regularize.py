@@ -170,17 +170,14 @@ def test_estimator_argument_errors():
         spectral_radius_penalty(fz, z, -0.1)
 
 
+def tight_deq(**options):
+    """A DEQ on :class:`TanhMap` solved to 1e-12, with 300 power iterations per spectral estimate."""
+    return DEQ(TanhMap(), tol=1e-12, max_iter=200, spectral_radius_iters=300, **options)
+
+
 def test_deq_adds_the_jacobian_term_every_k_training_forwards():
     torch.manual_seed(0)
-    deq = DEQ(
-        TanhMap(),
-        tol=1e-12,
-        max_iter=200,
-        jac_reg_weight=0.5,
-        jac_reg_every=2,
-        spectral_radius_every=1,
-        spectral_radius_iters=300,
-    )
+    deq = tight_deq(jac_reg_weight=0.5, jac_reg_every=2, spectral_radius_every=1)
     x = torch.randn(4, 5, dtype=torch.float64)
     torch.manual_seed(3)
     deq(x)
@@ -210,14 +207,7 @@ def test_deq_adds_the_jacobian_term_every_k_training_forwards():
 
 def test_deq_adds_the_spectral_penalty_and_logs_its_estimate():
     torch.manual_seed(0)
-    deq = DEQ(
-        TanhMap(),
-        tol=1e-12,
-        max_iter=200,
-        spectral_reg_weight=2.0,
-        spectral_reg_target=0.0,
-        spectral_radius_iters=300,
-    )
+    deq = tight_deq(spectral_reg_weight=2.0, spectral_reg_target=0.0)
     x = torch.randn(4, 5, dtype=torch.float64)
     deq(x)
     term = deq.auxiliary_loss()
@@ -228,7 +218,7 @@ def test_deq_adds_the_spectral_penalty_and_logs_its_estimate():
     term.backward()
     assert deq.f.lin.weight.grad.norm().item() > 0
     assert deq.epoch_stats()["spectral_radius_max"] == pytest.approx(rho, rel=1e-4)
-    above = DEQ(TanhMap(), tol=1e-12, max_iter=200, spectral_reg_weight=2.0, spectral_reg_target=rho + 0.1)
+    above = tight_deq(spectral_reg_weight=2.0, spectral_reg_target=rho + 0.1)
     above.load_state_dict(deq.state_dict())
     above(x)
     assert above.auxiliary_loss().item() == 0.0
