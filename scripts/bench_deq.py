@@ -19,6 +19,9 @@
    evaluations, the max evaluations and residual, the best validation score and the test score at it;
    per arm their mean ± std over the seeds, and the per-seed difference of each arm to the
    unregularised one.
+5. ``jacobian``: for the last checkpoint of each ``train`` run in ``--out-dir``, what a training solve
+   faces on ``--seeds`` random partitions: Anderson evaluations to ``--tol``, and at the fixed point
+   ||J||_F^2 / d, the spectral radius and how many nodes the dominant eigenvector lives on.
 
 Examples::
 
@@ -30,6 +33,8 @@ Examples::
     .venv/bin/python scripts/bench_deq.py train --nodes 2000 --epochs 300 --max-iter 100 --seeds-list 0 1 \
         --arms none spectral_reg_weight=10,spectral_reg_target=0.5 --pretrain-epochs 5 \
         --spectral-radius-every 0
+    .venv/bin/python scripts/bench_deq.py jacobian --out-dir RUNS --arms none jac_reg_weight=0.5 \
+        --seeds-list 0 1 --seeds 2 --max-iter 100
 """
 
 from __future__ import annotations
@@ -395,6 +400,8 @@ def bench_peer(args) -> None:
 
 #: The issue's budget: every training solve of an epoch within this many evaluations.
 EVAL_BUDGET = 30
+#: Evaluations at the end of a run whose validation scores ``train`` averages.
+TAIL = 10
 
 
 def _mean_std(values, signed: bool = False) -> str:
@@ -502,7 +509,9 @@ def train_run(args, seed: int, arm: Arm, out_dir: str):
 def epoch_report(rows, pretrain_epochs: int) -> dict:
     """Per run: which epochs kept every training solve within :data:`EVAL_BUDGET` evaluations and at
     the tolerance (a pretraining epoch counts as its unrolled applications: it solves nothing), the
-    max evaluations over all epochs and the max final residual over the solving (DEQ) epochs."""
+    max evaluations over all epochs, the max final residual over the solving (DEQ) epochs, and the
+    validation score at the last evaluation and averaged over the last :data:`TAIL` evaluations (less
+    noisy than the best, a max over every evaluation)."""
     steps = [float(r["deq_forward_steps_max"]) for r in rows]
     pre = [int(r["epoch"]) <= pretrain_epochs for r in rows]
     ok = [
@@ -510,7 +519,10 @@ def epoch_report(rows, pretrain_epochs: int) -> dict:
         for r, s, p in zip(rows, steps, pre)
     ]
     residuals = [float(r["deq_forward_residual_max"]) for r, p in zip(rows, pre) if not p]
+    valid = [float(r["valid"]) for r in rows if r.get("valid")]
     return {
+        "valid_final": valid[-1] if valid else float("nan"),
+        "valid_tail": statistics.mean(valid[-TAIL:]) if valid else float("nan"),
         "steps": steps,
         "ok": sum(ok),
         "failed": [(int(r["epoch"]), int(s)) for r, s, o in zip(rows, steps, ok) if not o],
@@ -571,6 +583,8 @@ def bench_train(args) -> None:
         *(["spectral radius, last epoch"] if spectral else []),
         f"best valid {metric} (epoch)",
         "test at best valid",
+        "final valid",
+        f"valid, mean of last {TAIL} evaluations",
     ]
     table = []
     for (label, seed), (_, summary, rep) in results.items():
@@ -587,9 +601,11 @@ def bench_train(args) -> None:
                 *([f"{float(rep['spectral_last']):.3f}"] if spectral else []),
                 f"{summary['highest_valid']:.4f} ({summary['best_epoch']})",
                 f"{summary['final_test']:.4f}",
+                f"{rep['valid_final']:.4f}",
+                f"{rep['valid_tail']:.4f}",
             ]
         )
-    print("\n".join(markdown_table(header, table, align="llrlrrrrr")), flush=True)
+    print("\n".join(markdown_table(header, table, align="llrlrrrrrrr")), flush=True)
 
     seeds = args.seeds_list
     print(f"\nPer arm over seeds {', '.join(map(str, seeds))} (mean ± sample std):\n")
@@ -608,6 +624,8 @@ def bench_train(args) -> None:
                 f"{max(r['max_steps'] for r in reps):.0f}",
                 _mean_std(s["highest_valid"] for s in sums),
                 _mean_std(s["final_test"] for s in sums),
+                _mean_std(r["valid_final"] for r in reps),
+                _mean_std(r["valid_tail"] for r in reps),
             ]
         )
     print(
@@ -622,9 +640,11 @@ def bench_train(args) -> None:
                     "max evaluations",
                     f"best valid {metric}",
                     "test at best valid",
+                    "final valid",
+                    f"valid, mean of last {TAIL} evaluations",
                 ],
                 summary_rows,
-                align="lrrrrrrr",
+                align="lrrrrrrrrr",
             )
         )
     )
@@ -656,29 +676,139 @@ def bench_train(args) -> None:
     others = [a.label for a in arms if a.label != ref]
     if not others:
         return
-    print(f"\nPaired by seed, arm − {ref} (best valid / test at best valid):\n")
+    print(
+        f"\nPaired by seed, arm − {ref} (best valid / test at best valid / valid, mean of the last "
+        f"{TAIL} evaluations):\n"
+    )
     diffs = {w: [] for w in others}
     paired = []
     for s in seeds:
         cells = [s]
         for w in others:
-            a, b = results[(w, s)][1], results[(ref, s)][1]
-            d = (a["highest_valid"] - b["highest_valid"], a["final_test"] - b["final_test"])
+            (a, ra), (b, rb) = (results[(w, s)][1:], results[(ref, s)][1:])
+            d = (
+                a["highest_valid"] - b["highest_valid"],
+                a["final_test"] - b["final_test"],
+                ra["valid_tail"] - rb["valid_tail"],
+            )
             diffs[w].append(d)
-            cells.append(f"{d[0]:+.4f} / {d[1]:+.4f}")
+            cells.append(" / ".join(f"{x:+.4f}" for x in d))
         paired.append(cells)
     paired.append(
         ["mean ± std"]
-        + [
-            f"{_mean_std((d[0] for d in diffs[w]), True)} / {_mean_std((d[1] for d in diffs[w]), True)}"
-            for w in others
-        ]
+        + [" / ".join(_mean_std((d[i] for d in diffs[w]), True) for i in range(3)) for w in others]
     )
     paired.append(
-        ["seeds with valid ≥ 0"] + [f"{sum(d[0] >= 0 for d in diffs[w])} / {len(seeds)}" for w in others]
+        ["seeds ≥ 0"] + [" / ".join(f"{sum(d[i] >= 0 for d in diffs[w])}" for i in range(3)) for w in others]
     )
     header = ["seed"] + [f"{w} − {ref}" for w in others]
     print("\n".join(markdown_table(header, paired, align="l" + "r" * len(others))), flush=True)
+
+
+def jacobian_at_equilibrium(model, ds, trainer_cfg, part_seed: int, tol: float, max_iter: int) -> dict:
+    """The map one training solve of ``model`` faces (training mode, one dropout mask, part 0 of a
+    random partition drawn from ``part_seed`` as the trainer draws them): Anderson evaluations to
+    ``tol`` from zero, and at its fixed point (solved to 1e-9) ||J||_F^2 / d (20 Rademacher probes),
+    the spectral radius (200 power iterations) and the participation ratio of the dominant
+    eigenvector's per-node mass, 1 / sum_i m_i^2 (the number of nodes it effectively lives on)."""
+    import torch
+
+    from revgnn.data.random_parts import Partition, random_partition
+    from revgnn.deq import get_solver, jacobian_frobenius, spectral_radius
+    from revgnn.evaluate import as_edge_index
+    from revgnn.nn.gen_max import sort_edges
+
+    g = torch.Generator().manual_seed(part_seed)
+    parts = int(trainer_cfg.train_parts)
+    sub = Partition(ds.edge_index, random_partition(ds.num_nodes, parts, g, trainer_cfg.partition), parts)[0]
+    x = ds.x[sub.node_idx]
+    edge_index, edge_attr = sort_edges(
+        as_edge_index(sub.edge_index, sub.num_nodes), ds.edge_attr[sub.edge_ids], x.size(0)
+    )
+    model.train()
+    torch.manual_seed(part_seed)
+    with torch.no_grad():
+        h = model.node_encoder(x)
+        mask = model.dropout(h)
+        model.layer.project_()
+
+        def f(z):
+            return model.layer(z, h, edge_index, edge_attr, mask)
+
+        anderson = get_solver("anderson")
+        solve = anderson(f, torch.zeros_like(h), max_iter=max_iter, tol=tol, stop_mode="rel")
+        z_star = anderson(f, torch.zeros_like(h), max_iter=400, tol=1e-9, stop_mode="rel").z
+    z = z_star.detach().requires_grad_()
+    fz = f(z)
+    gen = torch.Generator().manual_seed(part_seed)
+    frobenius = jacobian_frobenius(fz, z, 20, generator=gen, create_graph=False).item() / z.numel()
+    rho = spectral_radius(fz, z, iters=200, generator=gen)
+    v = torch.randn(z.shape, generator=gen, dtype=z.dtype)
+    for _ in range(200):
+        (w,) = torch.autograd.grad(fz, z, v / v.norm(), retain_graph=True)
+        v = w
+    mass = v.square().sum(1)
+    mass = mass / mass.sum()
+    return {
+        "evals": solve.steps,
+        "converged": solve.converged,
+        "frobenius": frobenius,
+        "rho": rho,
+        "participation": 1.0 / mass.square().sum().item(),
+        "nodes": z.size(0),
+    }
+
+
+def bench_jacobian(args) -> None:
+    """For the last checkpoint of each run ``train`` left in ``--out-dir`` (arms x seeds): what the
+    solver faces at the end of training (:func:`jacobian_at_equilibrium`, ``--seeds`` partitions)."""
+    import torch
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    import revgnn.config  # noqa: F401  (registers the schemas)
+    from revgnn.engine.checkpoint import load_checkpoint
+    from revgnn.engine.loop import build_model
+    from revgnn.engine.tasks import shapes
+
+    if not args.out_dir:
+        raise SystemExit("jacobian: give --out-dir, the folder of a train run")
+    torch.set_num_threads(args.threads)
+    table = []
+    for arm in args.arms:
+        for seed in args.seeds_list:
+            path = os.path.join(args.out_dir, f"{arm.folder}_s{seed}", "last.pt")
+            ckpt = load_checkpoint(path)
+            cfg = OmegaConf.create(ckpt["config"])
+            ds = instantiate(cfg.data)
+            model = build_model(cfg.model, shapes(ds))
+            model.load_state_dict(ckpt["model"])
+            for part_seed in range(args.seeds):
+                r = jacobian_at_equilibrium(model, ds, cfg.trainer, part_seed, args.tol, args.max_iter)
+                evals = f"{r['evals']}" if r["converged"] else f">{r['evals']} (not reached)"
+                table.append(
+                    [
+                        arm.label,
+                        seed,
+                        ckpt["epoch"],
+                        part_seed,
+                        evals,
+                        f"{r['frobenius']:.4f}",
+                        f"{r['rho']:.3f}",
+                        f"{r['participation']:.1f} of {r['nodes']}",
+                    ]
+                )
+    header = [
+        "arm",
+        "seed",
+        "epoch",
+        "partition",
+        f"Anderson evaluations to {args.tol:g}",
+        "‖J‖²_F / d",
+        "spectral radius",
+        "dominant eigenvector: participation ratio (nodes)",
+    ]
+    print("\n".join(markdown_table(header, table, align="llrrrrrr")), flush=True)
 
 
 MODELS = {
@@ -780,7 +910,7 @@ def bench_step(args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("part", choices=["solvers", "step", "one", "peer", "train"])
+    parser.add_argument("part", choices=["solvers", "step", "one", "peer", "train", "jacobian"])
     parser.add_argument("--nodes", type=int, default=4000)
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
@@ -841,6 +971,7 @@ def main() -> None:
         "one": bench_one,
         "peer": bench_peer,
         "train": bench_train,
+        "jacobian": bench_jacobian,
     }[args.part](args)
 
 
