@@ -523,6 +523,7 @@ def epoch_report(rows, pretrain_epochs: int) -> dict:
     return {
         "valid_final": valid[-1] if valid else float("nan"),
         "valid_tail": statistics.mean(valid[-TAIL:]) if valid else float("nan"),
+        "valid_tail_sd": statistics.stdev(valid[-TAIL:]) if len(valid) > 1 else float("nan"),
         "steps": steps,
         "ok": sum(ok),
         "failed": [(int(r["epoch"]), int(s)) for r, s, o in zip(rows, steps, ok) if not o],
@@ -584,7 +585,7 @@ def bench_train(args) -> None:
         f"best valid {metric} (epoch)",
         "test at best valid",
         "final valid",
-        f"valid, mean of last {TAIL} evaluations",
+        f"valid, last {TAIL} evaluations: mean (sd)",
     ]
     table = []
     for (label, seed), (_, summary, rep) in results.items():
@@ -602,7 +603,7 @@ def bench_train(args) -> None:
                 f"{summary['highest_valid']:.4f} ({summary['best_epoch']})",
                 f"{summary['final_test']:.4f}",
                 f"{rep['valid_final']:.4f}",
-                f"{rep['valid_tail']:.4f}",
+                f"{rep['valid_tail']:.4f} ({rep['valid_tail_sd']:.4f})",
             ]
         )
     print("\n".join(markdown_table(header, table, align="llrlrrrrrrr")), flush=True)
@@ -626,6 +627,7 @@ def bench_train(args) -> None:
                 _mean_std(s["final_test"] for s in sums),
                 _mean_std(r["valid_final"] for r in reps),
                 _mean_std(r["valid_tail"] for r in reps),
+                f"{statistics.mean(r['valid_tail_sd'] for r in reps):.4f}",
             ]
         )
     print(
@@ -642,9 +644,10 @@ def bench_train(args) -> None:
                     "test at best valid",
                     "final valid",
                     f"valid, mean of last {TAIL} evaluations",
+                    f"sd of a run's last {TAIL} evaluations, mean",
                 ],
                 summary_rows,
-                align="lrrrrrrrrr",
+                align="lrrrrrrrrrr",
             )
         )
     )
