@@ -481,7 +481,7 @@ def train_run(args, seed: int, arm: Arm, out_dir: str):
         f"model.pretrain_epochs={args.pretrain_epochs}",
         *arm.overrides(args.jac_every),
         f"model.spectral_radius_every={args.spectral_radius_every}",
-        "model.spectral_radius_iters=10",
+        *([] if "spectral_radius_iters" in arm.model else ["model.spectral_radius_iters=10"]),
         f"trainer.epochs={args.epochs}",
         f"trainer.eval_every={args.eval_every}",
         f"seed={seed}",
@@ -680,8 +680,8 @@ def bench_train(args) -> None:
     if not others:
         return
     print(
-        f"\nPaired by seed, arm − {ref} (best valid / test at best valid / valid, mean of the last "
-        f"{TAIL} evaluations):\n"
+        f"\nPaired by seed, arm − {ref} (best valid / test at best valid / final valid / valid, mean of "
+        f"the last {TAIL} evaluations):\n"
     )
     diffs = {w: [] for w in others}
     paired = []
@@ -692,6 +692,7 @@ def bench_train(args) -> None:
             d = (
                 a["highest_valid"] - b["highest_valid"],
                 a["final_test"] - b["final_test"],
+                ra["valid_final"] - rb["valid_final"],
                 ra["valid_tail"] - rb["valid_tail"],
             )
             diffs[w].append(d)
@@ -699,10 +700,10 @@ def bench_train(args) -> None:
         paired.append(cells)
     paired.append(
         ["mean ± std"]
-        + [" / ".join(_mean_std((d[i] for d in diffs[w]), True) for i in range(3)) for w in others]
+        + [" / ".join(_mean_std((d[i] for d in diffs[w]), True) for i in range(4)) for w in others]
     )
     paired.append(
-        ["seeds ≥ 0"] + [" / ".join(f"{sum(d[i] >= 0 for d in diffs[w])}" for i in range(3)) for w in others]
+        ["seeds ≥ 0"] + [" / ".join(f"{sum(d[i] >= 0 for d in diffs[w])}" for i in range(4)) for w in others]
     )
     header = ["seed"] + [f"{w} − {ref}" for w in others]
     print("\n".join(markdown_table(header, paired, align="l" + "r" * len(others))), flush=True)
