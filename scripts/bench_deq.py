@@ -20,7 +20,7 @@
    per arm their mean ± std over the seeds, and the per-seed difference of each arm to the
    unregularised one.
 5. ``jacobian``: for the last checkpoint of each ``train`` run in ``--out-dir``, what a training solve
-   faces on ``--seeds`` random partitions: Anderson evaluations to ``--tol``, and at the fixed point
+   faces on ``--seeds`` training batches: the model's own solve's evaluations, and at the fixed point
    ||J||_F^2 / d, the spectral radius and how many nodes the dominant eigenvector lives on.
 
 Examples::
@@ -34,7 +34,7 @@ Examples::
         --arms none spectral_reg_weight=10,spectral_reg_target=0.5 --pretrain-epochs 5 \
         --spectral-radius-every 0
     .venv/bin/python scripts/bench_deq.py jacobian --out-dir RUNS --arms none jac_reg_weight=0.5 \
-        --seeds-list 0 1 --seeds 2 --max-iter 100
+        --seeds-list 0 1 --seeds 2
 """
 
 from __future__ import annotations
@@ -709,55 +709,48 @@ def bench_train(args) -> None:
     print("\n".join(markdown_table(header, paired, align="l" + "r" * len(others))), flush=True)
 
 
-def jacobian_at_equilibrium(model, ds, trainer_cfg, part_seed: int, tol: float, max_iter: int) -> dict:
-    """The map one training solve of ``model`` faces (training mode, one dropout mask, part 0 of a
-    random partition drawn from ``part_seed`` as the trainer draws them): Anderson evaluations to
-    ``tol`` from zero, and at its fixed point (solved to 1e-9) ||J||_F^2 / d (20 Rademacher probes),
-    the spectral radius (200 power iterations) and the participation ratio of the dominant
-    eigenvector's per-node mass, 1 / sum_i m_i^2 (the number of nodes it effectively lives on)."""
+def jacobian_at_equilibrium(model, task, part_seed: int) -> dict:
+    """One training solve of a trained DEQ-GNN: the first batch ``task`` draws from a generator seeded
+    with ``part_seed`` (as the trainer draws its batches), one forward in training mode (one dropout
+    mask, the model's own solver, tolerance and budget; no gradient, so no loss term). Returns that
+    solve's evaluations, and at the fixed point (Anderson to 1e-9) ||J||_F^2 / d (20 Rademacher
+    probes), the spectral radius (200 power iterations) and the participation ratio of the dominant
+    eigenvector's per-node mass from the same iterations, 1 / sum_i m_i^2 (the number of nodes it
+    effectively lives on)."""
     import torch
 
-    from revgnn.data.random_parts import Partition, random_partition
-    from revgnn.deq import get_solver, jacobian_frobenius, spectral_radius
-    from revgnn.evaluate import as_edge_index
-    from revgnn.nn.gen_max import sort_edges
+    from revgnn.deq import get_solver, jacobian_frobenius
+    from revgnn.deq.regularize import _power_iteration, _tail_mean
 
-    g = torch.Generator().manual_seed(part_seed)
-    parts = int(trainer_cfg.train_parts)
-    sub = Partition(ds.edge_index, random_partition(ds.num_nodes, parts, g, trainer_cfg.partition), parts)[0]
-    x = ds.x[sub.node_idx]
-    edge_index, edge_attr = sort_edges(
-        as_edge_index(sub.edge_index, sub.num_nodes), ds.edge_attr[sub.edge_ids], x.size(0)
-    )
+    batch = next(next(task.train_steps(torch.Generator().manual_seed(part_seed), "cpu")).batches)
+    captured = []  # the map's inputs, as DEQGNN.forward hands them to its DEQ
+    hook = model.deq.register_forward_pre_hook(lambda _module, args: captured.append(args))
     model.train()
-    torch.manual_seed(part_seed)
+    torch.manual_seed(part_seed)  # the dropout mask
+    try:
+        with torch.no_grad():
+            model(*batch.inputs)
+    finally:
+        hook.remove()
+    inputs, solve = captured[0], dict(model.deq.stats)
+
+    def f(z):
+        return model.layer(z, *inputs)
+
     with torch.no_grad():
-        h = model.node_encoder(x)
-        mask = model.dropout(h)
-        model.layer.project_()
-
-        def f(z):
-            return model.layer(z, h, edge_index, edge_attr, mask)
-
-        anderson = get_solver("anderson")
-        solve = anderson(f, torch.zeros_like(h), max_iter=max_iter, tol=tol, stop_mode="rel")
-        z_star = anderson(f, torch.zeros_like(h), max_iter=400, tol=1e-9, stop_mode="rel").z
-    z = z_star.detach().requires_grad_()
+        z_star = get_solver("anderson")(f, torch.zeros_like(inputs[0]), max_iter=400, tol=1e-9).z
+    z = z_star.requires_grad_()
     fz = f(z)
     gen = torch.Generator().manual_seed(part_seed)
     frobenius = jacobian_frobenius(fz, z, 20, generator=gen, create_graph=False).item() / z.numel()
-    rho = spectral_radius(fz, z, iters=200, generator=gen)
-    v = torch.randn(z.shape, generator=gen, dtype=z.dtype)
-    for _ in range(200):
-        (w,) = torch.autograd.grad(fz, z, v / v.norm(), retain_graph=True)
-        v = w
+    v, log_growth = _power_iteration(fz, z, 200, gen)
     mass = v.square().sum(1)
     mass = mass / mass.sum()
     return {
-        "evals": solve.steps,
-        "converged": solve.converged,
+        "evals": int(solve["forward_steps"]),
+        "converged": bool(solve["forward_converged"]),
         "frobenius": frobenius,
-        "rho": rho,
+        "rho": _tail_mean(log_growth),
         "participation": 1.0 / mass.square().sum().item(),
         "nodes": z.size(0),
     }
@@ -765,30 +758,36 @@ def jacobian_at_equilibrium(model, ds, trainer_cfg, part_seed: int, tol: float, 
 
 def bench_jacobian(args) -> None:
     """For the last checkpoint of each run ``train`` left in ``--out-dir`` (arms x seeds): what the
-    solver faces at the end of training (:func:`jacobian_at_equilibrium`, ``--seeds`` partitions)."""
+    solver faces at the end of training (:func:`jacobian_at_equilibrium`, ``--seeds`` batches)."""
+    import warnings
+
     import torch
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
     import revgnn.config  # noqa: F401  (registers the schemas)
+    from revgnn.deq import DEQConvergenceWarning
     from revgnn.engine.checkpoint import load_checkpoint
     from revgnn.engine.loop import build_model
-    from revgnn.engine.tasks import shapes
+    from revgnn.engine.tasks import make_task, shapes
 
     if not args.out_dir:
         raise SystemExit("jacobian: give --out-dir, the folder of a train run")
+    warnings.simplefilter("ignore", DEQConvergenceWarning)  # the table says which solves did not converge
     torch.set_num_threads(args.threads)
     table = []
     for arm in args.arms:
         for seed in args.seeds_list:
-            path = os.path.join(args.out_dir, f"{arm.folder}_s{seed}", "last.pt")
-            ckpt = load_checkpoint(path)
+            ckpt = load_checkpoint(os.path.join(args.out_dir, f"{arm.folder}_s{seed}", "last.pt"))
             cfg = OmegaConf.create(ckpt["config"])
             ds = instantiate(cfg.data)
             model = build_model(cfg.model, shapes(ds))
             model.load_state_dict(ckpt["model"])
+            model.set_epoch(ckpt["epoch"])  # the equilibrium phase, after any unrolled pretraining
+            task = make_task(ds, cfg.trainer)
             for part_seed in range(args.seeds):
-                r = jacobian_at_equilibrium(model, ds, cfg.trainer, part_seed, args.tol, args.max_iter)
+                r = jacobian_at_equilibrium(model, task, part_seed)
+                budget = f"{model.deq.solver} to {model.deq.tol:g}, budget {model.deq.max_iter}"
                 evals = f"{r['evals']}" if r["converged"] else f">{r['evals']} (not reached)"
                 table.append(
                     [
@@ -796,7 +795,7 @@ def bench_jacobian(args) -> None:
                         seed,
                         ckpt["epoch"],
                         part_seed,
-                        evals,
+                        f"{evals} ({budget})",
                         f"{r['frobenius']:.4f}",
                         f"{r['rho']:.3f}",
                         f"{r['participation']:.1f} of {r['nodes']}",
@@ -806,8 +805,8 @@ def bench_jacobian(args) -> None:
         "arm",
         "seed",
         "epoch",
-        "partition",
-        f"Anderson evaluations to {args.tol:g}",
+        "batch",
+        "evaluations of the training solve",
         "‖J‖²_F / d",
         "spectral radius",
         "dominant eigenvector: participation ratio (nodes)",
