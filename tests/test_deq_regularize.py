@@ -164,7 +164,7 @@ def test_estimator_argument_errors():
         jacobian_frobenius(fz, z, probes=0)
     with pytest.raises(ValueError, match="iters"):
         spectral_radius(fz, z, iters=0)
-    with pytest.raises(ValueError, match="iters"):
+    with pytest.raises(ValueError, match="spectral_radius_penalty: iters"):
         spectral_radius_penalty(fz, z, 0.5, iters=0)
     with pytest.raises(ValueError, match="target"):
         spectral_radius_penalty(fz, z, -0.1)

@@ -117,9 +117,9 @@ def _tail_mean(log_growth) -> float:
     return math.exp(sum(tail) / len(tail))
 
 
-def _check_iters(iters) -> int:
+def _check_iters(iters, where: str) -> int:
     if int(iters) < 1:
-        raise ValueError(f"spectral_radius: iters must be >= 1, got {iters}")
+        raise ValueError(f"{where}: iters must be >= 1, got {iters}")
     return int(iters)
 
 
@@ -143,7 +143,7 @@ def spectral_radius(
         iters (int, optional): number of products :math:`K \ge 1`. (default: :obj:`20`)
         generator (torch.Generator, optional): source of the start vector. (default: :obj:`None`)
     """
-    iters = _check_iters(iters)
+    iters = _check_iters(iters, "spectral_radius")
     with torch.enable_grad():
         v, log_growth = _power_iteration(fz, z, iters, generator)
     return 0.0 if v is None else _tail_mean(log_growth)
@@ -180,7 +180,7 @@ def spectral_radius_penalty(
         The penalty (a scalar tensor with a graph) and the power-iteration estimate of :math:`\rho`
         (float, the :func:`spectral_radius` estimate including the last product).
     """
-    iters = _check_iters(iters)
+    iters = _check_iters(iters, "spectral_radius_penalty")
     if target < 0:
         raise ValueError(f"spectral_radius_penalty: target must be >= 0, got {target}")
     with torch.enable_grad():

@@ -174,10 +174,9 @@ class DEQGNNLayer(nn.Module):
         (SAR) aggregation is differentiable once."""
         if not isinstance(edge_index, Tensor):
             raise TypeError(
-                f"DEQGNNLayer: the Jacobian and spectral-radius penalties need the map's second derivative, "
-                f"which the "
-                f"{type(edge_index).__name__} aggregation does not provide (only a plain edge_index tensor "
-                "does); train with jac_reg_weight=0 and spectral_reg_weight=0 on this graph"
+                "DEQGNNLayer: the Jacobian and spectral-radius penalties need the map's second derivative, "
+                f"which the {type(edge_index).__name__} aggregation does not provide (only a plain "
+                "edge_index tensor does); train with jac_reg_weight=0 and spectral_reg_weight=0 on this graph"
             )
 
         def conv_fn(conv, h, edge_index, e):
