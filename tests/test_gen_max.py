@@ -152,30 +152,29 @@ def test_kernel_gradcheck():
 
 
 def test_kernel_threads_are_deterministic():
-    """Forward is bitwise independent of the thread count; backward is bitwise repeatable for a
-    given count and agrees across counts to rounding."""
+    """Forward and backward are bitwise independent of the thread count (set in this process; a
+    fresh process per count: test_kernel_threads.py): the backward is parallel over channels, so no
+    sum is split by thread."""
     require_kernel()
     n, c = 3000, 24
     g = torch.Generator().manual_seed(0)
     ei, raw = sort(torch.randint(0, n, (2, 60_000), generator=g), n, torch.rand(60_000, 8, generator=g))
     lin = torch.nn.Linear(8, c)
     x = torch.randn(n, c, generator=g)
-    results = {}
+    results = []
     threads = torch.get_num_threads()
     try:
         for t in (1, 2, 2, 4):
             torch.set_num_threads(t)
             xx = x.clone().requires_grad_()
             out = gen_max_aggregate(xx, ei, LinearEdgeFeatures.from_linear(raw, lin))
-            (gw,) = torch.autograd.grad(out, [xx], torch.ones_like(out))
-            results.setdefault(t, []).append((out, gw))
+            grads = torch.autograd.grad(out, [xx, lin.weight, lin.bias], torch.ones_like(out))
+            results.append((out, *grads))
     finally:
         torch.set_num_threads(threads)
-    ((o1, g1),) = results[1]
-    (o2, g2), (o2b, g2b) = results[2]
-    assert torch.equal(o1, o2) and torch.equal(o2, o2b) and torch.equal(o1, results[4][0][0])
-    assert torch.equal(g2, g2b)
-    assert torch.allclose(g1, g2, rtol=1e-6, atol=1e-6)
+    for other in results[1:]:
+        for u, v in zip(results[0], other):
+            assert torch.equal(u, v)
 
 
 def test_noncontiguous_group_input_and_nan(impl):

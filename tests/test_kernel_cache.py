@@ -69,3 +69,37 @@ def test_failed_build_falls_back_with_one_warning(tmp_path, monkeypatch):
     messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
     assert len(messages) == 1 and "slower PyTorch path" in messages[0] and "build stopped" in messages[0]
     assert not (kernels.build_dir(NAME, key) / kernels.MARKER).exists()
+
+
+def test_kernel_arch_is_part_of_the_key(monkeypatch, tmp_path):
+    """``REVGNN_KERNEL_ARCH`` picks the ``-march`` level: its own build directory, and for a portable
+    level a key without this CPU's flags (a build on one node serves every node of that level)."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.delenv("REVGNN_KERNEL_ARCH", raising=False)
+    native = kernels.environment_key()
+    assert "-march=native" in native["cflags"] and native["cpu"] != "any"
+    monkeypatch.setattr(
+        kernels, "_cpu_flags", lambda: "flags\t: " + " ".join(sum(kernels.ARCHES.values(), ()))
+    )
+    keys = {}
+    for level in ("x86-64-v2", "x86-64-v3", "x86-64-v4"):
+        monkeypatch.setenv("REVGNN_KERNEL_ARCH", level)
+        keys[level] = kernels.environment_key()
+        assert f"-march={level}" in keys[level]["cflags"].split() and keys[level]["cpu"] == "any"
+    dirs = {kernels.build_dir(NAME, k) for k in [native, *keys.values()]}
+    assert len(dirs) == 4
+
+
+def test_kernel_arch_errors_name_the_level_and_the_missing_flags(monkeypatch):
+    monkeypatch.setenv("REVGNN_KERNEL_ARCH", "x86-64-v9")
+    with pytest.raises(ValueError, match=r"x86-64-v9.*choose one of \['native', 'x86-64-v2'"):
+        kernels.arch()
+    monkeypatch.setenv("REVGNN_KERNELS", "1")
+    with pytest.raises(ValueError, match="x86-64-v9"):  # an error, not a silent fallback to PyTorch
+        kernels._load.__wrapped__(NAME)
+    monkeypatch.setenv("REVGNN_KERNEL_ARCH", "x86-64-v3")
+    monkeypatch.setattr(kernels.platform, "machine", lambda: "x86_64")
+    v2_only = "flags\t: " + " ".join(kernels.ARCHES["x86-64-v2"] + ("avx",))
+    monkeypatch.setattr(kernels, "_cpu_flags", lambda: v2_only)
+    with pytest.raises(ValueError, match=r"x86-64-v3: this CPU lacks avx2, bmi1, bmi2, f16c, fma"):
+        kernels.arch()

@@ -15,10 +15,15 @@
 // Threads: torch's intra-op pool (at::parallel_for), so torch.set_num_threads applies. A task gets
 // at least torch's own grain of work (at::internal::GRAIN_SIZE elements, counted as edges x
 // channels), as torch's element-wise ops do: a small graph runs in one thread instead of opening a
-// parallel region whose join waits for every thread's time slice on a busy machine. Forward is
-// parallel over destination nodes and deterministic. Backward scatters into source rows, which
-// different nodes share: each of R fixed contiguous node ranges writes its own buffer (R chosen
-// by the caller), summed afterwards in a fixed order, so it is deterministic too.
+// parallel region whose join waits for every thread's time slice on a busy machine.
+//
+// Every result is bitwise the same on any number of threads: no sum is split by thread. Forward
+// is parallel over destination nodes, each node's maximum taken by one task. Backward scatters
+// into source rows, which different nodes share, so it is parallel over *channels*: the gradients
+// of x, W and b are per channel, each task owns a range of channels and visits every node in
+// order, so every element receives its terms in the order one thread would add them (and no
+// per-thread buffer is needed). The edge features' gradient mixes a node's channels but each edge
+// belongs to one node: a second pass, parallel over nodes, forms it.
 //
 // Shards (shard_forward / shard_backward): under SAR a worker aggregates its edges shard by shard,
 // the sources of a shard being the rows fetched from their owner (any number of rows), the
@@ -262,21 +267,25 @@ struct GenMax {
     }
   }
 
-  // Node with a tied positive max: recompute its messages, split each gradient among the ties.
-  void tied_node(int64_t i, const T* g, T* gx, T* gattr, T* gw, T* gb) const {
-    const int64_t e0 = ptr[i], e1 = ptr[i + 1], deg = e1 - e0;
-    std::vector<T> msg(deg * C), best(C, -std::numeric_limits<T>::infinity()), count(C, T(0));
+  // Node with a tied positive max, channels [cb, ce): recompute its messages, split each gradient
+  // among the ties. msg, best and count are the caller's scratch (reused across nodes).
+  void tied_node(int64_t i, int64_t cb, int64_t ce, const T* g, T* gx, T* gattr, T* gw, T* gb,
+                 std::vector<T>& msg, std::vector<T>& best, std::vector<T>& count) const {
+    const int64_t e0 = ptr[i], e1 = ptr[i + 1], deg = e1 - e0, n = ce - cb;
+    msg.resize(deg * n);
+    best.assign(n, -std::numeric_limits<T>::infinity());
+    count.assign(n, T(0));
     for (int64_t e = e0; e < e1; ++e)
-      for (int64_t c0 = 0; c0 < C; c0 += kLanes)
-        message(msg.data() + (e - e0) * C + c0, e, c0, std::min(kLanes, C - c0));
+      for (int64_t c0 = cb; c0 < ce; c0 += kLanes)
+        message(msg.data() + (e - e0) * n + (c0 - cb), e, c0, std::min(kLanes, ce - c0));
     for (int64_t k = 0; k < deg; ++k)
-      for (int64_t c = 0; c < C; ++c) best[c] = std::max(best[c], msg[k * C + c]);
+      for (int64_t c = 0; c < n; ++c) best[c] = std::max(best[c], msg[k * n + c]);
     for (int64_t k = 0; k < deg; ++k)
-      for (int64_t c = 0; c < C; ++c) count[c] += msg[k * C + c] == best[c] ? T(1) : T(0);
+      for (int64_t c = 0; c < n; ++c) count[c] += msg[k * n + c] == best[c] ? T(1) : T(0);
     for (int64_t k = 0; k < deg; ++k)
-      for (int64_t c = 0; c < C; ++c)
-        if (best[c] > T(0) && msg[k * C + c] == best[c])
-          push(e0 + k, c, g[i * C + c] / count[c], gx, gattr, gw, gb);
+      for (int64_t c = 0; c < n; ++c)
+        if (best[c] > T(0) && msg[k * n + c] == best[c])
+          push(e0 + k, cb + c, g[i * C + cb + c] / count[c], gx, gattr, gw, gb);
   }
 
   // Per (node, channel): how many edges reach the node's maximum where it is positive, else 0,
@@ -307,29 +316,45 @@ struct GenMax {
     });
   }
 
-  // R buffers: gx [R, rows, C], gw [R, C, d], gb [R, C] (any may be nullptr); gattr is shared
-  // (each edge belongs to exactly one destination node).
-  void backward(int64_t N, int64_t R, const T* g, const int32_t* arg, const uint8_t* tied,
-                T* gx, T* gattr, T* gw, T* gb) const {
-    at::parallel_for(0, R, 1, [&](int64_t rb, int64_t re) {
-      for (int64_t r = rb; r < re; ++r) {
-        T* gxr = gx ? gx + r * rows * C : nullptr;
-        T* gwr = gw ? gw + r * C * d : nullptr;
-        T* gbr = gb ? gb + r * C : nullptr;
-        for (int64_t i = N * r / R; i < N * (r + 1) / R; ++i) {
+  // Gradients into gx [rows, C], gattr (like attr), gw [C, d], gb [C], each zeroed by the caller or
+  // nullptr. Channels per task: at least torch's grain of work, a channel costing about one push
+  // per node.
+  void backward(int64_t N, const T* g, const int32_t* arg, const uint8_t* tied, T* gx, T* gattr, T* gw,
+                T* gb) const {
+    if (gx || gw || gb) {
+      const int64_t channel_grain = std::max<int64_t>(1, at::internal::GRAIN_SIZE / std::max<int64_t>(1, N));
+      at::parallel_for(0, C, channel_grain, [&](int64_t cb, int64_t ce) {
+        std::vector<T> msg, best, count;
+        for (int64_t i = 0; i < N; ++i) {
           if (tied[i]) {
-            tied_node(i, g, gxr, gattr, gwr, gbr);
+            tied_node(i, cb, ce, g, gx, nullptr, gw, gb, msg, best, count);
             continue;
           }
           const int64_t e0 = ptr[i];
           touch_segment(i);
           const int32_t* a = arg + i * C;
           const T* gi = g + i * C;
-          for (int64_t c = 0; c < C; ++c)
-            if (a[c] >= 0) push(e0 + a[c], c, gi[c], gxr, gattr, gwr, gbr);
+          for (int64_t c = cb; c < ce; ++c)
+            if (a[c] >= 0) push(e0 + a[c], c, gi[c], gx, nullptr, gw, gb);
         }
-      }
-    });
+      });
+    }
+    if (gattr && MODE != kNone) {
+      at::parallel_for(0, N, grain(N), [&](int64_t begin, int64_t end) {
+        std::vector<T> msg, best, count;
+        for (int64_t i = begin; i < end; ++i) {
+          if (tied[i]) {
+            tied_node(i, 0, C, g, nullptr, gattr, nullptr, nullptr, msg, best, count);
+            continue;
+          }
+          const int64_t e0 = ptr[i];
+          const int32_t* a = arg + i * C;
+          const T* gi = g + i * C;
+          for (int64_t c = 0; c < C; ++c)
+            if (a[c] >= 0) push(e0 + a[c], c, gi[c], nullptr, gattr, nullptr, nullptr);
+        }
+      });
+    }
   }
 };
 
@@ -404,43 +429,41 @@ std::vector<at::Tensor> forward(const at::Tensor& x, const at::Tensor& ptr, cons
   return {out, arg, tied};
 }
 
-// The gradient buffers and the kernel's backward over N destinations, shared by both entry
-// points: grad_x [R, rows of x, C] (or empty), grad_attr, grad_w [R, C, d], grad_b [R, C] (or empty).
+// The gradients and the kernel's backward over N destinations, shared by both entry points:
+// grad_x [rows of x, C], grad_attr, grad_w [C, d], grad_b [C] (each empty where not needed).
 std::vector<at::Tensor> run_backward(const at::Tensor& grad, const at::Tensor& arg, const at::Tensor& tied,
                                      const at::Tensor& x, const at::Tensor& ptr, const at::Tensor& src,
                                      const c10::optional<at::Tensor>& attr, const c10::optional<at::Tensor>& wt,
-                                     const c10::optional<at::Tensor>& bias, int64_t N, int64_t R, bool need_x,
+                                     const c10::optional<at::Tensor>& bias, int64_t N, bool need_x,
                                      bool need_attr, bool need_w, bool need_b) {
-  TORCH_CHECK(R >= 1, "gen_max: need at least one buffer");
   const int64_t C = x.size(1);
   const int mode = mode_of(attr, wt);
   const int64_t d = mode == kFactored ? attr->size(1) : 0;
   auto opts = x.options();
-  at::Tensor gx = need_x ? at::zeros({R, x.size(0), C}, opts) : at::Tensor();
+  at::Tensor gx = need_x ? at::zeros({x.size(0), C}, opts) : at::Tensor();
   at::Tensor ga = need_attr && mode != kNone ? at::zeros_like(*attr) : at::Tensor();
-  at::Tensor gw = need_w && mode == kFactored ? at::zeros({R, C, d}, opts) : at::Tensor();
-  at::Tensor gb = need_b && mode == kFactored && bias.has_value() ? at::zeros({R, C}, opts) : at::Tensor();
+  at::Tensor gw = need_w && mode == kFactored ? at::zeros({C, d}, opts) : at::Tensor();
+  at::Tensor gb = need_b && mode == kFactored && bias.has_value() ? at::zeros({C}, opts) : at::Tensor();
   dispatch(x, mode, [&](auto tag, auto m) {
     using T = decltype(tag);
     auto p = [](at::Tensor& t) { return t.defined() ? t.data_ptr<T>() : nullptr; };
     make<T, decltype(m)::value>(x, ptr, src, attr, wt, bias)
-        .backward(N, R, grad.data_ptr<T>(), arg.data_ptr<int32_t>(), tied.data_ptr<uint8_t>(),
+        .backward(N, grad.data_ptr<T>(), arg.data_ptr<int32_t>(), tied.data_ptr<uint8_t>(),
                   p(gx), p(ga), p(gw), p(gb));
   });
   return {gx, ga, gw, gb};
 }
 
-// Returns grad_x [R, N, C] (or empty), grad_attr, grad_w [R, C, d], grad_b [R, C] (or empty).
+// Returns grad_x [N, C], grad_attr, grad_w [C, d], grad_b [C] (each empty where not needed).
 std::vector<at::Tensor> backward(const at::Tensor& grad, const at::Tensor& arg, const at::Tensor& tied,
                                  const at::Tensor& x, const at::Tensor& ptr, const at::Tensor& src,
                                  const c10::optional<at::Tensor>& attr, const c10::optional<at::Tensor>& wt,
-                                 const c10::optional<at::Tensor>& bias, int64_t R, bool need_x,
-                                 bool need_attr, bool need_w, bool need_b) {
+                                 const c10::optional<at::Tensor>& bias, bool need_x, bool need_attr,
+                                 bool need_w, bool need_b) {
   check(x, ptr, src, attr, wt, bias);
   TORCH_CHECK(grad.sizes() == x.sizes() && grad.is_contiguous() && grad.scalar_type() == x.scalar_type(),
               "gen_max: grad must be contiguous and shaped like x");
-  return run_backward(grad, arg, tied, x, ptr, src, attr, wt, bias, x.size(0), R, need_x, need_attr, need_w,
-                      need_b);
+  return run_backward(grad, arg, tied, x, ptr, src, attr, wt, bias, x.size(0), need_x, need_attr, need_w, need_b);
 }
 
 // A shard of a distributed (SAR) graph: the sources are the rows of x (a fetched block, any
@@ -465,12 +488,12 @@ std::vector<at::Tensor> shard_forward(const at::Tensor& x, const at::Tensor& ptr
   return {out, arg, tied, count};
 }
 
-// backward for a shard: grad [N, C] over the destinations, grad_x [R, rows of x, C].
+// backward for a shard: grad [N, C] over the destinations, grad_x [rows of x, C].
 std::vector<at::Tensor> shard_backward(const at::Tensor& grad, const at::Tensor& arg, const at::Tensor& tied,
                                        const at::Tensor& x, const at::Tensor& ptr, const at::Tensor& src,
                                        const c10::optional<at::Tensor>& attr, const c10::optional<at::Tensor>& wt,
-                                       const c10::optional<at::Tensor>& bias, int64_t R, bool need_x,
-                                       bool need_attr, bool need_w, bool need_b) {
+                                       const c10::optional<at::Tensor>& bias, bool need_x, bool need_attr,
+                                       bool need_w, bool need_b) {
   check(x, ptr, src, attr, wt, bias, false);
   const int64_t N = ptr.numel() - 1, C = x.size(1);
   TORCH_CHECK(grad.dim() == 2 && grad.size(0) == N && grad.size(1) == C && grad.is_contiguous() &&
@@ -478,7 +501,7 @@ std::vector<at::Tensor> shard_backward(const at::Tensor& grad, const at::Tensor&
   TORCH_CHECK(arg.scalar_type() == at::kInt && arg.is_contiguous() && arg.numel() == N * C &&
               tied.scalar_type() == at::kByte && tied.is_contiguous() && tied.numel() == N,
               "gen_max: arg [N, C] int32 and tied [N] uint8 from shard_forward");
-  return run_backward(grad, arg, tied, x, ptr, src, attr, wt, bias, N, R, need_x, need_attr, need_w, need_b);
+  return run_backward(grad, arg, tied, x, ptr, src, attr, wt, bias, N, need_x, need_attr, need_w, need_b);
 }
 
 }  // namespace

@@ -58,7 +58,6 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from revgnn.nn.edge_features import LinearEdgeFeatures
-from revgnn.nn.gen_max import scatter_buffers
 
 from .sar import SARGraph
 
@@ -214,27 +213,25 @@ class SARGENMax(torch.autograd.Function):
                 g = share.clone()
                 reach = (arg.index_select(0, nodes) >= 0).to(share.dtype)
                 g.index_copy_(0, nodes, share.index_select(0, nodes) * counts * reach)
-            buffers = scatter_buffers(block, src.numel())
             # the fetched rows' gradient is always formed: the owner waits for it
-            gx, ga, gw, gb = kernel.shard_backward(
-                g, arg, tied, block, ptr, src, attr_q, wt, bias_c, buffers, True, need_attr, need_w, need_b
+            grad_block, ga, gw, gb = kernel.shard_backward(
+                g, arg, tied, block, ptr, src, attr_q, wt, bias_c, True, need_attr, need_w, need_b
             )
             del g
-            grad_block = gx[0] if buffers == 1 else gx.sum(0)
             if need_attr:
                 if perm is None:
                     grad_attr[a:b] += ga
                 else:
                     grad_attr[a:b].index_add_(0, perm, ga)
             if need_w:
-                grad_w += gw.sum(0)
+                grad_w += gw
             if need_b:
-                grad_b += gb.sum(0)
+                grad_b += gb
             if q == graph.rank:
                 grad_x += grad_block
             else:
                 graph.return_grads(q, grad_block, grad_x, tag, what)
-            del block, grad_block, gx, ga, gw, gb
+            del block, grad_block, ga, gw, gb
         return (None, None, None, grad_x if need_x else None, grad_attr, grad_w, grad_b)
 
 

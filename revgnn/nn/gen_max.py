@@ -47,22 +47,6 @@ from torch_geometric import EdgeIndex
 from revgnn.nn.edge_features import LinearEdgeFeatures
 from revgnn.nn.norm_act import sequential_forward
 
-#: Upper bound on the per-thread gradient buffers of the kernel's backward.
-SCATTER_BUFFER_BYTES = 256 * 2**20
-#: torch's grain of work per parallel task (``at::internal::GRAIN_SIZE`` elements); the kernels
-#: give every task at least this much, counted as edges x channels.
-GRAIN_SIZE = 32768
-
-
-def scatter_buffers(rows: Tensor, num_edges: int) -> int:
-    """Gradient buffers for the kernel's backward scatter into the rows of ``rows`` ``[R, C]`` (one per
-    thread, summed after): at most one per thread, per :data:`SCATTER_BUFFER_BYTES` of buffer memory
-    and per :data:`GRAIN_SIZE` of work (``num_edges * C``), so a small graph's backward runs in one
-    thread as torch's own small ops do."""
-    memory = SCATTER_BUFFER_BYTES // max(1, rows.numel() * rows.element_size())
-    work = num_edges * rows.size(-1) // GRAIN_SIZE
-    return max(1, min(torch.get_num_threads(), memory, work))
-
 
 def sort_edges(edge_index, edge_attr: Optional[Tensor], num_nodes: int):
     """Destination-sorted :class:`torch_geometric.EdgeIndex` (and edge features in that order).
@@ -135,26 +119,12 @@ class FusedGENMax(torch.autograd.Function):
     def backward(ctx, grad_out: Tensor):  # type: ignore[override]
         x, attr, wt, bias, ptr, src, arg, tied = ctx.saved_tensors
         need_x, need_attr, need_w, need_b = ctx.needs_input_grad[:4]
-        buffers = scatter_buffers(x, src.numel())
         gx, ga, gw, gb = _kernel().backward(
-            grad_out.contiguous(),
-            arg,
-            tied,
-            x,
-            ptr,
-            src,
-            attr,
-            wt,
-            bias,
-            buffers,
-            need_x,
-            need_attr,
-            need_w,
-            need_b,
+            grad_out.contiguous(), arg, tied, x, ptr, src, attr, wt, bias, need_x, need_attr, need_w, need_b
         )
-        grad_x = (gx[0] if buffers == 1 else gx.sum(0)) if need_x else None
-        grad_w = gw.sum(0) if need_w and wt is not None else None
-        grad_b = gb.sum(0) if need_b and bias is not None else None
+        grad_x = gx if need_x else None
+        grad_w = gw if need_w and wt is not None else None
+        grad_b = gb if need_b and bias is not None else None
         grad_attr = ga if need_attr and attr is not None else None
         return grad_x, grad_attr, grad_w, grad_b, None, None, None
 

@@ -2,7 +2,21 @@
 
 The C++ sources are compiled with :func:`torch.utils.cpp_extension.load`
 (needs a C++ compiler and ``ninja``; ``scripts/setup.sh`` builds them ahead of
-time) for the machine they run on (``-O3 -march=native``).
+time) for the machine they run on (``-O3 -march=native``), or for a portable
+instruction-set level chosen by ``REVGNN_KERNEL_ARCH``:
+
+========================  =====================================================
+``native`` (default)      this CPU's every extension (AVX-512 where it has it)
+``x86-64-v2``             SSE4.2: any x86-64 CPU since about 2009, no FMA
+``x86-64-v3``             AVX2 + FMA (Haswell, Zen and later)
+``x86-64-v4``             AVX-512 F/BW/CD/DQ/VL
+========================  =====================================================
+
+A portable build runs on every CPU of its level, so a cluster can build once
+and run anywhere (the CPU it was built on is then not part of its key); loading
+one on a CPU that lacks the level's instructions is an error naming the missing
+flags. The level also changes results in the last bits (FMA contraction, vector
+width): the test matrix of ``docs/testing.md`` runs the kernels at each.
 
 **Cache layout.** Builds live under torch's extension root
 (``$TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``) in a
@@ -12,8 +26,9 @@ directory keyed by everything that makes two binaries differ::
 
 where ``<hash>`` covers the torch version, git and CUDA/HIP build tags and C++
 ABI, the Python extension ABI (``EXT_SUFFIX``), the compiler (resolved path and
-``--version``), the compile and link flags and this CPU's feature flags (for
-``-march=native``), and ``<source hash>`` the kernel's source. Two virtual
+``--version``), the compile and link flags (the ``-march`` level among them)
+and, for ``-march=native`` only, this CPU's feature flags, and ``<source hash>``
+the kernel's source. Two virtual
 environments (another torch, another Python, another compiler) therefore get
 two directories and never rebuild each other's kernels; two environments with
 the same key share one build. A finished build is marked by ``built.json`` (the
@@ -52,11 +67,17 @@ from types import ModuleType
 from typing import Dict, Optional
 
 SOURCE_DIR = Path(__file__).resolve().parent.parent / "csrc"
-CFLAGS = ("-O3", "-march=native", "-fopenmp", "-DNDEBUG")
+#: ``REVGNN_KERNEL_ARCH`` levels: the ``/proc/cpuinfo`` flags each needs (beyond the level below).
+ARCHES: Dict[str, tuple] = {
+    "native": (),
+    "x86-64-v2": ("cx16", "lahf_lm", "popcnt", "pni", "sse4_1", "sse4_2", "ssse3"),
+    "x86-64-v3": ("avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave"),
+    "x86-64-v4": ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"),
+}
 LDFLAGS = ("-fopenmp",)
 KERNELS = ("gen_max", "layer_norm_relu")
 MARKER = "built.json"
-_LAYOUT = "1"  # bump when the cache layout or the key's meaning changes
+_LAYOUT = "2"  # bump when the cache layout or the key's meaning changes
 
 log = logging.getLogger(__name__)
 
@@ -66,13 +87,48 @@ def enabled() -> bool:
     return os.environ.get("REVGNN_KERNELS", "1").strip().lower() not in ("0", "false", "off", "no")
 
 
-def _cpu_signature() -> str:
+def _cpu_flags() -> str:
+    """The ``flags`` line of ``/proc/cpuinfo`` (empty where there is none)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
-        flags = next((line for line in text.splitlines() if line.startswith("flags")), "")
+        return next((line for line in text.splitlines() if line.startswith("flags")), "")
     except OSError:
-        flags = ""
-    return flags or platform.processor() or platform.machine()
+        return ""
+
+
+def _cpu_signature() -> str:
+    return _cpu_flags() or platform.processor() or platform.machine()
+
+
+def arch() -> str:
+    """The ``-march`` level of the kernels: ``$REVGNN_KERNEL_ARCH`` (default ``native``), checked
+    against :data:`ARCHES` and against this CPU: a level it cannot run is a :class:`ValueError`
+    naming the missing instructions."""
+    level = os.environ.get("REVGNN_KERNEL_ARCH", "native").strip() or "native"
+    if level not in ARCHES:
+        raise ValueError(
+            f"REVGNN_KERNEL_ARCH={level!r} is not a level revgnn builds; choose one of {list(ARCHES)}"
+        )
+    if level == "native":
+        return level
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        raise ValueError(
+            f"REVGNN_KERNEL_ARCH={level} is an x86-64 level; this is {platform.machine()}: use native"
+        )
+    names = list(ARCHES)
+    needed = [f for lvl in names[1 : names.index(level) + 1] for f in ARCHES[lvl]]
+    have = set(_cpu_flags().split(":", 1)[-1].split())
+    missing = [f for f in needed if f not in have] if have else []
+    if missing:
+        raise ValueError(
+            f"REVGNN_KERNEL_ARCH={level}: this CPU lacks {', '.join(missing)}; choose a lower level or native"
+        )
+    return level
+
+
+def cflags() -> tuple:
+    """The compile flags: ``-O3 -march=<arch()> -fopenmp -DNDEBUG``."""
+    return ("-O3", f"-march={arch()}", "-fopenmp", "-DNDEBUG")
 
 
 def _compiler() -> str:
@@ -101,17 +157,24 @@ def _torch_parts() -> Dict[str, str]:
     }
 
 
-@lru_cache(maxsize=None)
 def environment_key() -> Dict[str, str]:
     """What makes a kernel binary built here differ from one built elsewhere (the source aside)."""
+    return _environment_key(arch())
+
+
+@lru_cache(maxsize=None)
+def _environment_key(level: str) -> Dict[str, str]:
+    flags = cflags()
+    native = level == "native"
     return {
         "layout": _LAYOUT,
         **_torch_parts(),
         "python_abi": str(sysconfig.get_config_var("EXT_SUFFIX") or sys.implementation.cache_tag),
         "compiler": _compiler(),
-        "cflags": " ".join(CFLAGS),
+        "cflags": " ".join(flags),
         "ldflags": " ".join(LDFLAGS),
-        "cpu": hashlib.sha1(_cpu_signature().encode()).hexdigest(),
+        # a -march=native binary is this CPU's; a portable level's runs on any CPU of that level
+        "cpu": hashlib.sha1(_cpu_signature().encode()).hexdigest() if native else "any",
     }
 
 
@@ -178,7 +241,7 @@ def _compile(name: str, directory: Path, module: str, verbose: bool) -> ModuleTy
     return load(
         name=module,
         sources=[str(SOURCE_DIR / f"{name}.cpp")],
-        extra_cflags=list(CFLAGS),
+        extra_cflags=list(cflags()),
         extra_ldflags=list(LDFLAGS),
         build_directory=str(directory),
         verbose=verbose,
@@ -223,6 +286,7 @@ def _build(name: str, verbose: bool = False) -> ModuleType:
 def _load(name: str) -> Optional[ModuleType]:
     if not enabled():
         return None
+    arch()  # an impossible REVGNN_KERNEL_ARCH is the user's error, not a reason to fall back
     try:
         return _build(name)
     except Exception as err:  # no compiler, no ninja, unsupported platform: fall back
