@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 
 def _torchrun_sar(tmp_path, *overrides):
@@ -55,25 +56,29 @@ def test_torchrun_ranks_agree_on_rank_0s_run_directory(tmp_path):
     port = free_port()
     store = TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=120))  # the agent's
     code = (
-        "import json, os, time\n"
-        "time.sleep(float(os.environ['DELAY']))\n"
+        "import json, os\n"
         "from revgnn.distributed.torchrun import worker_overrides\n"
+        "print('ready', flush=True)\n"
         "print(json.dumps([worker_overrides(120), os.environ['REVGNN_RUN_STAMP']]))\n"
     )
     env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     env.update(TORCHELASTIC_USE_AGENT_STORE="True")
     env.pop("REVGNN_RUN_STAMP", None)
-    # rank 1 starts first and must wait for rank 0, which starts 2 s later
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", code],
-            env=dict(env, RANK=str(r), DELAY=d),
-            stdout=subprocess.PIPE,
-            text=True,
+
+    def start(rank):
+        return subprocess.Popen(
+            [sys.executable, "-c", code], env=dict(env, RANK=str(rank)), stdout=subprocess.PIPE, text=True
         )
-        for r, d in ((1, "0"), (0, "2"))
-    ]
-    (over1, stamp1), (over0, stamp0) = [json.loads(p.communicate(timeout=300)[0]) for p in procs]
+
+    # rank 1 starts first and must wait for rank 0, which is started only once rank 1 is about to ask
+    # for the stamp (the order is fixed by the handshake, whatever the machine's load), and more than a
+    # second later (a sleep is never shorter than asked), so the two start in different seconds
+    first = start(1)
+    assert first.stdout.readline().strip() == "ready"
+    time.sleep(1.1)
+    second = start(0)
+    outs = [p.communicate(timeout=300)[0].splitlines()[-1] for p in (first, second)]  # after 'ready'
+    (over1, stamp1), (over0, stamp0) = [json.loads(line) for line in outs]
     assert stamp0 == stamp1, (stamp0, stamp1)
     assert over0 == [] and over1 == ["hydra.output_subdir=null", "hydra/job_logging=worker"]
     del store
@@ -95,8 +100,6 @@ def test_dead_worker_under_torchrun_ends_the_job_non_zero(tmp_path):
     """Rank 1 dies (os._exit) in epoch 2: torchrun exits non-zero, reports rank 1's exit code, and
     rank 0 ends with one clear error (no second error chained on the way out); last.pt of epoch 1
     stays intact."""
-    import time
-
     from conftest import REPO
 
     from revgnn.engine.checkpoint import load_checkpoint

@@ -29,11 +29,12 @@ from revgnn.distributed.sar import SARGraph
 from revgnn.distributed.sar_partition import build_partitions
 
 N = 30
-TRANSFER_S = 3.0  # the SAR transfer timeout under test
-# Margin over TRANSFER_S for a loaded machine: a worker may get a third of a
-# core, and the waits are wall-clock. The process group itself (rendezvous,
-# collectives) gets 60 s.
-SLACK_S = 20.0
+TRANSFER_S = 3.0  # the SAR transfer timeout under test (the process group itself gets 60 s)
+# No test bounds a time from above: on a loaded machine a worker may get a fraction of a core. What
+# the code guarantees is bounded instead: a timeout never fires before its time (the clock starts
+# before the transfers do), and a dead peer is reported as a closed connection even when the timeout
+# is far longer than the test may take (run_workers' wall_s ends a test that would wait for it).
+DEAD_PEER_TIMEOUT_S = 600.0
 
 
 def _parts(num_parts, seed=0):
@@ -43,7 +44,8 @@ def _parts(num_parts, seed=0):
 
 
 def _worker_peer_fails(rank, world_size, mode):
-    graph = SARGraph(_parts(world_size)[rank], timeout_s=TRANSFER_S)
+    start = time.monotonic()  # before the setup exchange, where the transfer timeouts start
+    graph = SARGraph(_parts(world_size)[rank], timeout_s=DEAD_PEER_TIMEOUT_S if mode == "die" else TRANSFER_S)
     conv = convert_to_sar(SAGEConv(4, 4, aggr="max"))
     x = torch.randn(graph.num_local, 4, requires_grad=True)
     if rank == 1:
@@ -52,7 +54,6 @@ def _worker_peer_fails(rank, world_size, mode):
         # A hung worker: alive, connections open, no progress. run_workers
         # kills it (SIGKILL works on stopped processes).
         os.kill(os.getpid(), signal.SIGSTOP)
-    start = time.monotonic()
     try:
         for _ in range(3):  # rank 0 and 2 must not hang on rank 1
             conv(x, graph).sum().backward()
@@ -73,14 +74,14 @@ def _survivors(res):
     return out
 
 
-def test_dead_worker_ends_in_bounded_time():
+def test_dead_worker_is_reported_without_waiting_for_the_timeout():
     res = run_workers(
         _worker_peer_fails, 3, "die", timeout_s=60, wall_s=120, grace_s=60, raise_on_error=False, threads=1
     )
     assert res[1].exitcode == 7
-    for rank, (elapsed, msg) in _survivors(res).items():
-        # The connection closes at once: no need to wait for a timeout.
-        assert elapsed < TRANSFER_S + SLACK_S, (elapsed, msg)
+    for rank, (_, msg) in _survivors(res).items():
+        # The connection closes at once: the 600 s timeout is not waited for (wall_s is 120 s).
+        assert "timed out" not in msg, msg
         assert "SAR max forward, ring step 1" in msg, msg
         # rank 0 sends to rank 1 at step 1, rank 2 receives from it.
         assert ("send to rank 1" if rank == 0 else "receive from rank 1") in msg, msg
@@ -104,7 +105,7 @@ def test_hung_worker_times_out(world_size):
     )
     assert "killed" in res[1].error
     for rank, (elapsed, msg) in _survivors(res).items():
-        assert TRANSFER_S * 0.9 < elapsed < TRANSFER_S + SLACK_S, (elapsed, msg)
+        assert elapsed >= TRANSFER_S, (elapsed, msg)  # never before its time; no upper bound (load)
         assert f"[rank {rank}] SAR max forward, ring step 1" in msg, msg
         # Measured with gloo: a send to a stopped peer waits for its receive
         # and times out like the receive from it. At P = 2 rank 0 does both
@@ -133,9 +134,9 @@ def test_peer_that_never_arrives():
     assert (
         "[rank 0] Could not join the process group of 2 workers" in r.error and "never arrived" in r.error
     ), r.error
-    # From the end of its imports (the rendezvous starts right after).
+    # From the end of its imports (the rendezvous starts right after): not given up before its time.
     joined = r.times["end"] - r.times["imported"]
-    assert TRANSFER_S * 0.9 < joined < TRANSFER_S + SLACK_S, r.times
+    assert joined >= TRANSFER_S * 0.99, r.times  # the two stamps and the rendezvous clock may differ by ms
 
 
 def _worker_mixed_parts(rank, world_size):
