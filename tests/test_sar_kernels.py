@@ -117,41 +117,34 @@ def _call(model, x, edge_index, edge_attr):
 
 
 class _Counts:
-    """Counts the kernel's shard calls and the PyTorch SAR path's calls."""
+    """Counts the kernel's shard calls (the shard operators) and the PyTorch SAR path's calls."""
 
     def __init__(self):
         from revgnn.distributed import convs, gen_max_sar
 
         self.kernel = self.backward = self.torch = 0
-        real_kernel, real_seq = gen_max_sar._kernel, convs.sequential_aggregate
+        real_ops, real_seq = gen_max_sar.ops, convs.sequential_aggregate
         counts = self
 
         class Proxy:
-            def __init__(self, module):
-                self.module = module
-
-            def shard_forward(self, *args):
+            def gen_max_shard(self, *args):
                 counts.kernel += 1
-                return self.module.shard_forward(*args)
+                return real_ops.gen_max_shard(*args)
 
-            def shard_backward(self, *args):
+            def gen_max_shard_backward(self, *args):
                 counts.backward += 1
-                return self.module.shard_backward(*args)
+                return real_ops.gen_max_shard_backward(*args)
 
             def __getattr__(self, name):
-                return getattr(self.module, name)
-
-        def kernel():
-            module = real_kernel()
-            return None if module is None else Proxy(module)
+                return getattr(real_ops, name)
 
         def seq(*args, **kwargs):
             counts.torch += 1
             return real_seq(*args, **kwargs)
 
-        gen_max_sar._kernel, convs.sequential_aggregate = kernel, seq
+        gen_max_sar.ops, convs.sequential_aggregate = Proxy(), seq
         self._restore = lambda: (
-            setattr(gen_max_sar, "_kernel", real_kernel),
+            setattr(gen_max_sar, "ops", real_ops),
             setattr(convs, "sequential_aggregate", real_seq),
         )
 

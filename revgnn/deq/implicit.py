@@ -25,10 +25,13 @@ Two cheaper approximations are provided as well:
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable, Optional, Sequence
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+
+from revgnn.utils.functional import bound_to, module_tensors
 
 from .solvers import SolverResult
 
@@ -52,6 +55,8 @@ class _ImplicitGrad(torch.autograd.Function):
         # tensors = the inputs that need gradients (at positions `slots` of `inputs`), then the
         # parameters of f that need gradients. Other inputs (indices, masks) stay as given.
         ctx.f, ctx.solve, ctx.on_result = f, solve, on_result
+        # the tensors f computes with now (under functional_call: the ones passed in), rebound in backward
+        ctx.state = module_tensors(f) if isinstance(f, nn.Module) else None
         # Every tensor goes through save_for_backward (so saved-tensor hooks see the true memory);
         # other arguments (None, numbers) are kept as they are.
         ctx.is_tensor = tuple(isinstance(t, Tensor) for t in inputs)
@@ -67,7 +72,8 @@ class _ImplicitGrad(torch.autograd.Function):
         z_star, *saved = ctx.saved_tensors
         n = len(ctx.slots)
         tensors, rest = saved[: ctx.num_tensors], iter(saved[ctx.num_tensors :])
-        with torch.enable_grad():
+        bound = bound_to(ctx.f, ctx.state) if ctx.state is not None else contextlib.nullcontext()
+        with torch.enable_grad(), bound:
             leaves = [t.detach().requires_grad_() for t in tensors[:n]]
             params = tensors[n:]
             inputs = list(ctx.others)

@@ -9,6 +9,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
+from revgnn.utils.functional import transforms_active
+
 from .implicit import implicit_equilibrium, phantom_grad, unroll
 from .regularize import jacobian_frobenius, spectral_radius, spectral_radius_penalty
 from .solvers import SolverDivergenceError, SolverResult, check_solver_options, get_solver, solver_options
@@ -372,6 +374,13 @@ class DEQ(nn.Module):
             return z_star
         if self.backward == "phantom":
             return phantom_grad(f, z_star, self.phantom_steps, self.phantom_damping)
+        if transforms_active():
+            raise RuntimeError(
+                "DEQ: torch.func transforms (grad, vmap, jacrev, ...) cannot differentiate the implicit "
+                "backward (a custom autograd function that solves the adjoint fixed point); under "
+                "torch.func use backward='phantom' or backward='unroll', or take gradients with "
+                "torch.autograd (functional_call works with the implicit backward)"
+            )
         return implicit_equilibrium(
             self.f,
             z_star,

@@ -57,6 +57,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from revgnn.nn import ops
 from revgnn.nn.edge_features import LinearEdgeFeatures
 
 from .sar import SARGraph
@@ -132,18 +133,17 @@ class SARGENMax(torch.autograd.Function):
         weight: Optional[Tensor],
         bias: Optional[Tensor],
     ) -> Tensor:  # type: ignore[override]
-        kernel = _kernel()
         csc = _ShardCSC.of(graph)
         x = x.contiguous()
         attr = attr.contiguous() if attr is not None else None
-        wt = weight.t().contiguous() if weight is not None else None
+        weight_c = weight.contiguous() if weight is not None else None
         bias_c = bias.contiguous() if bias is not None else None
         m = n = None
         winners: List[List[Tensor]] = []  # per shard: arg, tied, tied nodes, their counts
         for q, block in graph.ring(x, "SAR GENConv max forward"):
             a, b, ptr, src, perm = csc.shards[q]
-            mq, arg, tied, nq = kernel.shard_forward(
-                block.contiguous(), ptr, src, _shard_attr(attr, a, b, perm), wt, bias_c
+            mq, arg, tied, nq = ops.gen_max_shard(
+                block.contiguous(), ptr, src, _shard_attr(attr, a, b, perm), weight_c, bias_c
             )
             del block
             if m is None:
@@ -183,9 +183,8 @@ class SARGENMax(torch.autograd.Function):
         need_attr = need_attr and attr is not None
         need_w = need_w and weight is not None
         need_b = need_b and bias is not None
-        kernel = _kernel()
         csc = _ShardCSC.of(graph)
-        wt = weight.t().contiguous() if weight is not None else None
+        weight_c = weight.contiguous() if weight is not None else None
         bias_c = bias.contiguous() if bias is not None else None
         grad_out = grad_out.contiguous()
         # each edge reaching a positive maximum gets g / n (the kernel ignores the rest)
@@ -214,8 +213,8 @@ class SARGENMax(torch.autograd.Function):
                 reach = (arg.index_select(0, nodes) >= 0).to(share.dtype)
                 g.index_copy_(0, nodes, share.index_select(0, nodes) * counts * reach)
             # the fetched rows' gradient is always formed: the owner waits for it
-            grad_block, ga, gw, gb = kernel.shard_backward(
-                g, arg, tied, block, ptr, src, attr_q, wt, bias_c, True, need_attr, need_w, need_b
+            grad_block, ga, gw, gb = ops.gen_max_shard_backward(
+                g, arg, tied, block, ptr, src, attr_q, weight_c, bias_c, need_attr, need_w, need_b
             )
             del g
             if need_attr:

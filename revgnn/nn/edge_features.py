@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from torch.utils import _pytree as pytree
 
 from revgnn.nn.invertible import capture_autocast
+from revgnn.utils.functional import transforms_active
 
 
 class TallLinear(torch.autograd.Function):
@@ -93,6 +94,8 @@ class LinearEdgeFeatures:
 
     def materialize(self) -> Tensor:
         """:math:`\\mathbf{U}` itself, ``[E, h]``."""
+        if transforms_active():  # torch.func: the plain linear, which it can differentiate and batch
+            return F.linear(self.raw, self.weight, self.bias)
         return TallLinear.apply(self.raw, self.weight, self.bias)
 
     def compose(self, linear: Optional[nn.Linear]) -> "LinearEdgeFeatures":

@@ -29,6 +29,11 @@ Buffers such as BatchNorm's running statistics are restored after each
 recomputation, so they are updated once per step, as in a plain model. An
 active ``torch.autocast`` context is recorded in forward and re-entered for
 the recomputation, so mixed-precision blocks recompute the same values.
+
+Under :func:`torch.func.functional_call` the recomputation in backward binds the
+tensors the forward pass computed with (the ones passed in), so their gradients
+are exact; under :mod:`torch.func` transforms (``grad``, ``vmap``, ...) a block runs
+as its plain map (:mod:`revgnn.utils.functional`), with activations stored.
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import torch
 from torch import Tensor, nn
 from torch.utils import _pytree as pytree
+
+from revgnn.utils.functional import bound_to, module_tensors, transforms_active
 
 #: The tensor attribute through which an invertible block's output is handed to its consumer.
 SLOT_ATTR = "_revgnn_slot"
@@ -249,6 +256,7 @@ class _Call:
     block: "nn.Module"
     binding: ArgBinding
     params: List[nn.Parameter]  # the trainable parameters at forward time, in input order
+    state: Dict[str, Tensor]  # every parameter and buffer the forward computed with, by name
     in_slot: Optional[OutputSlot]
     keep_input: bool
     num_bwd_passes: int
@@ -302,7 +310,7 @@ class InvertibleFunction(torch.autograd.Function):
         wanted_params = [p for i, p in enumerate(params) if needs[1 + num_args + i]]
 
         y = call.out_slot.take()
-        with autocast_as(ctx.autocast):
+        with autocast_as(ctx.autocast), bound_to(call.block, call.state):
             x, grad_x, arg_grads, param_grads = call.block._inverse_backward(
                 y,
                 grad_y,
@@ -340,7 +348,7 @@ def apply_invertible(
     binding = ArgBinding(args, kwargs)
     params = list(block._inverse_params)
     slot = input_slot(x)
-    call = _Call(block, binding, params, slot, keep_input, num_bwd_passes)
+    call = _Call(block, binding, params, module_tensors(block), slot, keep_input, num_bwd_passes)
     y = InvertibleFunction.apply(call, x, *binding.tensors, *params)
     if slot is not None:
         slot.consume()
@@ -472,7 +480,12 @@ class InvertibleModule(nn.Module, abc.ABC):
         r"""The inverse :math:`\mathbf{X} = F^{-1}(\mathbf{Y}, \ldots)` (called without grad)."""
 
     def forward(self, x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
-        if self.disable or not torch.is_grad_enabled() or not self._needs_graph(x, args, kwargs):
+        if (
+            self.disable
+            or not torch.is_grad_enabled()
+            or not self._needs_graph(x, args, kwargs)
+            or transforms_active()  # torch.func differentiates the plain map (activations are kept)
+        ):
             return self._forward(x, *args, **kwargs)
         return apply_invertible(
             self, x, args, kwargs, keep_input=self.keep_input, num_bwd_passes=self.num_bwd_passes

@@ -9,11 +9,13 @@ pre-activation then multiplies by the shared dropout mask :math:`\mathbf{M}`:
 
 PyTorch runs that as three ops forward and three backward, each a pass over ``[N, C]`` with
 per-row overhead that dominates at these widths (``C`` = 40 in RevGNN-Deep's groups).
-:func:`layer_norm_relu` runs it as one pass each way through the C++ kernel of
-:mod:`revgnn.nn.kernels` (CPU, float32/64, outside autocast), saving only the row means and
-inverse standard deviations (the ReLU mask is recomputed); elsewhere it calls the same three
-PyTorch ops. The weight and bias gradients are summed in fixed blocks of rows, so results do not
-depend on the thread count.
+:func:`layer_norm_relu` runs it as one operator, ``torch.ops.revgnn.layer_norm_relu``
+(:mod:`revgnn.nn.ops`), saving only the row means and inverse standard deviations (the ReLU mask is
+recomputed): one pass each way through the C++ kernel of :mod:`revgnn.nn.kernels` (CPU,
+float32/64), PyTorch's ``native_layer_norm`` and its backward elsewhere. Under autocast, for a
+``LayerNorm`` subclass or with hooks, and for a mask that needs a gradient it calls the module and
+the same PyTorch ops instead. The kernel sums the weight and bias gradients in fixed blocks of
+rows, so results do not depend on the thread count.
 """
 
 from __future__ import annotations
@@ -22,33 +24,9 @@ from typing import Optional
 
 import torch
 from torch import Tensor, nn
-from torch.autograd.function import once_differentiable
 
-
-def _kernel():
-    from revgnn.nn import kernels
-
-    return kernels.layer_norm_relu()
-
-
-class LayerNormReLU(torch.autograd.Function):
-    """The C++ kernel as an autograd function; ``mask`` is :obj:`None` or shaped like ``x``."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor, eps: float, mask: Optional[Tensor]) -> Tensor:  # type: ignore[override]
-        out, mean, rstd = _kernel().forward(x, weight, bias, eps, mask)
-        ctx.save_for_backward(x, weight, bias, mean, rstd, mask)
-        return out
-
-    @staticmethod
-    @once_differentiable  # a double backward through it raises rather than silently giving 0
-    def backward(ctx, grad_out: Tensor):  # type: ignore[override]
-        x, weight, bias, mean, rstd, mask = ctx.saved_tensors
-        need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        gx, gw, gb = _kernel().backward(
-            grad_out.contiguous(), x, weight, bias, mean, rstd, mask, need_x, need_w, need_b
-        )
-        return (gx if need_x else None, gw if need_w else None, gb if need_b else None, None, None)
+from revgnn.nn import ops
+from revgnn.utils.functional import transforms_active
 
 
 def _rows(t: Tensor) -> Tensor:
@@ -57,10 +35,10 @@ def _rows(t: Tensor) -> Tensor:
 
 
 def layer_norm_relu(x: Tensor, norm: nn.LayerNorm, mask: Optional[Tensor] = None) -> Tensor:
-    r"""``norm(x).relu() * mask`` (``mask`` optional); fused for a ``[N, C]`` input and an
+    r"""``norm(x).relu() * mask`` (``mask`` optional); for a ``[N, C]`` input and an
     :class:`~torch.nn.LayerNorm` (exactly, without forward hooks) over ``C`` with weight and bias
-    where the kernel applies, and computed as written otherwise (a subclass's own ``forward``
-    and hooks run).
+    the one operator :func:`revgnn.nn.ops.layer_norm_relu`, and computed as written otherwise (a
+    subclass's own ``forward`` and hooks run).
 
     Args:
         x (torch.Tensor): ``[N, C]``.
@@ -76,10 +54,9 @@ def layer_norm_relu(x: Tensor, norm: nn.LayerNorm, mask: Optional[Tensor] = None
         and w is not None
         and b is not None
         and tuple(norm.normalized_shape) == (x.size(1),)
-        and x.device.type == "cpu"
-        and x.dtype in (torch.float32, torch.float64)
-        and all(t.dtype == x.dtype and t.device == x.device and t.is_contiguous() for t in (w, b))
-        and not torch.is_autocast_enabled("cpu")
+        and all(t.dtype == x.dtype and t.device == x.device for t in (w, b))
+        and not torch.is_autocast_enabled(x.device.type)
+        and not transforms_active()  # torch.func differentiates the plain ops
         and (
             mask is None
             or (
@@ -89,10 +66,12 @@ def layer_norm_relu(x: Tensor, norm: nn.LayerNorm, mask: Optional[Tensor] = None
                 and not mask.requires_grad
             )
         )
-        and _kernel() is not None
     )
     if fused:
-        return LayerNormReLU.apply(_rows(x), w, b, norm.eps, _rows(mask) if mask is not None else None)
+        out, _, _ = ops.layer_norm_relu(
+            _rows(x), w.contiguous(), b.contiguous(), norm.eps, _rows(mask) if mask is not None else None
+        )
+        return out
     h = norm(x).relu()
     return h * mask if mask is not None else h
 

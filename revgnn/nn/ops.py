@@ -1,0 +1,408 @@
+r"""revgnn's operators, registered with :mod:`torch.library` so that ``torch.compile``, ``torch.export``
+and autograd see them as single ops.
+
+========================================  ========================================================
+``torch.ops.revgnn.gen_max``               :math:`\max_{j \to i} \mathrm{ReLU}(\mathbf{x}_j + \mathbf{e}_{ji})
+                                           + \epsilon` per destination, with the winning edge per (node,
+                                           channel) and a per-node tie flag (:mod:`revgnn.nn.gen_max`)
+``torch.ops.revgnn.gen_max_backward``      its gradients from the winners: :math:`O(NCd)`, not :math:`O(EC)`
+``torch.ops.revgnn.layer_norm_relu``       :math:`\mathrm{ReLU}(\mathrm{LayerNorm}(\mathbf{X})) \odot
+                                           \mathbf{M}` with the row means and inverse deviations
+                                           (:mod:`revgnn.nn.norm_act`)
+``torch.ops.revgnn.layer_norm_relu_backward``  its gradients
+``torch.ops.revgnn.gen_max_shard``         GEN max over one shard of a SAR graph (no :math:`\epsilon`,
+                                           with tie counts; :mod:`revgnn.distributed.gen_max_sar`)
+``torch.ops.revgnn.gen_max_shard_backward``  its gradients
+========================================  ========================================================
+
+Each operator has a fake (meta) implementation, so it traces with FakeTensors, and ``gen_max`` and
+``layer_norm_relu`` have their autograd formula registered (their backward operators are
+differentiable once: a second derivative raises). Behind each operator there are two
+implementations of the same function, chosen per call from the inputs alone:
+
+* **the C++ kernels** of :mod:`revgnn.nn.kernels` for CPU float32/float64 tensors, where they built
+  (``REVGNN_KERNELS=0`` turns them off);
+* **PyTorch** everywhere else (GPU, other dtypes, no compiler): the same outputs from PyTorch ops
+  (``gen_max`` forms the :math:`E \times C` messages once, transiently, and keeps only the winners
+  for backward, like the kernel).
+
+The choice is made inside the operator, which ``torch.compile`` does not trace into. The shard
+operators have only the C++ implementation (their caller takes PyTorch's SAR path elsewhere).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+__all__ = ["gen_max", "gen_max_backward", "layer_norm_relu", "layer_norm_relu_backward", "uses_kernel"]
+
+_FLOATS = (torch.float32, torch.float64)
+
+
+def uses_kernel(name: str, x: Tensor, *others: Optional[Tensor], num_edges: int = 0) -> bool:
+    """Whether the operators run the C++ kernel ``name`` (``"gen_max"``, ``"layer_norm_relu"``) on
+    these inputs: CPU, float32/64 throughout, fewer than 2^31 edges (the kernel keeps a winner's
+    offset as int32), and the kernel built."""
+    from revgnn.nn import kernels
+
+    return (
+        x.device.type == "cpu"
+        and x.dtype in _FLOATS
+        and all(t is None or (t.dtype == x.dtype and t.device.type == "cpu") for t in others)
+        and num_edges < 2**31
+        and getattr(kernels, name)() is not None
+    )
+
+
+def _empty(like: Tensor) -> Tensor:
+    return like.new_empty(0)
+
+
+def _or_empty(t: Optional[Tensor], like: Tensor) -> Tensor:
+    return t if t is not None else _empty(like)
+
+
+# ----------------------------------------------------------------------------------- GEN max
+
+
+def _destinations(ptr: Tensor, num_edges: int) -> Tensor:
+    n = ptr.numel() - 1
+    return torch.repeat_interleave(torch.arange(n, device=ptr.device), ptr.diff(), output_size=num_edges)
+
+
+def _messages(
+    x: Tensor, src: Tensor, attr: Optional[Tensor], weight: Optional[Tensor], bias: Optional[Tensor]
+):
+    """The pre-activation messages ``x[src] + e`` of the given edges (``attr`` in their order)."""
+    msg = x.index_select(0, src)
+    if attr is not None:
+        msg = msg + (torch.nn.functional.linear(attr, weight, bias) if weight is not None else attr)
+    return msg
+
+
+def _gen_max_torch(x, ptr, src, attr, weight, bias, eps):
+    n, c, e = ptr.numel() - 1, x.size(1), src.numel()
+    dst = _destinations(ptr, e)
+    msg = _messages(x, src, attr, weight, bias)
+    index = dst.view(-1, 1).expand(e, c)
+    top = msg.new_full((n, c), float("-inf")).scatter_reduce_(0, index, msg, "amax")  # NaN propagates
+    positive = top > 0
+    reached = (msg == top.index_select(0, dst)) & positive.index_select(0, dst)
+    offset = (torch.arange(e, device=x.device) - ptr.index_select(0, dst)).view(-1, 1).expand(e, c)
+    none = torch.iinfo(torch.int64).max
+    arg = torch.full((n, c), none, dtype=torch.int64, device=x.device)
+    arg.scatter_reduce_(0, index, torch.where(reached, offset, none), "amin")  # the first winner
+    arg = torch.where(positive, arg, -1).to(torch.int32)
+    count = torch.zeros((n, c), dtype=torch.int32, device=x.device).scatter_add_(0, index, reached.int())
+    tied = (count > 1).any(1).to(torch.uint8)
+    out = torch.where(positive | top.isnan(), top, 0.0) + eps
+    return out.masked_fill_((ptr.diff() == 0).view(-1, 1), 0.0), arg, tied
+
+
+def _gen_max_backward_torch(
+    grad, arg, tied, x, ptr, src, attr, weight, bias, need_x, need_attr, need_w, need_b
+):
+    """The gradient reaches each (node, channel)'s winner, split evenly among the tied edges of a
+    tied node (whose messages are recomputed): no :math:`E \\times C` tensor but for the tied nodes."""
+    n, c = arg.shape
+    if src.numel() == 0:  # no edges: every output is 0, and so is every gradient
+        zero = lambda t, need: torch.zeros_like(t) if need and t is not None else None  # noqa: E731
+        return zero(x, need_x), zero(attr, need_attr), zero(weight, need_w), zero(bias, need_b)
+    untied = (arg >= 0) & (tied == 0).view(-1, 1)
+    g = torch.where(untied, grad, 0.0)
+    # [N, C] winning edge ids (any valid id where there is no winner: its gradient is 0 there)
+    edge = (ptr[:-1].view(-1, 1) + arg.clamp_min(0).long()).clamp_max(max(src.numel() - 1, 0))
+    channel = torch.arange(c, device=x.device).expand(n, c)
+    gx = torch.zeros_like(x).index_put_((src.index_select(0, edge.flatten()).view(n, c), channel), g, True)
+    ga = gw = gb = None
+    if attr is not None and weight is None:
+        ga = torch.zeros_like(attr).index_put_((edge, channel), g, True)
+    elif attr is not None:
+        if need_w:
+            gw = (g.unsqueeze(-1) * attr.index_select(0, edge.flatten()).view(n, c, -1)).sum(0)
+        if need_b and bias is not None:
+            gb = g.sum(0)
+        if need_attr:
+            ga = torch.zeros_like(attr).index_add_(
+                0, edge.flatten(), (g.unsqueeze(-1) * weight).flatten(0, 1)
+            )
+    nodes = tied.nonzero().flatten()
+    if nodes.numel():  # the edges of tied nodes: split each node's gradient among its maxima
+        dst = _destinations(ptr, src.numel())
+        edges = (tied.index_select(0, dst) != 0).nonzero().flatten()
+        d = dst.index_select(0, edges)
+        a = attr.index_select(0, edges) if attr is not None else None
+        msg = _messages(x, src.index_select(0, edges), a, weight, bias)
+        index = d.view(-1, 1).expand_as(msg)
+        top = msg.new_full((n, c), float("-inf")).scatter_reduce_(0, index, msg, "amax")
+        reached = (msg == top.index_select(0, d)) & (top > 0).index_select(0, d)
+        count = torch.zeros_like(top).scatter_add_(0, index, reached.to(top.dtype))
+        share = torch.where(reached, (grad / count.clamp_min(1)).index_select(0, d), 0.0)
+        gx.index_add_(0, src.index_select(0, edges), share)
+        if attr is not None and weight is None:
+            ga.index_add_(0, edges, share)
+        elif attr is not None:
+            if gw is not None:
+                gw += share.t() @ a
+            if gb is not None:
+                gb += share.sum(0)
+            if ga is not None:
+                ga.index_add_(0, edges, share @ weight)
+    return gx if need_x else None, ga if need_attr else None, gw, gb
+
+
+@torch.library.custom_op("revgnn::gen_max", mutates_args=())
+def gen_max(
+    x: Tensor,
+    ptr: Tensor,
+    src: Tensor,
+    attr: Optional[Tensor],
+    weight: Optional[Tensor],
+    bias: Optional[Tensor],
+    eps: float,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    r"""``(out, arg, tied)``: ``out[i] = relu(max_{e = (j -> i)} x[j] + t[e]) + eps`` (0 for nodes
+    without in-edges) over destination-sorted edges (``ptr`` ``[N + 1]`` over destinations, ``src``
+    ``[E]``), where the edge term ``t`` is absent, ``attr`` ``[E, C]``, or ``attr @ weight.T + bias``
+    with ``attr`` the raw ``[E, d]`` features and ``weight`` ``[C, d]`` (never expanded by the
+    kernel); ``arg`` ``[N, C]`` int32 is the first winning edge's offset in its node's segment (-1
+    where the maximum is not positive), ``tied`` ``[N]`` uint8 whether a positive maximum was reached
+    by several edges."""
+    if uses_kernel("gen_max", x, attr, weight, bias, num_edges=src.numel()):
+        from revgnn.nn import kernels
+
+        wt = weight.t().contiguous() if weight is not None else None
+        return tuple(kernels.gen_max().forward(x, ptr, src, attr, wt, bias, eps))
+    return _gen_max_torch(x, ptr, src, attr, weight, bias, eps)
+
+
+@gen_max.register_fake
+def _(x, ptr, src, attr, weight, bias, eps):
+    n, c = ptr.size(0) - 1, x.size(1)
+    return x.new_empty(n, c), x.new_empty(n, c, dtype=torch.int32), x.new_empty(n, dtype=torch.uint8)
+
+
+@torch.library.custom_op("revgnn::gen_max_backward", mutates_args=())
+def gen_max_backward(
+    grad: Tensor,
+    arg: Tensor,
+    tied: Tensor,
+    x: Tensor,
+    ptr: Tensor,
+    src: Tensor,
+    attr: Optional[Tensor],
+    weight: Optional[Tensor],
+    bias: Optional[Tensor],
+    need_x: bool,
+    need_attr: bool,
+    need_w: bool,
+    need_b: bool,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The gradients of :func:`gen_max`'s ``out`` for ``x``, ``attr``, ``weight``, ``bias`` (an empty
+    tensor where not asked for, or where that input is absent)."""
+    if uses_kernel("gen_max", x, attr, weight, bias, num_edges=src.numel()):
+        from revgnn.nn import kernels
+
+        wt = weight.t().contiguous() if weight is not None else None
+        grads = kernels.gen_max().backward(
+            grad, arg, tied, x, ptr, src, attr, wt, bias, need_x, need_attr, need_w, need_b
+        )
+    else:
+        grads = _gen_max_backward_torch(
+            grad, arg, tied, x, ptr, src, attr, weight, bias, need_x, need_attr, need_w, need_b
+        )
+    return tuple(_or_empty(g, x) for g in grads)
+
+
+def _fake_grads(x, attr, weight, bias, need_x, need_attr, need_w, need_b):
+    """Fake gradients of the GEN max operators: shaped like the input, or empty where not formed."""
+
+    def like(t, need):
+        return torch.empty_like(t) if need and t is not None else x.new_empty(0)
+
+    factored = weight is not None and attr is not None
+    return (
+        like(x, need_x),
+        like(attr, need_attr),
+        like(weight, need_w and factored),
+        like(bias, need_b and factored),
+    )
+
+
+@gen_max_backward.register_fake
+def _(grad, arg, tied, x, ptr, src, attr, weight, bias, need_x, need_attr, need_w, need_b):
+    return _fake_grads(x, attr, weight, bias, need_x, need_attr, need_w, need_b)
+
+
+def _gen_max_setup(ctx, inputs, output):
+    x, ptr, src, attr, weight, bias, _ = inputs
+    _, arg, tied = output
+    ctx.save_for_backward(x, ptr, src, attr, weight, bias, arg, tied)
+
+
+def _gen_max_grad(ctx, grad_out, _grad_arg, _grad_tied):
+    x, ptr, src, attr, weight, bias, arg, tied = ctx.saved_tensors
+    need_x, _, _, need_attr, need_w, need_b, _ = ctx.needs_input_grad
+    gx, ga, gw, gb = gen_max_backward(
+        grad_out.contiguous(), arg, tied, x, ptr, src, attr, weight, bias, need_x, need_attr, need_w, need_b
+    )
+    return (
+        gx if need_x else None,
+        None,
+        None,
+        ga if need_attr and attr is not None else None,
+        gw if need_w and weight is not None else None,
+        gb if need_b and bias is not None else None,
+        None,
+    )
+
+
+gen_max.register_autograd(_gen_max_grad, setup_context=_gen_max_setup)
+
+
+# ---------------------------------------------------------------------- LayerNorm + ReLU
+
+
+@torch.library.custom_op("revgnn::layer_norm_relu", mutates_args=())
+def layer_norm_relu(
+    x: Tensor, weight: Tensor, bias: Tensor, eps: float, mask: Optional[Tensor]
+) -> Tuple[Tensor, Tensor, Tensor]:
+    r"""``(out, mean, rstd)``: ``out = relu((x - mean) * rstd * weight + bias) * mask`` over the last
+    dimension of ``x`` ``[N, C]`` (rows may be strided), ``mask`` optional; ``mean``, ``rstd`` ``[N]``."""
+    if uses_kernel("layer_norm_relu", x, weight, bias, mask):
+        from revgnn.nn import kernels
+
+        return tuple(kernels.layer_norm_relu().forward(x, weight, bias, eps, mask))
+    y, mean, rstd = torch.native_layer_norm(x, (x.size(1),), weight, bias, eps)
+    out = y.relu()
+    return out * mask if mask is not None else out, mean.view(-1), rstd.view(-1)
+
+
+@layer_norm_relu.register_fake
+def _(x, weight, bias, eps, mask):
+    n, c = x.shape
+    return x.new_empty(n, c), x.new_empty(n), x.new_empty(n)
+
+
+@torch.library.custom_op("revgnn::layer_norm_relu_backward", mutates_args=())
+def layer_norm_relu_backward(
+    grad: Tensor,
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor,
+    mean: Tensor,
+    rstd: Tensor,
+    mask: Optional[Tensor],
+    need_x: bool,
+    need_w: bool,
+    need_b: bool,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """The gradients of :func:`layer_norm_relu`'s ``out`` for ``x``, ``weight``, ``bias`` (an empty
+    tensor where not asked for)."""
+    if uses_kernel("layer_norm_relu", x, weight, bias, mask):
+        from revgnn.nn import kernels
+
+        grads = kernels.layer_norm_relu().backward(
+            grad, x, weight, bias, mean, rstd, mask, need_x, need_w, need_b
+        )
+    else:
+        c = x.size(1)
+        y = (x - mean.view(-1, 1)) * rstd.view(-1, 1) * weight + bias
+        g = grad * mask if mask is not None else grad
+        g = torch.where(y <= 0, 0.0, g)  # NaN passes, as ReLU's backward
+        grads = torch.ops.aten.native_layer_norm_backward(
+            g, x, (c,), mean.view(-1, 1), rstd.view(-1, 1), weight, bias, [need_x, need_w, need_b]
+        )
+    return tuple(_or_empty(g if need else None, x) for g, need in zip(grads, (need_x, need_w, need_b)))
+
+
+@layer_norm_relu_backward.register_fake
+def _(grad, x, weight, bias, mean, rstd, mask, need_x, need_w, need_b):
+    return tuple(
+        x.new_empty(shape) if need else x.new_empty(0)
+        for shape, need in ((x.shape, need_x), (weight.shape, need_w), (bias.shape, need_b))
+    )
+
+
+def _layer_norm_relu_setup(ctx, inputs, output):
+    x, weight, bias, _, mask = inputs
+    _, mean, rstd = output
+    ctx.save_for_backward(x, weight, bias, mean, rstd, mask)
+
+
+def _layer_norm_relu_grad(ctx, grad_out, _grad_mean, _grad_rstd):
+    x, weight, bias, mean, rstd, mask = ctx.saved_tensors
+    need_x, need_w, need_b, _, _ = ctx.needs_input_grad
+    gx, gw, gb = layer_norm_relu_backward(
+        grad_out.contiguous(), x, weight, bias, mean, rstd, mask, need_x, need_w, need_b
+    )
+    return gx if need_x else None, gw if need_w else None, gb if need_b else None, None, None
+
+
+layer_norm_relu.register_autograd(_layer_norm_relu_grad, setup_context=_layer_norm_relu_setup)
+
+
+# --------------------------------------------------------------------------- SAR shards
+
+
+@torch.library.custom_op("revgnn::gen_max_shard", mutates_args=())
+def gen_max_shard(
+    x: Tensor,
+    ptr: Tensor,
+    src: Tensor,
+    attr: Optional[Tensor],
+    weight: Optional[Tensor],
+    bias: Optional[Tensor],
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """GEN max over one shard of a SAR graph: the sources are the rows of ``x`` (a fetched block), the
+    destinations ``ptr.numel() - 1``; ``(max, arg, tied, count)`` with the ReLU'd maximum without
+    :math:`\\epsilon` and the per (node, channel) tie counts (C++ kernel only)."""
+    from revgnn.nn import kernels
+
+    wt = weight.t().contiguous() if weight is not None else None
+    return tuple(kernels.gen_max().shard_forward(x, ptr, src, attr, wt, bias))
+
+
+@gen_max_shard.register_fake
+def _(x, ptr, src, attr, weight, bias):
+    n, c = ptr.size(0) - 1, x.size(1)
+    return (
+        x.new_empty(n, c),
+        x.new_empty(n, c, dtype=torch.int32),
+        x.new_empty(n, dtype=torch.uint8),
+        x.new_empty(n, c),
+    )
+
+
+@torch.library.custom_op("revgnn::gen_max_shard_backward", mutates_args=())
+def gen_max_shard_backward(
+    grad: Tensor,
+    arg: Tensor,
+    tied: Tensor,
+    x: Tensor,
+    ptr: Tensor,
+    src: Tensor,
+    attr: Optional[Tensor],
+    weight: Optional[Tensor],
+    bias: Optional[Tensor],
+    need_attr: bool,
+    need_w: bool,
+    need_b: bool,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The gradients of :func:`gen_max_shard` for the fetched rows (always), ``attr``, ``weight`` and
+    ``bias`` (an empty tensor where not asked for)."""
+    from revgnn.nn import kernels
+
+    wt = weight.t().contiguous() if weight is not None else None
+    grads = kernels.gen_max().shard_backward(
+        grad, arg, tied, x, ptr, src, attr, wt, bias, True, need_attr, need_w, need_b
+    )
+    return tuple(_or_empty(g, x) for g in grads)
+
+
+@gen_max_shard_backward.register_fake
+def _(grad, arg, tied, x, ptr, src, attr, weight, bias, need_attr, need_w, need_b):
+    return _fake_grads(x, attr, weight, bias, True, need_attr, need_w, need_b)
