@@ -183,3 +183,37 @@ def test_export_of_the_eval_forward_runs_the_kernels(name):
     assert all(f"torch.ops.{op}" in code for op in eager.names), (eager.names, name)
     if model_info(name).defaults.get("aggr", "max") == "max" and name not in ("mlp",):
         assert "revgnn.gen_max.default" in eager.names  # the GEN max models run the fused operator
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_sparse_adjacency_equals_the_edge_index(name):
+    """A ``torch.sparse`` CSR or COO ``adj_t`` (PyG's convention: ``adj_t[i, j]`` is an edge ``j -> i``),
+    with the edge features in its stored order, gives the ``edge_index`` result (float64; the order of
+    summation may differ)."""
+    model, (x, ei, ea, *rest) = zoo_case(name)
+    n, e = x.size(0), ei.size(1)
+    torch.manual_seed(1)
+    expected = model(x, ei, ea, *rest)
+    perm = (ei[1] * n + ei[0]).argsort()  # destination-major: CSR's order
+    dst, src = ei[1, perm], ei[0, perm]
+    crow = torch.zeros(n + 1, dtype=torch.long)
+    crow[1:] = torch.bincount(dst, minlength=n).cumsum(0)
+    csr = torch.sparse_csr_tensor(crow, src, torch.ones(e, dtype=torch.float64), (n, n))
+    coo = torch.sparse_coo_tensor(
+        torch.stack([ei[1], ei[0]]), torch.ones(e), (n, n)
+    )  # uncoalesced: duplicates kept
+    for adj, attr in ((csr, ea[perm]), (coo, ea)):
+        torch.manual_seed(1)
+        out = model(x, adj, attr, *rest)
+        assert (out - expected).abs().max() <= 1e-12 * expected.abs().max(), adj.layout
+
+
+def test_sparse_adjacency_errors():
+    from revgnn.nn.gen_max import sparse_to_edge_index
+
+    ei = torch.tensor([[0, 0, 1], [1, 1, 2]])
+    summed = torch.sparse_coo_tensor(ei.flip(0), torch.ones(3), (3, 3)).coalesce()  # the duplicate becomes 2
+    with pytest.raises(ValueError, match="values other than 1 .*duplicate edges"):
+        sparse_to_edge_index(summed.to_sparse_csr(), 3)
+    with pytest.raises(ValueError, match=r"must be \[4, 4\]"):
+        sparse_to_edge_index(summed, 4)

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from typing import Optional, Tuple, Union
 
+import torch
 from torch import Tensor
 from torch_geometric import EdgeIndex
 
@@ -50,16 +51,49 @@ from revgnn.nn.norm_act import sequential_forward
 from revgnn.utils.functional import transforms_active
 
 
+def sparse_to_edge_index(adj_t: Tensor, num_nodes: int) -> EdgeIndex:
+    """The ``[2, E]`` (source, destination) :class:`~torch_geometric.EdgeIndex` of a ``torch.sparse``
+    adjacency in PyG's ``adj_t`` convention (``adj_t[i, j]`` stored: an edge ``j -> i``), its edges in
+    the sparse tensor's stored order (CSR: destination-sorted, so no sort follows). The values are the
+    graph's structure only and must be 1: edge features go in ``edge_attr``, in that order."""
+    if adj_t.dim() != 2 or tuple(adj_t.shape) != (num_nodes, num_nodes):
+        raise ValueError(
+            f"a sparse adj_t must be [{num_nodes}, {num_nodes}] (the nodes), got {list(adj_t.shape)}"
+        )
+    if adj_t.layout == torch.sparse_csr:
+        ptr, src, values = adj_t.crow_indices(), adj_t.col_indices(), adj_t.values()
+        dst = torch.repeat_interleave(
+            torch.arange(num_nodes, device=ptr.device), ptr.diff(), output_size=src.numel()
+        )
+        order = "col"
+    elif adj_t.layout == torch.sparse_coo:
+        (dst, src), values = adj_t._indices(), adj_t._values()
+        order = None
+    else:
+        raise TypeError(f"a sparse adj_t must be in CSR or COO layout, got {adj_t.layout}")
+    if values.numel() and bool((values != 1).any()):
+        raise ValueError(
+            "a sparse adj_t with values other than 1 (a weighted graph, or duplicate edges that coalescing "
+            "summed): revgnn's models read the structure only; pass a 0/1 pattern (uncoalesced COO keeps "
+            "duplicate edges) and the edge features as edge_attr, in the sparse tensor's order"
+        )
+    edge_index = torch.stack([src.long(), dst.long()])
+    return EdgeIndex(edge_index, sparse_size=(num_nodes, num_nodes), sort_order=order)
+
+
 def sort_edges(edge_index, edge_attr: Optional[Tensor], num_nodes: int):
     """Destination-sorted :class:`torch_geometric.EdgeIndex` (and edge features in that order).
 
     Sorting once per forward pass lets every layer aggregate over contiguous
     segments (CSR) instead of sorting or scattering in each of hundreds of
-    layers. A destination-sorted ``EdgeIndex`` is returned unchanged, and so is
-    a graph that is not a tensor (a ``SparseTensor``, a distributed ``SARGraph``).
+    layers. ``edge_index`` is a ``[2, E]`` tensor or ``EdgeIndex``, or a ``torch.sparse`` CSR/COO
+    ``adj_t`` (:func:`sparse_to_edge_index`). A destination-sorted ``EdgeIndex`` is returned unchanged,
+    and so is a graph that is not a tensor (a ``SparseTensor``, a distributed ``SARGraph``).
     """
     if not isinstance(edge_index, Tensor):
         return edge_index, edge_attr
+    if edge_index.layout != torch.strided:
+        edge_index = sparse_to_edge_index(edge_index, num_nodes)
     if isinstance(edge_index, EdgeIndex) and edge_index.is_sorted_by_col:
         return edge_index, edge_attr
     if not isinstance(edge_index, EdgeIndex):

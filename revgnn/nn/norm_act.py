@@ -37,8 +37,8 @@ def _rows(t: Tensor) -> Tensor:
 def layer_norm_relu(x: Tensor, norm: nn.LayerNorm, mask: Optional[Tensor] = None) -> Tensor:
     r"""``norm(x).relu() * mask`` (``mask`` optional); for a ``[N, C]`` input and an
     :class:`~torch.nn.LayerNorm` (exactly, without forward hooks) over ``C`` with weight and bias
-    the one operator :func:`revgnn.nn.ops.layer_norm_relu`, and computed as written otherwise (a
-    subclass's own ``forward`` and hooks run).
+    the one operator ``torch.ops.revgnn.layer_norm_relu`` (:mod:`revgnn.nn.ops`), and computed as
+    written otherwise (a subclass's own ``forward`` and hooks run).
 
     Args:
         x (torch.Tensor): ``[N, C]``.

@@ -1,19 +1,17 @@
 r"""revgnn's operators, registered with :mod:`torch.library` so that ``torch.compile``, ``torch.export``
 and autograd see them as single ops.
 
-========================================  ========================================================
-``torch.ops.revgnn.gen_max``               :math:`\max_{j \to i} \mathrm{ReLU}(\mathbf{x}_j + \mathbf{e}_{ji})
-                                           + \epsilon` per destination, with the winning edge per (node,
-                                           channel) and a per-node tie flag (:mod:`revgnn.nn.gen_max`)
-``torch.ops.revgnn.gen_max_backward``      its gradients from the winners: :math:`O(NCd)`, not :math:`O(EC)`
-``torch.ops.revgnn.layer_norm_relu``       :math:`\mathrm{ReLU}(\mathrm{LayerNorm}(\mathbf{X})) \odot
-                                           \mathbf{M}` with the row means and inverse deviations
-                                           (:mod:`revgnn.nn.norm_act`)
-``torch.ops.revgnn.layer_norm_relu_backward``  its gradients
-``torch.ops.revgnn.gen_max_shard``         GEN max over one shard of a SAR graph (no :math:`\epsilon`,
-                                           with tie counts; :mod:`revgnn.distributed.gen_max_sar`)
-``torch.ops.revgnn.gen_max_shard_backward``  its gradients
-========================================  ========================================================
+* ``torch.ops.revgnn.gen_max``:
+  :math:`\max_{j \to i} \mathrm{ReLU}(\mathbf{x}_j + \mathbf{e}_{ji}) + \epsilon` per destination,
+  with the winning edge per (node, channel) and a per-node tie flag
+  (:mod:`revgnn.nn.gen_max`); ``torch.ops.revgnn.gen_max_backward``: its gradients from the winners,
+  :math:`O(NCd)` rather than :math:`O(EC)`;
+* ``torch.ops.revgnn.layer_norm_relu``: :math:`\mathrm{ReLU}(\mathrm{LayerNorm}(\mathbf{X})) \odot
+  \mathbf{M}` with the row means and inverse deviations (:mod:`revgnn.nn.norm_act`);
+  ``torch.ops.revgnn.layer_norm_relu_backward``: its gradients;
+* ``torch.ops.revgnn.gen_max_shard``: GEN max over one shard of a SAR graph (no :math:`\epsilon`, with
+  tie counts; :mod:`revgnn.distributed.gen_max_sar`); ``torch.ops.revgnn.gen_max_shard_backward``: its
+  gradients.
 
 Each operator has a fake (meta) implementation, so it traces with FakeTensors, and ``gen_max`` and
 ``layer_norm_relu`` have their autograd formula registered (their backward operators are
