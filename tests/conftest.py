@@ -100,3 +100,25 @@ class TanhMap(torch.nn.Module):
 
     def forward(self, z, x):
         return torch.tanh(0.6 * self.lin(z) + x)
+
+
+class HostSyncs(torch.overrides.TorchFunctionMode):
+    """Counts the reads of a tensor's value by the host (``.item()``, ``bool()``, ``float()``,
+    ``int()``, ``.tolist()``): each one waits for the device on a GPU."""
+
+    READS = {
+        torch.Tensor.item,
+        torch.Tensor.__bool__,
+        torch.Tensor.__float__,
+        torch.Tensor.__int__,
+        torch.Tensor.tolist,
+    }
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in self.READS:
+            self.count += 1
+        return func(*args, **(kwargs or {}))

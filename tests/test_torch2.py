@@ -217,3 +217,72 @@ def test_sparse_adjacency_errors():
         sparse_to_edge_index(summed.to_sparse_csr(), 3)
     with pytest.raises(ValueError, match=r"must be \[4, 4\]"):
         sparse_to_edge_index(summed, 4)
+
+
+# ------------------------------------------------------------------------------------------ devices
+
+
+def test_process_group_backend_follows_the_device(monkeypatch):
+    """A CPU run on a machine with CUDA gets gloo; NCCL only for CUDA tensors."""
+    import torch.distributed as dist
+
+    from revgnn.distributed import comm
+
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: chosen.append(backend))
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    comm.init_distributed(timeout_s=5)
+    comm.init_distributed(timeout_s=5, device=torch.device("cpu"))
+    comm.init_distributed(timeout_s=5, device=torch.device("cuda", 0))
+    assert chosen == ["gloo", "gloo", "nccl"]
+
+
+def test_rng_capture_is_device_generic_or_a_clear_error():
+    from revgnn.nn.invertible import _device_rng, capture_rng, replay_rng, rng_advanced
+
+    assert _device_rng(torch.device("cpu")) is None and _device_rng(torch.device("meta")) is None
+    assert _device_rng(torch.device("cuda")) is torch.cuda  # torch's module for the device type
+    with pytest.raises(RuntimeError, match="cannot record the random state of privateuseone tensors"):
+        _device_rng(torch.device("privateuseone"))
+    state = capture_rng(torch.device("cpu"))
+    first = torch.rand(3)
+    assert rng_advanced(state)
+    with replay_rng(state):
+        assert torch.equal(torch.rand(3), first)
+
+
+def test_quantized_reversible_stack_reads_no_value_per_layer():
+    """GroupAddRev(quantize=...) checks its range on the device and reads it back (a host sync on a GPU)
+    at calls 1, 2, 4, ...: 64 blocks forward read it 7 times in all, not once per block."""
+    from conftest import HostSyncs
+
+    from revgnn.nn import GENBlock, GroupAddRev
+
+    n = 30
+    ei = torch.randint(0, n, (2, 120), generator=torch.Generator().manual_seed(0))
+    block = GroupAddRev(GENBlock(4, aggr="mean"), num_groups=2, quantize=16)
+    x = torch.randn(n, 8)
+    with torch.no_grad(), HostSyncs() as syncs:
+        for _ in range(64):
+            x = block(x, ei)
+    assert syncs.count == 7  # calls 1, 2, 4, 8, 16, 32, 64
+
+
+@pytest.mark.parametrize("solver,per_iteration", [("fixed_point", 6), ("anderson", 9), ("broyden", 11)])
+def test_deq_solver_host_syncs_per_iteration(solver, per_iteration):
+    """Each solver iteration reads values back to the host (the residual and stopping tests): counted
+    here so that the number cannot grow unnoticed (documented in docs/guides/deq.md)."""
+    from conftest import HostSyncs, TanhMap
+
+    from revgnn.deq import get_solver
+
+    torch.manual_seed(0)
+    f, x = TanhMap(5), torch.randn(30, 5, dtype=torch.float64)
+    counts = []
+    for iters in (10, 20):
+        with HostSyncs() as syncs:
+            get_solver(solver)(lambda z: f(z, x), torch.zeros_like(x), tol=1e-30, max_iter=iters)
+        counts.append(syncs.count)
+    assert (counts[1] - counts[0]) / 10 == per_iteration

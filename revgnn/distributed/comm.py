@@ -61,6 +61,7 @@ def init_distributed(
     init_method: Optional[str] = None,
     rank: Optional[int] = None,
     world_size: Optional[int] = None,
+    device: Optional[torch.device] = None,
 ) -> None:
     r"""Joins the process group (idempotent).
 
@@ -68,20 +69,22 @@ def init_distributed(
     ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``).
 
     Args:
-        backend (str, optional): ``"gloo"`` or ``"nccl"``; by default NCCL
-            if CUDA is available, else gloo. (default: ``None``)
+        backend (str, optional): ``"gloo"`` or ``"nccl"``; by default the one
+            for ``device``: NCCL for CUDA, gloo otherwise. (default: ``None``)
         timeout_s (float, optional): bound on every wait (rendezvous,
             collectives, transfers). (default: ``300``)
         init_method (str, optional): e.g. ``"tcp://127.0.0.1:29500"``.
             (default: ``None`` = ``env://``)
         rank (int, optional): this worker's rank. (default: ``None``)
         world_size (int, optional): number of workers. (default: ``None``)
+        device (torch.device, optional): the device the tensors to communicate live on; a CPU run
+            on a machine with a GPU gets gloo. (default: the CPU)
     """
     global _pg_timeout_s
     if dist.is_initialized():
         return
     if backend is None:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        backend = "nccl" if torch.device(device or "cpu").type == "cuda" else "gloo"
     if init_method is None and "MASTER_ADDR" not in os.environ:
         raise SARCommError(
             "No rendezvous: launch with torchrun (which sets MASTER_ADDR, "

@@ -106,17 +106,35 @@ def input_slot(x: Tensor) -> Optional[OutputSlot]:
 
 @dataclass
 class RNGState:
-    """The CPU generator state and, for CUDA inputs, the device generator state."""
+    """The CPU generator state and, for an accelerator's inputs, that device's generator state."""
 
     cpu: Tensor
-    cuda: Optional[Tensor] = None
+    accelerator: Optional[Tensor] = None
     device: Optional[torch.device] = None
+
+
+def _device_rng(device: torch.device):
+    """The torch module whose ``get_rng_state``/``set_rng_state`` serve ``device`` (``torch.cuda``,
+    ``torch.xpu``, ``torch.mps``, ...), or None for the CPU and ``meta``; an error for a device whose
+    generator torch does not expose, rather than dropout replayed wrongly."""
+    if device.type in ("cpu", "meta"):
+        return None
+    module = getattr(torch, device.type, None)
+    if module is None or not hasattr(module, "get_rng_state") or not hasattr(module, "set_rng_state"):
+        raise RuntimeError(
+            f"revgnn: cannot record the random state of {device.type} tensors, so dropout inside a "
+            "reversible block could not be replayed exactly in backward; pass dropout masks in as "
+            "arguments (SharedDropout), or construct the block with preserve_rng_state=False if it draws "
+            "no random numbers"
+        )
+    return module
 
 
 def capture_rng(device: torch.device) -> RNGState:
     state = RNGState(torch.get_rng_state())
-    if device.type == "cuda":
-        state.cuda = torch.cuda.get_rng_state(device)
+    module = _device_rng(device)
+    if module is not None:
+        state.accelerator = module.get_rng_state(device)
         state.device = device
     return state
 
@@ -125,8 +143,9 @@ def rng_advanced(before: RNGState) -> bool:
     """Whether any random numbers were drawn since ``before`` was captured."""
     if not torch.equal(before.cpu, torch.get_rng_state()):
         return True
-    if before.cuda is not None:
-        return not torch.equal(before.cuda, torch.cuda.get_rng_state(before.device))
+    if before.accelerator is not None:
+        now = _device_rng(before.device).get_rng_state(before.device)
+        return not torch.equal(before.accelerator, now)
     return False
 
 
@@ -136,11 +155,15 @@ def replay_rng(state: Optional[RNGState]) -> Iterator[None]:
     if state is None:
         yield
         return
-    devices = [state.device] if state.cuda is not None else []
-    with torch.random.fork_rng(devices=devices):
+    if state.accelerator is None:
+        with torch.random.fork_rng(devices=[]):
+            torch.set_rng_state(state.cpu)
+            yield
+        return
+    device = state.device
+    with torch.random.fork_rng(devices=[device], device_type=device.type):
         torch.set_rng_state(state.cpu)
-        if state.cuda is not None:
-            torch.cuda.set_rng_state(state.cuda, state.device)
+        _device_rng(device).set_rng_state(state.accelerator, device)
         yield
 
 
