@@ -240,6 +240,11 @@ class TrainerConfig:
             SGD, ...; others are refused), with a parameter that got no gradient treated as a zero
             gradient. On CPU that makes Adam's step at 1001 layers many times faster
             (``scripts/bench_optimizer.py``; figures in ``docs/bench/in_code.md``).
+        compile: Compile the model's forward with :func:`torch.compile` (``nn.Module.compile``: the
+            parameters, checkpoints and state dict stay the module's own) for training and evaluation,
+            under ``backend=local`` and ``ddp``; ``backend=sar`` refuses it (its ring communication
+            runs inside autograd functions that ``torch.compile`` does not trace). What compiles
+            without graph breaks: ``docs/guides/blocks.md``.
 
     ``train_parts``, ``partition``, ``shuffle_parts`` and the views and parts concern node-level data (one
     big graph); graph-level data sets (``data=mol_like``, ``data=ogbg_molhiv``) are batched by their own
@@ -260,6 +265,7 @@ class TrainerConfig:
     test_parts: int = ranged(3, 1)
     grad_clip: float = ranged(1.0, 0)
     flat_params: bool = True
+    compile: bool = False
 
 
 @dataclass

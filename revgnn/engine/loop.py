@@ -94,6 +94,8 @@ def _train(cfg: DictConfig, backend: Backend) -> Dict[str, Any]:
     task = backend.make_task()  # batches, loss and evaluator of this worker's data
     log.info("data: %s", task)
     model = backend.prepare_model(build_model(cfg.model, task.shapes).to(device))
+    if tc.compile:  # in place: the state dict, checkpoints and hooks stay the module's own
+        model.compile()
     backend.seed_workers(cfg.seed)
     if tc.fixed_eval_views:  # drawn from the seed alone: a resumed run scores on the same views
         task.fix_eval_views(torch.Generator().manual_seed(seed_stream(cfg.seed, 0, 1)))

@@ -146,6 +146,11 @@ class SARBackend(DistributedBackend):
 
     def __init__(self, cfg):
         super().__init__(cfg)
+        if cfg.trainer.compile:
+            raise ValueError(
+                "trainer.compile=true is not supported with backend=sar: its ring communication runs "
+                "inside autograd functions that torch.compile does not trace; use backend=local or ddp"
+            )
         if not cfg.backend.partition_dir:
             raise ValueError(
                 "backend=sar needs backend.partition_dir=DIR, a directory written by "

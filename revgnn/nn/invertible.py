@@ -357,6 +357,10 @@ class InvertibleFunction(torch.autograd.Function):
         return (None, grad_x if needs[0] else None, *out_arg_grads, *out_param_grads)
 
 
+# InvertibleFunction's backward hands tensors between blocks through OutputSlots and calls
+# torch.autograd.grad, which torch.compile cannot capture: the reversible call runs eagerly inside a
+# compiled model (one graph break per block), so its backward reconstructs instead of storing.
+@torch.compiler.disable
 def apply_invertible(
     block: nn.Module,
     x: Tensor,

@@ -23,7 +23,11 @@ __all__ = ["transforms_active", "module_tensors", "bound_to"]
 
 
 def transforms_active() -> bool:
-    """Whether a :mod:`torch.func` transform (``grad``, ``vmap``, ``jacrev``, ...) is running."""
+    """Whether a :mod:`torch.func` transform (``grad``, ``vmap``, ``jacrev``, ...) is running. False while
+    ``torch.compile`` traces: dynamo reads the interpreter stack as non-empty then (measured, torch
+    2.13), and a compiled model must keep the reversible blocks' own backward."""
+    if torch.compiler.is_compiling():
+        return False
     return torch._C._functorch.peek_interpreter_stack() is not None
 
 
