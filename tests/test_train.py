@@ -90,6 +90,20 @@ def test_nan_loss_stops_with_clear_error_and_keeps_last_good_checkpoint(tmp_path
     assert load_checkpoint(str(tmp_path / "last.pt"))["epoch"] == 1
 
 
+def test_failure_summary_names_the_epoch_that_failed(tmp_path):
+    """A model that raises in epoch 3 (its 5th training forward, 2 parts per epoch): summary.json
+    says "failed at epoch 3" and last.pt holds epoch 2, the last one that finished."""
+    from conftest import compose_train
+    from test_sar_train import _with_model
+
+    cfg = _with_model(compose_train(tmp_path, *TINY, "trainer.epochs=4"), "fail_at", at_call=5)
+    with pytest.raises(RuntimeError, match="training forward 5"):
+        train(cfg)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "failed at epoch 3: RuntimeError", summary["status"]
+    assert summary["epochs"] == 2 and load_checkpoint(str(tmp_path / "last.pt"))["epoch"] == 2
+
+
 def test_missing_checkpoint_and_data_path_are_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.pt"):
         train(_cfg(tmp_path, "trainer.epochs=1", f"ckpt_path={tmp_path / 'nope.pt'}"))

@@ -313,7 +313,7 @@ def _train(cfg: DictConfig, backend: Backend) -> Dict[str, Any]:
         raise
     except Exception as e:
         if history:  # what finished stays reported (no collective here: a peer may be gone)
-            write_summary(f"failed at epoch {epoch + 1}: {type(e).__name__}", peak_memory_mb(device))
+            write_summary(f"failed at epoch {epoch}: {type(e).__name__}", peak_memory_mb(device))
         raise
     finally:
         bar.close()
