@@ -52,7 +52,14 @@ __all__ = [
     "PartitionMode",
     "register_configs",
     "check_ranges",
+    "ConfigError",
 ]
+
+
+class ConfigError(ValueError):
+    """Bad input that a run refuses before it trains: a setting, a file it names, or how it was
+    launched. The message says what was wrong and what to do; ``revgnn-train`` prints it alone (no
+    traceback) and exits with status 2."""
 
 
 def ranged(

@@ -114,12 +114,25 @@ class DistributedBackend(Backend):
     """Base of the ``torchrun`` backends: one process per worker, a ``torch.distributed`` group
     (gloo on CPU, NCCL on CUDA) with every wait bounded by ``backend.timeout_s``."""
 
+    #: what ``torchrun`` (or a launcher doing its job) sets for every worker
+    LAUNCH_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
     def start(self) -> torch.device:
         import torch.distributed as dist
 
         from revgnn.distributed.comm import init_distributed
 
         b = self.cfg.backend
+        missing = [k for k in self.LAUNCH_ENV if k not in os.environ]
+        if missing and not dist.is_initialized():  # a plain `revgnn-train backend=...`: no peer will come
+            from revgnn.config import ConfigError
+
+            raise ConfigError(
+                f"backend={self.name} runs one process per worker, started by torchrun: launch it "
+                f"as `torchrun --nproc_per_node={self.num_workers_hint()} -m revgnn.train "
+                f"backend={self.name} ...` (this process has no {', '.join(missing)} in its "
+                f"environment, so it was not started by torchrun)"
+            )
         device = super().start()
         dist_backend = b.dist_backend or ("nccl" if device.type == "cuda" else "gloo")
         if dist_backend not in ("gloo", "nccl"):
@@ -177,6 +190,10 @@ class DistributedBackend(Backend):
             all_reduce_sum(grads, "gradient all-reduce")
         else:
             all_reduce_gradients(list(grads))
+
+    def num_workers_hint(self) -> str:
+        """``P`` of the launch command the error of a process not started by ``torchrun`` names."""
+        return "P"
 
     def launch_prefix(self) -> str:
         local = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
