@@ -4,7 +4,8 @@ Every YAML file is merged onto one of these dataclasses, so a misspelt key or a 
 fails at composition time with an error that names the key, instead of being silently ignored.
 
 * ``TrainConfig`` types the primary config (``train.yaml``) and its fixed groups ``trainer``, ``logger``
-  and ``backend``.
+  and ``backend``; a key added with Hydra's ``+key=value``, which composition lets through, is refused
+  when the run starts (:func:`check_keys`).
 * A ``data`` option's schema is derived from the signature of the loader its ``_target_`` names
   (:func:`data_schema`): one typed field per parameter, with the parameter's default and the
   :class:`~revgnn.utils.ranges.Range` its annotation declares. It is stored under the loader's function
@@ -52,6 +53,7 @@ __all__ = [
     "PartitionMode",
     "register_configs",
     "check_ranges",
+    "check_keys",
     "ConfigError",
 ]
 
@@ -73,6 +75,31 @@ def ranged(
     """A schema field whose value must lie in ``[low, high]`` (``(`` / ``)`` where open); ``None``
     stays allowed for ``Optional`` fields. :func:`check_ranges` enforces it."""
     return field(default=default, metadata={"range": Range(low, high, low_open, high_open)})
+
+
+def check_keys(cfg: DictConfig, schema: Optional[type] = None, path: str = "") -> None:
+    """Raises :class:`ConfigError` naming a key that ``schema`` (default: :class:`TrainConfig`) and
+    its typed sections (``trainer``, ``logger``, ``backend``) do not have. Composition refuses a
+    misspelt key, but Hydra's ``+key=value`` adds one even to a structured config, and the loop would
+    ignore it. The open sections (``model``, ``data``, ``optim``) pass every key to what they build,
+    which checks it (:func:`revgnn.models.check_model_config`, the loader's and the optimiser's
+    signature)."""
+    import difflib
+    from typing import get_type_hints
+
+    schema = TrainConfig if schema is None else schema
+    hints = get_type_hints(schema)
+    names = [f.name for f in dataclasses.fields(schema)]
+    for key in cfg:
+        if key not in hints:
+            close = difflib.get_close_matches(str(key), names, 1)
+            raise ConfigError(
+                f"unknown key {path}{key}: revgnn-train has no such setting"
+                + (f" (did you mean {path}{close[0]}?)" if close else "")
+                + f"; {path.rstrip('.') or 'the top level'} takes {', '.join(names)}"
+            )
+        if dataclasses.is_dataclass(hints[key]) and isinstance(cfg.get(key), DictConfig):
+            check_keys(cfg[key], hints[key], f"{path}{key}.")
 
 
 def check_ranges(cfg: DictConfig, path: str = "") -> None:

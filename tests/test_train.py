@@ -2,6 +2,7 @@
 
 import csv
 import json
+import re
 
 import pytest
 import torch
@@ -163,6 +164,33 @@ def test_resume_refuses_changed_settings_unless_allowed(tmp_path):
 def test_out_of_range_settings_are_named(tmp_path, override, message):
     with pytest.raises(ValueError, match=message.replace(".", r"\.")):
         train(_cfg(tmp_path, "trainer.epochs=1", override))
+
+
+def test_unknown_keys_are_named(tmp_path):
+    """Hydra's `+key=value` adds a key composition would refuse; the run refuses it before it starts,
+    naming it (and the closest real key), in one line of output and exit status 2."""
+    import os
+    import subprocess
+    import sys
+
+    for override, message in (
+        ("+foo=1", "unknown key foo: revgnn-train has no such setting; the top level takes model,"),
+        ("+trainer.epoch=3", "unknown key trainer.epoch: revgnn-train has no such setting (did you mean "),
+        ("+backend.timeout=3", "unknown key backend.timeout: "),
+    ):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            train(_cfg(tmp_path, "trainer.epochs=1", override))
+    out = subprocess.run(
+        [sys.executable, "-m", "revgnn.train", "+foo=1", f"output_dir={tmp_path / 'cli'}"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, REVGNN_ALLOCATOR="system"),
+        timeout=120,
+    )
+    text = (out.stdout + out.stderr).strip()
+    assert out.returncode == 2 and "unknown key foo" in text, text
+    assert len(text.splitlines()) <= 2 and "Traceback" not in text, text
+    assert not (tmp_path / "cli" / "last.pt").exists()
 
 
 def test_cli_output_dir_holds_the_whole_run_and_sweeps_keep_every_job(tmp_path):
