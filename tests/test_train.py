@@ -268,6 +268,8 @@ def test_checkpoint_writer_saves_what_torch_save_of_state_dict_saves(tmp_path):
         "history": history,
         "best": dict(history[0]),
         "rng": {"torch": torch.get_rng_state()},
+        "epoch": 1,
+        "config": {},
     }
     atomic_save(state, str(tmp_path / "ours.pt"))
     torch.save({**state, "model": model.state_dict()}, tmp_path / "torch.pt")
@@ -288,8 +290,50 @@ def test_checkpoint_writer_saves_what_torch_save_of_state_dict_saves(tmp_path):
     # tensors that share a storage still share it after loading (torch.save tracks storages)
     base = torch.arange(6.0)
     atomic_save({"a": base[:3], "b": base[3:]}, str(tmp_path / "views.pt"))
-    views = load_checkpoint(str(tmp_path / "views.pt"))
+    views = torch.load(tmp_path / "views.pt", weights_only=True)
     assert views["a"].untyped_storage().data_ptr() == views["b"].untyped_storage().data_ptr()
+
+
+def test_a_file_that_is_no_checkpoint_or_a_truncated_one_is_named(tmp_path, capsys):
+    """A text file, a torch file of other content and a truncated last.pt given to train's resume and
+    to revgnn-evaluate: "not a revgnn checkpoint: <path>" / "truncated or corrupt checkpoint: <path>",
+    one line from each command."""
+    import os
+    import subprocess
+    import sys
+
+    from revgnn.cli.evaluate import main as evaluate
+    from revgnn.engine.checkpoint import CheckpointError
+
+    train(_cfg(tmp_path / "a", "trainer.epochs=1"))
+    text, other, cut = tmp_path / "notes.pt", tmp_path / "weights.pt", tmp_path / "cut.pt"
+    text.write_text("not a checkpoint\n")
+    torch.save({"weight": torch.ones(3)}, other)
+    whole = (tmp_path / "a" / "last.pt").read_bytes()
+    cut.write_bytes(whole[: len(whole) // 2])
+    cases = [
+        (text, f"not a revgnn checkpoint: {text} (not written by torch.save)"),
+        (other, f"not a revgnn checkpoint: {other} (no model, optimizer, epoch, history, best, config, rng"),
+        (cut, f"truncated or corrupt checkpoint: {cut} ("),
+    ]
+    for path, message in cases:
+        with pytest.raises(CheckpointError, match=re.escape(message)):
+            train(_cfg(tmp_path / "b", "trainer.epochs=2", f"ckpt_path={path}"))
+        with pytest.raises(SystemExit) as e:
+            evaluate([str(path)])
+        assert e.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) <= 2, err
+    out = subprocess.run(
+        [sys.executable, "-m", "revgnn.train", f"ckpt_path={cut}", f"output_dir={tmp_path / 'cli'}"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, REVGNN_ALLOCATOR="system"),
+        timeout=120,
+    )
+    output = (out.stdout + out.stderr).strip()
+    assert out.returncode == 2 and f"truncated or corrupt checkpoint: {cut}" in output, output
+    assert len(output.splitlines()) <= 2 and "Traceback" not in output, output
 
 
 def test_flat_parameters_train_as_per_tensor_parameters_do(tmp_path):

@@ -45,11 +45,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from revgnn.engine.checkpoint import load_checkpoint
+    from revgnn.engine.checkpoint import CheckpointError, load_checkpoint
     from revgnn.engine.loop import build_model, seed_stream
     from revgnn.engine.tasks import make_task, shapes
 
-    ckpt = load_checkpoint(args.checkpoint)
+    try:
+        ckpt = load_checkpoint(args.checkpoint)
+    except (CheckpointError, FileNotFoundError) as e:  # the file, not the command line: no usage text
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
     cfg = OmegaConf.create(ckpt["config"])
     if args.data_root is not None:
         if "root" not in cfg.data:

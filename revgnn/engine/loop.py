@@ -91,6 +91,9 @@ def _train(cfg: DictConfig, backend: Backend) -> Dict[str, Any]:
     tc = cfg.trainer
     torch.manual_seed(cfg.seed)
 
+    # the checkpoint to resume from, read (and refused if it is none) before the data and the model
+    ckpt = load_checkpoint(cfg.ckpt_path) if cfg.ckpt_path else None
+
     # ---- data, model, optimiser ----------------------------------------------------------------
     task = backend.make_task()  # batches, loss and evaluator of this worker's data
     log.info("data: %s", task)
@@ -119,8 +122,9 @@ def _train(cfg: DictConfig, backend: Backend) -> Dict[str, Any]:
         "checkpoint_test": None,  # the final test of best.pt, after the last epoch
     }
     last_path, best_path = os.path.join(out_dir, "last.pt"), os.path.join(out_dir, "best.pt")
-    if cfg.ckpt_path:
-        state = {**resume(cfg, backend, model, optimizer, flat), "checkpoint_test": None}
+    if ckpt is not None:
+        state = {**resume(cfg, backend, model, optimizer, flat, ckpt), "checkpoint_test": None}
+        del ckpt  # its tensors are in the model and the optimiser now
     start_epoch, history = state["epoch"], state["history"]
     if start_epoch >= tc.epochs:
         log.warning(
@@ -397,10 +401,10 @@ def train_step(
     return loss_value, bool(status[1] > 0)
 
 
-def resume(cfg: DictConfig, backend: Backend, model, optimizer, flat) -> Dict[str, Any]:
-    """Loads ``cfg.ckpt_path`` into the model, the optimiser and this worker's RNG; returns the loop state.
-    Refuses a checkpoint of another backend, world size or partitioning, model or parameter layout."""
-    ckpt = load_checkpoint(cfg.ckpt_path)
+def resume(cfg: DictConfig, backend: Backend, model, optimizer, flat, ckpt: Dict[str, Any]) -> Dict[str, Any]:
+    """Loads ``ckpt`` (read from ``cfg.ckpt_path`` by :func:`~revgnn.engine.checkpoint.load_checkpoint`)
+    into the model, the optimiser and this worker's RNG; returns the loop state. Refuses a checkpoint
+    of another backend, world size or partitioning, model or parameter layout."""
     saved = ckpt.get("backend") or {"backend": "local", "world_size": 1}
     now = backend.identity()
     if saved != now:
