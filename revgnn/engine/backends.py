@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Sequence, Union
 import torch
 from torch import Tensor
 
-__all__ = ["Backend", "LocalBackend", "DistributedBackend", "DDPBackend", "make_backend"]
+__all__ = ["Backend", "LocalBackend", "DistributedBackend", "DDPBackend", "make_backend", "resolve_device"]
 
 
 class Backend:
@@ -46,14 +46,7 @@ class Backend:
         from revgnn.utils.threads import configure_threads  # null: affinity mask and cgroup quota
 
         configure_threads(b.num_threads, warn=False)
-        name = b.device.value
-        if name == "auto":
-            name = "cuda" if torch.cuda.is_available() else "cpu"
-        if name == "cuda" and not torch.cuda.is_available():
-            raise RuntimeError(
-                "backend.device=cuda but CUDA is not available; use backend.device=auto or cpu"
-            )
-        self.device = torch.device(name)
+        self.device = resolve_device(b.device.value)
         return self.device
 
     def close(self, ok: bool) -> None:
@@ -211,6 +204,20 @@ class DDPBackend(DistributedBackend):
     take exactly the step one process takes with ``trainer.parts_per_step`` (tested in float64)."""
 
     name = "ddp"
+
+
+def resolve_device(name: str, setting: str = "backend.device") -> torch.device:
+    """The device ``name`` (``auto``, ``cpu`` or ``cuda``) stands for: ``auto`` is CUDA when it is
+    available, else the CPU; ``cuda`` without CUDA is a :class:`~revgnn.config.ConfigError` naming
+    ``setting``, the option that asked for it (``backend.device``, ``revgnn-evaluate --device``)."""
+    cuda = torch.cuda.is_available()
+    if name == "auto":
+        name = "cuda" if cuda else "cpu"
+    if name == "cuda" and not cuda:
+        from revgnn.config import ConfigError
+
+        raise ConfigError(f"{setting}=cuda but CUDA is not available; use {setting}=auto or cpu")
+    return torch.device(name)
 
 
 def make_backend(cfg) -> Backend:
