@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Annotated, Any, Dict, List, Optional, get_args, get_origin
 
 from hydra.core.config_store import ConfigStore
+from hydra.experimental.callback import Callback
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from revgnn.utils.ranges import Range
@@ -55,6 +56,7 @@ __all__ = [
     "check_ranges",
     "check_keys",
     "ConfigError",
+    "RefuseEarlierRun",
 ]
 
 
@@ -333,7 +335,10 @@ class BackendConfig:
 
 @dataclass
 class TrainConfig:
-    """The whole job. ``model``, ``data`` and ``optim`` are typed by their options' own schemas."""
+    """The whole job. ``model``, ``data`` and ``optim`` are typed by their options' own schemas.
+    ``overwrite``: let a run replace the files of an earlier one in its output directory, which is
+    refused otherwise, unless the run resumes from a checkpoint there
+    (:func:`revgnn.engine.checkpoint.check_run_dir`)."""
 
     model: Any = MISSING
     data: Any = MISSING
@@ -346,6 +351,7 @@ class TrainConfig:
     ckpt_path: Optional[str] = None
     resume_allow: List[str] = field(default_factory=list)
     output_dir: Optional[str] = None
+    overwrite: bool = False
 
 
 def _run_dir(output_dir: Optional[str], default: str) -> str:
@@ -395,6 +401,24 @@ def _job_dir(num: Any, overrides: Any) -> str:
 
         name = f"{name[:100]}..{hashlib.sha1(name.encode()).hexdigest()[:10]}"
     return name
+
+
+class RefuseEarlierRun(Callback):
+    """Hydra callback (``hydra/default.yaml``): a run whose directory holds an earlier run's files
+    is refused (:func:`revgnn.engine.checkpoint.check_run_dir`) before Hydra writes its ``.hydra/``
+    files and ``train.log`` there, so the earlier run stays whole. The training loop checks again,
+    for the jobs of a sweep and for runs started without Hydra."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        import sys
+
+        from revgnn.engine.checkpoint import check_run_dir
+
+        try:
+            check_run_dir(str(config.hydra.run.dir), config.get("ckpt_path"), bool(config.get("overwrite")))
+        except ConfigError as e:  # logging is not set up yet: the message alone, as main() prints it
+            print(f"revgnn-train: {e}", file=sys.stderr)
+            sys.exit(2)
 
 
 def register_configs() -> None:

@@ -247,6 +247,47 @@ def test_cli_output_dir_holds_the_whole_run_and_sweeps_keep_every_job(tmp_path):
     assert lrs == [0.001, 0.01]
 
 
+def test_a_second_run_into_an_output_dir_is_refused_unless_it_resumes_or_overwrites(tmp_path):
+    """A run into a directory that holds an earlier run is refused, naming it, and the earlier run's
+    files stay as they were; resuming from a checkpoint there continues it; overwrite=true replaces
+    it. From the command line: one line, before Hydra writes .hydra/ or train.log."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import TINY_RUN
+
+    from revgnn.config import ConfigError
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    files = ("last.pt", "best.pt", "metrics.csv", "summary.json")
+    train(_cfg(a, "trainer.epochs=1"))
+    before = {f: (a / f).read_bytes() for f in files}
+    refusal = f"output directory {a} holds an earlier run (last.pt, best.pt, metrics.csv, summary.json): "
+    with pytest.raises(ConfigError, match=re.escape(refusal + "pass overwrite=true to replace it, resume")):
+        train(_cfg(a, "trainer.epochs=1", "seed=1"))
+    assert {f: (a / f).read_bytes() for f in files} == before
+    train(_cfg(b, "trainer.epochs=1"))
+    with pytest.raises(ConfigError, match=re.escape(refusal)):  # another run's checkpoint: still a new run
+        train(_cfg(a, "trainer.epochs=2", f"ckpt_path={b / 'last.pt'}"))
+    train(_cfg(a, "trainer.epochs=2", f"ckpt_path={a / 'last.pt'}"))  # resuming the run that is there
+    assert load_checkpoint(str(a / "last.pt"))["epoch"] == 2
+    train(_cfg(a, "trainer.epochs=1", "seed=1", "overwrite=true"))
+    assert load_checkpoint(str(a / "last.pt"))["config"]["seed"] == 1
+
+    run = tmp_path / "cli"
+    env = dict(os.environ, REVGNN_ALLOCATOR="system")
+    cmd = [sys.executable, "-m", "revgnn.train", *TINY_RUN, f"output_dir={run}"]
+    first = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    kept = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    again = subprocess.run([*cmd, "seed=1"], capture_output=True, text=True, env=env, timeout=300)
+    text = (again.stdout + again.stderr).strip()
+    assert again.returncode == 2 and f"output directory {run} holds an earlier run" in text, text
+    assert len(text.splitlines()) <= 2 and "Traceback" not in text, text
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == kept  # .hydra/, train.log too
+
+
 def test_checkpoint_writer_saves_what_torch_save_of_state_dict_saves(tmp_path):
     """atomic_save (memo-free pickler; parameters written detached) round-trips to exactly what
     ``torch.save`` of ``state_dict()`` gives: same keys, values, plain tensors, optimizer state."""

@@ -7,7 +7,9 @@ paper's numbers.
     revgnn-reproduce --launcher submitit_slurm --data-root /data hydra.launcher.partition=gpu   # on SLURM
 
 Without ``--launcher`` each seed is one ``python -m revgnn.train experiment=<name> seed=<s>`` process,
-one after the other, writing into ``<out>/seed_<s>``. With ``--launcher L`` the seeds are one Hydra
+one after the other, writing into ``<out>/seed_<s>`` (a second call with the same ``--out`` is refused
+by those runs, which never replace an earlier one: pass ``overwrite=true`` among the overrides to
+run again there). With ``--launcher L`` the seeds are one Hydra
 sweep, ``revgnn.train -m hydra/launcher=L seed=0,...,n-1`` into ``<out>/sweep/<time>/``: ``submitit_slurm``
 submits one SLURM job per seed (``hydra.launcher.*`` overrides set partition, GPUs, time limit...),
 ``submitit_local`` runs them as local processes (both need ``pip install "revgnn[cluster]"``). Either way
@@ -240,7 +242,9 @@ def _run_sequential(args, out: Path, seeds: int, overrides: List[str]) -> List[D
             *overrides,
         ]
         print("$", " ".join(cmd), flush=True)
-        subprocess.run(cmd, check=True)
+        code = subprocess.run(cmd).returncode
+        if code:  # the run has said why, above
+            raise SystemExit(f"revgnn-reproduce: the run of seed {seed} failed (exit status {code})")
         with open(run_dir / "summary.json") as f:
             summaries.append(json.load(f))
     return summaries

@@ -15,7 +15,7 @@ import pickle
 import shutil
 import types
 import zipfile
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import torch
 
@@ -28,7 +28,12 @@ __all__ = [
     "load_checkpoint",
     "CheckpointError",
     "CHECKPOINT_KEYS",
+    "RUN_FILES",
+    "check_run_dir",
 ]
+
+#: The files of a finished (or stopped) run that a new run in the same directory would replace.
+RUN_FILES = ("last.pt", "best.pt", "metrics.csv", "summary.json")
 
 #: The entries of every checkpoint the training loop writes (``last.pt``, ``best.pt``).
 CHECKPOINT_KEYS = ("model", "optimizer", "epoch", "history", "best", "config", "rng")
@@ -118,6 +123,24 @@ def load_checkpoint(path: str) -> Dict[str, Any]:
     if missing:
         raise CheckpointError(f"not a revgnn checkpoint: {path} (no {', '.join(missing)} entries); {what}")
     return ckpt
+
+
+def check_run_dir(out_dir: str, ckpt_path: Optional[str] = None, overwrite: bool = False) -> None:
+    """Refuses to start a run in ``out_dir`` that would replace an earlier run's files
+    (:data:`RUN_FILES`): a :class:`~revgnn.config.ConfigError` naming the directory, unless the run
+    resumes from a checkpoint in that directory (``ckpt_path``) or ``overwrite`` is set."""
+    found = [f for f in RUN_FILES if os.path.exists(os.path.join(out_dir, f))]
+    if not found or overwrite:
+        return
+    if ckpt_path and os.path.realpath(os.path.dirname(os.path.abspath(ckpt_path))) == os.path.realpath(
+        out_dir
+    ):
+        return  # resuming the run that is there: it continues its files
+    raise ConfigError(
+        f"output directory {out_dir} holds an earlier run ({', '.join(found)}): pass overwrite=true "
+        f"to replace it, resume it with ckpt_path={os.path.join(out_dir, 'last.pt')}, or choose "
+        f"another output_dir"
+    )
 
 
 def atomic_write_text(text: str, path: str) -> None:

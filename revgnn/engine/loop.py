@@ -38,7 +38,13 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from revgnn.engine.backends import Backend, make_backend
-from revgnn.engine.checkpoint import atomic_copy, atomic_save, atomic_write_text, load_checkpoint
+from revgnn.engine.checkpoint import (
+    atomic_copy,
+    atomic_save,
+    atomic_write_text,
+    check_run_dir,
+    load_checkpoint,
+)
 from revgnn.engine.interrupt import StopRequest, TrainingInterrupted
 
 __all__ = ["train", "train_step", "build_model", "resolve_output_dir", "seed_stream"]
@@ -60,6 +66,7 @@ def train(cfg: DictConfig) -> Dict[str, Any]:
     check_keys(cfg)  # no key the schema lacks (Hydra's +key=value adds any)
     check_ranges(cfg)  # every value in the range its schema declares, before anything starts
     check_model_config(cfg.model)  # every model key an argument of the variant's class, in range
+    check_run_dir(resolve_output_dir(cfg), cfg.ckpt_path, cfg.overwrite)  # no earlier run replaced
     backend = make_backend(cfg)
     backend.start()
     try:
