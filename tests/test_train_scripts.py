@@ -70,6 +70,7 @@ def test_evaluate_refuses_views_or_parts_below_one_and_cuda_without_cuda(capsys)
     cases = [
         (["--views", "0"], "argument --views: must be >= 1, got 0"),
         (["--parts", "-1"], "argument --parts: must be >= 1, got -1"),
+        (["--device", "gpu"], "--device=gpu is no device; use auto, cpu, cuda or cuda:N"),
     ]
     if not torch.cuda.is_available():
         cases.append(

@@ -38,8 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--device",
         default="cpu",
-        choices=["auto", "cpu", "cuda"],
-        help="auto: CUDA when available (default: cpu)",
+        help="cpu, cuda, cuda:N or auto (CUDA when available) (default: cpu)",
     )
     return parser
 

@@ -207,17 +207,22 @@ class DDPBackend(DistributedBackend):
 
 
 def resolve_device(name: str, setting: str = "backend.device") -> torch.device:
-    """The device ``name`` (``auto``, ``cpu`` or ``cuda``) stands for: ``auto`` is CUDA when it is
-    available, else the CPU; ``cuda`` without CUDA is a :class:`~revgnn.config.ConfigError` naming
-    ``setting``, the option that asked for it (``backend.device``, ``revgnn-evaluate --device``)."""
+    """The device ``name`` (``auto``, ``cpu``, ``cuda`` or ``cuda:N``) stands for: ``auto`` is CUDA
+    when it is available, else the CPU; CUDA without CUDA, or a name torch does not know, is a
+    :class:`~revgnn.config.ConfigError` naming ``setting``, the option that asked for it
+    (``backend.device``, ``revgnn-evaluate --device``)."""
+    from revgnn.config import ConfigError
+
     cuda = torch.cuda.is_available()
     if name == "auto":
         name = "cuda" if cuda else "cpu"
-    if name == "cuda" and not cuda:
-        from revgnn.config import ConfigError
-
-        raise ConfigError(f"{setting}=cuda but CUDA is not available; use {setting}=auto or cpu")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"{setting}={name} is no device; use auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not cuda:
+        raise ConfigError(f"{setting}={name} but CUDA is not available; use {setting}=auto or cpu")
+    return device
 
 
 def make_backend(cfg) -> Backend:
