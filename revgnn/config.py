@@ -4,7 +4,8 @@ Every YAML file is merged onto one of these dataclasses, so a misspelt key or a 
 fails at composition time with an error that names the key, instead of being silently ignored.
 
 * ``TrainConfig`` types the primary config (``train.yaml``) and its fixed groups ``trainer``, ``logger``
-  and ``backend``.
+  and ``backend``; a key added with Hydra's ``+key=value``, which composition lets through, is refused
+  when the run starts (:func:`check_keys`).
 * A ``data`` option's schema is derived from the signature of the loader its ``_target_`` names
   (:func:`data_schema`): one typed field per parameter, with the parameter's default and the
   :class:`~revgnn.utils.ranges.Range` its annotation declares. It is stored under the loader's function
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Annotated, Any, Dict, List, Optional, get_args, get_origin
 
 from hydra.core.config_store import ConfigStore
+from hydra.experimental.callback import Callback
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from revgnn.utils.ranges import Range
@@ -52,7 +54,16 @@ __all__ = [
     "PartitionMode",
     "register_configs",
     "check_ranges",
+    "check_keys",
+    "ConfigError",
+    "RefuseEarlierRun",
 ]
+
+
+class ConfigError(ValueError):
+    """Bad input that a run refuses before it trains: a setting, a file it names, or how it was
+    launched. The message says what was wrong and what to do; ``revgnn-train`` prints it alone (no
+    traceback) and exits with status 2."""
 
 
 def ranged(
@@ -66,6 +77,31 @@ def ranged(
     """A schema field whose value must lie in ``[low, high]`` (``(`` / ``)`` where open); ``None``
     stays allowed for ``Optional`` fields. :func:`check_ranges` enforces it."""
     return field(default=default, metadata={"range": Range(low, high, low_open, high_open)})
+
+
+def check_keys(cfg: DictConfig, schema: Optional[type] = None, path: str = "") -> None:
+    """Raises :class:`ConfigError` naming a key that ``schema`` (default: :class:`TrainConfig`) and
+    its typed sections (``trainer``, ``logger``, ``backend``) do not have. Composition refuses a
+    misspelt key, but Hydra's ``+key=value`` adds one even to a structured config, and the loop would
+    ignore it. The open sections (``model``, ``data``, ``optim``) pass every key to what they build,
+    which checks it (:func:`revgnn.models.check_model_config`, the loader's and the optimiser's
+    signature)."""
+    import difflib
+    from typing import get_type_hints
+
+    schema = TrainConfig if schema is None else schema
+    hints = get_type_hints(schema)
+    names = [f.name for f in dataclasses.fields(schema)]
+    for key in cfg:
+        if key not in hints:
+            close = difflib.get_close_matches(str(key), names, 1)
+            raise ConfigError(
+                f"unknown key {path}{key}: revgnn-train has no such setting"
+                + (f" (did you mean {path}{close[0]}?)" if close else "")
+                + f"; {path.rstrip('.') or 'the top level'} takes {', '.join(names)}"
+            )
+        if dataclasses.is_dataclass(hints[key]) and isinstance(cfg.get(key), DictConfig):
+            check_keys(cfg[key], hints[key], f"{path}{key}.")
 
 
 def check_ranges(cfg: DictConfig, path: str = "") -> None:
@@ -305,7 +341,10 @@ class BackendConfig:
 
 @dataclass
 class TrainConfig:
-    """The whole job. ``model``, ``data`` and ``optim`` are typed by their options' own schemas."""
+    """The whole job. ``model``, ``data`` and ``optim`` are typed by their options' own schemas.
+    ``overwrite``: let a run replace the files of an earlier one in its output directory, which is
+    refused otherwise, unless the run resumes from a checkpoint there
+    (:func:`revgnn.engine.checkpoint.check_run_dir`)."""
 
     model: Any = MISSING
     data: Any = MISSING
@@ -318,6 +357,7 @@ class TrainConfig:
     ckpt_path: Optional[str] = None
     resume_allow: List[str] = field(default_factory=list)
     output_dir: Optional[str] = None
+    overwrite: bool = False
 
 
 def _run_dir(output_dir: Optional[str], default: str) -> str:
@@ -367,6 +407,24 @@ def _job_dir(num: Any, overrides: Any) -> str:
 
         name = f"{name[:100]}..{hashlib.sha1(name.encode()).hexdigest()[:10]}"
     return name
+
+
+class RefuseEarlierRun(Callback):
+    """Hydra callback (``hydra/default.yaml``): a run whose directory holds an earlier run's files
+    is refused (:func:`revgnn.engine.checkpoint.check_run_dir`) before Hydra writes its ``.hydra/``
+    files and ``train.log`` there, so the earlier run stays whole. The training loop checks again,
+    for the jobs of a sweep and for runs started without Hydra."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        import sys
+
+        from revgnn.engine.checkpoint import check_run_dir
+
+        try:
+            check_run_dir(str(config.hydra.run.dir), config.get("ckpt_path"), bool(config.get("overwrite")))
+        except ConfigError as e:  # logging is not set up yet: the message alone, as main() prints it
+            print(f"revgnn-train: {e}", file=sys.stderr)
+            sys.exit(2)
 
 
 def register_configs() -> None:

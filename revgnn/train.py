@@ -36,7 +36,10 @@ def train(cfg: DictConfig) -> Dict[str, Any]:
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
 def main(cfg: DictConfig) -> float:
     """Hydra entry point; returns the best validation score for sweepers. On SIGINT / SIGTERM the
-    loop saves ``last.pt`` and this exits with ``128 + signal`` after printing how to resume."""
+    loop saves ``last.pt`` and this exits with ``128 + signal`` after printing how to resume; a
+    :class:`~revgnn.config.ConfigError` (bad input, refused before training) is printed alone and
+    exits with 2."""
+    from revgnn.config import ConfigError
     from revgnn.engine.interrupt import TrainingInterrupted
 
     try:
@@ -44,6 +47,9 @@ def main(cfg: DictConfig) -> float:
     except TrainingInterrupted as e:
         log.error("%s", e)
         sys.exit(e.exit_code)
+    except ConfigError as e:
+        log.error("%s", e)
+        sys.exit(2)
 
 
 def cli() -> None:

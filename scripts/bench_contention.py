@@ -146,6 +146,7 @@ def run_small(config: Dict, args, workdir: str) -> Dict:
         f"trainer.epochs={args.small_epochs}",
         "trainer.eval_every=1000000",
         f"output_dir={out_dir}",
+        "overwrite=true",  # one scratch directory for every configuration and repeat
         "logger.plot=false",
         "logger.progress_bar=false",
         "name=bench_contention",

@@ -490,6 +490,7 @@ def train_run(args, seed: int, arm: Arm, out_dir: str):
     with initialize_config_dir(config_dir=os.path.abspath(config_dir), version_base="1.3"):
         cfg = compose(config_name="train", overrides=overrides)
     cfg.output_dir = out_dir
+    cfg.overwrite = True  # a run that is not reused is trained again from the start, over the old one
     summary_path = os.path.join(out_dir, "summary.json")
     previous = json.load(open(summary_path)) if args.reuse and os.path.exists(summary_path) else {}
     if previous.get("status") == "completed":  # an interrupted or failed run is trained again

@@ -61,6 +61,15 @@ def nan_at(name, at_call=None, only_rank=None, **kwargs):
     return _on_call(create_model(name, **kwargs), at_call, only_rank, post=lambda out: out * float("nan"))
 
 
+def fail_at(name, at_call=None, only_rank=None, **kwargs):
+    """Raises ``RuntimeError`` at its ``at_call``-th training forward: a failure inside an epoch."""
+
+    def fail(call):
+        raise RuntimeError(f"loop_models.fail_at: training forward {call}")
+
+    return _on_call(create_model(name, **kwargs), at_call, only_rank, pre=fail)
+
+
 def exit_at(name, at_call=None, only_rank=None, **kwargs):
     """Dies without a word (``os._exit(3)``) at its ``at_call``-th training forward: a crashed worker."""
     return _on_call(create_model(name, **kwargs), at_call, only_rank, pre=lambda call: os._exit(3))

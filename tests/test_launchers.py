@@ -131,6 +131,28 @@ def test_table_of_a_short_run_says_so_in_the_title_and_beside_each_number():
     assert not any("epochs)" in c for c in _this_run_cells(full))
 
 
+def test_table_of_a_changed_model_says_it_is_not_the_papers_configuration():
+    """``model.num_layers=2`` (or any change to the model, data, optimiser or trainer) over the whole
+    recipe: the title says "not the paper's configuration" and every number carries the change;
+    where the data is (data.root) changes nothing."""
+    summaries = [_summary(0, 2000), _summary(1, 2000)]
+    table = reproduce.format_table(
+        "proteins_revgnn_deep", summaries, ["data.root=/data", "model.num_layers=2"], recipe=2000
+    )
+    title = table.splitlines()[0]
+    assert "not the paper's configuration: model.num_layers=2" in title and "not comparable" in title
+    cells = _this_run_cells(table)
+    assert all(c.endswith("(changed: model.num_layers=2)") for c in cells), cells
+    assert "| 87.74 ± 0.13 |" in table
+    short = reproduce.format_table(
+        "proteins_revgnn_deep", [_summary(0, 50)], ["trainer.epochs=50", "optim.lr=0.01"], recipe=2000
+    )
+    assert "(not the paper's configuration: optim.lr=0.01, 50 of 2000 epochs" in short.splitlines()[0]
+    assert all(c.endswith("(50 of 2000 epochs, changed: optim.lr=0.01)") for c in _this_run_cells(short))
+    plain = reproduce.format_table("proteins_revgnn_deep", summaries, ["data.root=/data"], recipe=2000)
+    assert plain.splitlines()[0] == "# proteins_revgnn_deep"
+
+
 def test_reproduce_with_a_launcher_runs_one_sweep_and_tables_every_seed(tmp_path, monkeypatch):
     """``--launcher``: one ``revgnn.train -m`` over the seeds (the launcher's overrides passed on), and the
     table gathers each job's summary from the sweep directory whatever the job directories are named."""

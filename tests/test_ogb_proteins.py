@@ -123,3 +123,39 @@ def test_failed_download_says_so(tmp_path, monkeypatch):
     monkeypatch.setattr(dataset_pyg, "decide_download", offline)
     with pytest.raises(RuntimeError, match=r"downloading .*proteins\.zip failed.*offline.*by hand|unzip it"):
         load_ogbn("ogbn-proteins", str(tmp_path / "fresh"), allow_download=True)
+
+
+def test_fake_data_has_no_duplicate_edges_and_loads_without_warnings(tmp_path):
+    """Every fake OGB node data set (also one too small for its degree) holds distinct edges, so the
+    loader reports no duplicate; loading fake ogbn-proteins (processing, then from the cache) and a
+    processed ogbn-arxiv warns nothing, in particular not NumPy's "not writable" (OGB's split reader
+    wrapped pandas' read-only arrays). In subprocesses: torch gives that warning once per process."""
+    import subprocess
+    import sys
+
+    from revgnn.data.ogbn import OGBN_DATASETS, duplicate_edge_copies
+
+    for name in OGBN_DATASETS:
+        for num_nodes, degree in ((40, 4), (8, 20)):
+            root = tmp_path / f"{name}_{num_nodes}"
+            write_fake_ogbn(str(root), name, num_nodes=num_nodes, avg_degree=degree)
+            ds = load_ogbn(name, str(root))
+            assert duplicate_edge_copies(ds.edge_index, ds.num_nodes)[0] == 0, (name, num_nodes)
+    code = (
+        "import logging, sys\n"
+        "logging.basicConfig(level=logging.WARNING)\n"
+        "from revgnn.testing.fake_ogb import write_fake_ogbn\n"
+        "from revgnn.data.ogbn import load_ogbn\n"
+        "root = sys.argv[1]\n"
+        "if len(sys.argv) > 2:\n"
+        "    write_fake_ogbn(root, 'ogbn-proteins', num_nodes=48, avg_degree=6)\n"
+        "load_ogbn('ogbn-proteins', root)\n"
+        "load_ogbn('ogbn-arxiv', root)\n"
+    )
+    write_fake_ogbn(str(tmp_path / "w"), "ogbn-arxiv", num_nodes=40, avg_degree=4)
+    load_ogbn("ogbn-arxiv", str(tmp_path / "w"))  # processed here: OGB's own processing may warn
+    for args in ([str(tmp_path / "w"), "write"], [str(tmp_path / "w")]):
+        out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        text = out.stdout + out.stderr
+        assert "not writable" not in text and "Warning" not in text and "repeat a" not in text, text

@@ -96,6 +96,36 @@ def test_sar_backend_without_partition_dir_is_a_clear_error(tmp_path):
     assert "partition_dir" in out.stderr
 
 
+def _without_torchrun_env():
+    env = dict(os.environ, REVGNN_ALLOCATOR="system", OMP_NUM_THREADS="1")
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    return {k: v for k, v in env.items() if not k.startswith("TORCHELASTIC_")}
+
+
+def test_distributed_backend_without_torchrun_says_how_to_launch(tmp_path):
+    """`revgnn-train backend=ddp` / `backend=sar` started as one plain process: one message saying to
+    launch it with torchrun (for SAR with the partition's number of workers), before any data is read
+    or any peer awaited; no traceback."""
+    from revgnn.data.synthetic import proteins_like
+    from revgnn.distributed.sar_partition import partition_dataset
+
+    parts = tmp_path / "parts"
+    partition_dataset(proteins_like(num_nodes=400), str(parts), 2, "random")
+    for backend, workers in (["backend=ddp"], "P"), (["backend=sar", f"backend.partition_dir={parts}"], "2"):
+        out = subprocess.run(
+            [sys.executable, "-m", "revgnn.train", *backend, f"output_dir={tmp_path / 'run'}"],
+            capture_output=True,
+            text=True,
+            env=_without_torchrun_env(),
+            timeout=120,
+        )
+        text = (out.stdout + out.stderr).strip()
+        assert out.returncode == 2, text
+        assert f"launch it as `torchrun --nproc_per_node={workers} -m revgnn.train {backend[0]} ...`" in text
+        assert len(text.splitlines()) <= 2 and "Traceback" not in text, text
+
+
 def test_dead_worker_under_torchrun_ends_the_job_non_zero(tmp_path):
     """Rank 1 dies (os._exit) in epoch 2: torchrun exits non-zero, reports rank 1's exit code, and
     rank 0 ends with one clear error (no second error chained on the way out); last.pt of epoch 1

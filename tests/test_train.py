@@ -2,6 +2,7 @@
 
 import csv
 import json
+import re
 
 import pytest
 import torch
@@ -90,6 +91,20 @@ def test_nan_loss_stops_with_clear_error_and_keeps_last_good_checkpoint(tmp_path
     assert load_checkpoint(str(tmp_path / "last.pt"))["epoch"] == 1
 
 
+def test_failure_summary_names_the_epoch_that_failed(tmp_path):
+    """A model that raises in epoch 3 (its 5th training forward, 2 parts per epoch): summary.json
+    says "failed at epoch 3" and last.pt holds epoch 2, the last one that finished."""
+    from conftest import compose_train
+    from test_sar_train import _with_model
+
+    cfg = _with_model(compose_train(tmp_path, *TINY, "trainer.epochs=4"), "fail_at", at_call=5)
+    with pytest.raises(RuntimeError, match="training forward 5"):
+        train(cfg)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "failed at epoch 3: RuntimeError", summary["status"]
+    assert summary["epochs"] == 2 and load_checkpoint(str(tmp_path / "last.pt"))["epoch"] == 2
+
+
 def test_missing_checkpoint_and_data_path_are_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.pt"):
         train(_cfg(tmp_path, "trainer.epochs=1", f"ckpt_path={tmp_path / 'nope.pt'}"))
@@ -151,6 +166,33 @@ def test_out_of_range_settings_are_named(tmp_path, override, message):
         train(_cfg(tmp_path, "trainer.epochs=1", override))
 
 
+def test_unknown_keys_are_named(tmp_path):
+    """Hydra's `+key=value` adds a key composition would refuse; the run refuses it before it starts,
+    naming it (and the closest real key), in one line of output and exit status 2."""
+    import os
+    import subprocess
+    import sys
+
+    for override, message in (
+        ("+foo=1", "unknown key foo: revgnn-train has no such setting; the top level takes model,"),
+        ("+trainer.epoch=3", "unknown key trainer.epoch: revgnn-train has no such setting (did you mean "),
+        ("+backend.timeout=3", "unknown key backend.timeout: "),
+    ):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            train(_cfg(tmp_path, "trainer.epochs=1", override))
+    out = subprocess.run(
+        [sys.executable, "-m", "revgnn.train", "+foo=1", f"output_dir={tmp_path / 'cli'}"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, REVGNN_ALLOCATOR="system"),
+        timeout=120,
+    )
+    text = (out.stdout + out.stderr).strip()
+    assert out.returncode == 2 and "unknown key foo" in text, text
+    assert len(text.splitlines()) <= 2 and "Traceback" not in text, text
+    assert not (tmp_path / "cli" / "last.pt").exists()
+
+
 def test_cli_output_dir_holds_the_whole_run_and_sweeps_keep_every_job(tmp_path):
     """output_dir=X: checkpoints, metrics, .hydra/ and train.log all in X, nothing under the cwd's
     outputs/. A multirun over a non-seed key gives every job its own directory, named by job
@@ -205,6 +247,47 @@ def test_cli_output_dir_holds_the_whole_run_and_sweeps_keep_every_job(tmp_path):
     assert lrs == [0.001, 0.01]
 
 
+def test_a_second_run_into_an_output_dir_is_refused_unless_it_resumes_or_overwrites(tmp_path):
+    """A run into a directory that holds an earlier run is refused, naming it, and the earlier run's
+    files stay as they were; resuming from a checkpoint there continues it; overwrite=true replaces
+    it. From the command line: one line, before Hydra writes .hydra/ or train.log."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import TINY_RUN
+
+    from revgnn.config import ConfigError
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    files = ("last.pt", "best.pt", "metrics.csv", "summary.json")
+    train(_cfg(a, "trainer.epochs=1"))
+    before = {f: (a / f).read_bytes() for f in files}
+    refusal = f"output directory {a} holds an earlier run (last.pt, best.pt, metrics.csv, summary.json): "
+    with pytest.raises(ConfigError, match=re.escape(refusal + "pass overwrite=true to replace it, resume")):
+        train(_cfg(a, "trainer.epochs=1", "seed=1"))
+    assert {f: (a / f).read_bytes() for f in files} == before
+    train(_cfg(b, "trainer.epochs=1"))
+    with pytest.raises(ConfigError, match=re.escape(refusal)):  # another run's checkpoint: still a new run
+        train(_cfg(a, "trainer.epochs=2", f"ckpt_path={b / 'last.pt'}"))
+    train(_cfg(a, "trainer.epochs=2", f"ckpt_path={a / 'last.pt'}"))  # resuming the run that is there
+    assert load_checkpoint(str(a / "last.pt"))["epoch"] == 2
+    train(_cfg(a, "trainer.epochs=1", "seed=1", "overwrite=true"))
+    assert load_checkpoint(str(a / "last.pt"))["config"]["seed"] == 1
+
+    run = tmp_path / "cli"
+    env = dict(os.environ, REVGNN_ALLOCATOR="system")
+    cmd = [sys.executable, "-m", "revgnn.train", *TINY_RUN, f"output_dir={run}"]
+    first = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    kept = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    again = subprocess.run([*cmd, "seed=1"], capture_output=True, text=True, env=env, timeout=300)
+    text = (again.stdout + again.stderr).strip()
+    assert again.returncode == 2 and f"output directory {run} holds an earlier run" in text, text
+    assert len(text.splitlines()) <= 2 and "Traceback" not in text, text
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == kept  # .hydra/, train.log too
+
+
 def test_checkpoint_writer_saves_what_torch_save_of_state_dict_saves(tmp_path):
     """atomic_save (memo-free pickler; parameters written detached) round-trips to exactly what
     ``torch.save`` of ``state_dict()`` gives: same keys, values, plain tensors, optimizer state."""
@@ -226,6 +309,8 @@ def test_checkpoint_writer_saves_what_torch_save_of_state_dict_saves(tmp_path):
         "history": history,
         "best": dict(history[0]),
         "rng": {"torch": torch.get_rng_state()},
+        "epoch": 1,
+        "config": {},
     }
     atomic_save(state, str(tmp_path / "ours.pt"))
     torch.save({**state, "model": model.state_dict()}, tmp_path / "torch.pt")
@@ -246,8 +331,50 @@ def test_checkpoint_writer_saves_what_torch_save_of_state_dict_saves(tmp_path):
     # tensors that share a storage still share it after loading (torch.save tracks storages)
     base = torch.arange(6.0)
     atomic_save({"a": base[:3], "b": base[3:]}, str(tmp_path / "views.pt"))
-    views = load_checkpoint(str(tmp_path / "views.pt"))
+    views = torch.load(tmp_path / "views.pt", weights_only=True)
     assert views["a"].untyped_storage().data_ptr() == views["b"].untyped_storage().data_ptr()
+
+
+def test_a_file_that_is_no_checkpoint_or_a_truncated_one_is_named(tmp_path, capsys):
+    """A text file, a torch file of other content and a truncated last.pt given to train's resume and
+    to revgnn-evaluate: "not a revgnn checkpoint: <path>" / "truncated or corrupt checkpoint: <path>",
+    one line from each command."""
+    import os
+    import subprocess
+    import sys
+
+    from revgnn.cli.evaluate import main as evaluate
+    from revgnn.engine.checkpoint import CheckpointError
+
+    train(_cfg(tmp_path / "a", "trainer.epochs=1"))
+    text, other, cut = tmp_path / "notes.pt", tmp_path / "weights.pt", tmp_path / "cut.pt"
+    text.write_text("not a checkpoint\n")
+    torch.save({"weight": torch.ones(3)}, other)
+    whole = (tmp_path / "a" / "last.pt").read_bytes()
+    cut.write_bytes(whole[: len(whole) // 2])
+    cases = [
+        (text, f"not a revgnn checkpoint: {text} (not written by torch.save)"),
+        (other, f"not a revgnn checkpoint: {other} (no model, optimizer, epoch, history, best, config, rng"),
+        (cut, f"truncated or corrupt checkpoint: {cut} ("),
+    ]
+    for path, message in cases:
+        with pytest.raises(CheckpointError, match=re.escape(message)):
+            train(_cfg(tmp_path / "b", "trainer.epochs=2", f"ckpt_path={path}"))
+        with pytest.raises(SystemExit) as e:
+            evaluate([str(path)])
+        assert e.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) <= 2, err
+    out = subprocess.run(
+        [sys.executable, "-m", "revgnn.train", f"ckpt_path={cut}", f"output_dir={tmp_path / 'cli'}"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, REVGNN_ALLOCATOR="system"),
+        timeout=120,
+    )
+    output = (out.stdout + out.stderr).strip()
+    assert out.returncode == 2 and f"truncated or corrupt checkpoint: {cut}" in output, output
+    assert len(output.splitlines()) <= 2 and "Traceback" not in output, output
 
 
 def test_flat_parameters_train_as_per_tensor_parameters_do(tmp_path):

@@ -13,6 +13,8 @@ import argparse
 import json
 from typing import Optional, Sequence
 
+from revgnn.cli import ranged
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -20,10 +22,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("checkpoint", help="best.pt or last.pt of a revgnn-train run")
     parser.add_argument(
-        "--views", type=int, default=None, help="views V (default: the run's trainer.eval_views)"
+        "--views", type=ranged(int, 1), default=None, help="views V (default: the run's trainer.eval_views)"
     )
     parser.add_argument(
-        "--parts", type=int, default=None, help="parts K per view (default: trainer.eval_parts)"
+        "--parts", type=ranged(int, 1), default=None, help="parts K per view (default: trainer.eval_parts)"
     )
     parser.add_argument(
         "--seed",
@@ -33,7 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
         "checkpoint's epoch, so the logged score is reproduced)",
     )
     parser.add_argument("--data-root", default=None, help="override data.root (OGB data sets)")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu, cuda, cuda:N or auto (CUDA when available) (default: cpu)",
+    )
     return parser
 
 
@@ -45,11 +51,17 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
+    from revgnn.config import ConfigError
+    from revgnn.engine.backends import resolve_device
     from revgnn.engine.checkpoint import load_checkpoint
     from revgnn.engine.loop import build_model, seed_stream
     from revgnn.engine.tasks import make_task, shapes
 
-    ckpt = load_checkpoint(args.checkpoint)
+    try:
+        device = resolve_device(args.device, "--device")
+        ckpt = load_checkpoint(args.checkpoint)
+    except (ConfigError, FileNotFoundError) as e:  # the machine or the file: no usage text
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
     cfg = OmegaConf.create(ckpt["config"])
     if args.data_root is not None:
         if "root" not in cfg.data:
@@ -60,14 +72,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ds = instantiate(cfg.data)
     model = build_model(cfg.model, shapes(ds))
     model.load_state_dict(ckpt["model"])
-    model.to(args.device)
-    cfg.trainer.eval_views = views = args.views or cfg.trainer.eval_views
-    cfg.trainer.eval_parts = parts = args.parts or cfg.trainer.eval_parts
+    model.to(device)
+    cfg.trainer.eval_views = views = args.views if args.views is not None else cfg.trainer.eval_views
+    cfg.trainer.eval_parts = parts = args.parts if args.parts is not None else cfg.trainer.eval_parts
     # the views training scored this checkpoint on: fixed ones are drawn from the run's seed alone
     view_epoch = 0 if cfg.trainer.get("fixed_eval_views") else ckpt["epoch"]
     seed = args.seed if args.seed is not None else seed_stream(cfg.seed, view_epoch, 1)
     task = make_task(ds, cfg.trainer)  # node level: multi-view inference; graph level: batched graphs
-    scores = task.evaluate(model, torch.Generator().manual_seed(seed), args.device)
+    scores = task.evaluate(model, torch.Generator().manual_seed(seed), device)
     print(
         json.dumps(
             {

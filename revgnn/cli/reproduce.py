@@ -7,7 +7,9 @@ paper's numbers.
     revgnn-reproduce --launcher submitit_slurm --data-root /data hydra.launcher.partition=gpu   # on SLURM
 
 Without ``--launcher`` each seed is one ``python -m revgnn.train experiment=<name> seed=<s>`` process,
-one after the other, writing into ``<out>/seed_<s>``. With ``--launcher L`` the seeds are one Hydra
+one after the other, writing into ``<out>/seed_<s>`` (a second call with the same ``--out`` is refused
+by those runs, which never replace an earlier one: pass ``overwrite=true`` among the overrides to
+run again there). With ``--launcher L`` the seeds are one Hydra
 sweep, ``revgnn.train -m hydra/launcher=L seed=0,...,n-1`` into ``<out>/sweep/<time>/``: ``submitit_slurm``
 submits one SLURM job per seed (``hydra.launcher.*`` overrides set partition, GPUs, time limit...),
 ``submitit_local`` runs them as local processes (both need ``pip install "revgnn[cluster]"``). Either way
@@ -16,7 +18,9 @@ each job's ``summary.json`` (best validation, the test score at that epoch and, 
 feeds the table: mean ± unbiased standard deviation over seeds, parameters, peak memory and time per epoch.
 
 A run that trained fewer epochs than the experiment's recipe (``trainer.epochs=...`` among the
-overrides, or ``--smoke``) says so in the table's title and beside each of its numbers.
+overrides, or ``--smoke``), or whose overrides change the recipe (``model.num_layers=2``,
+``optim.lr=...``: the model, data, optimiser or trainer), says so in the table's title and beside
+each of its numbers: not the paper's configuration.
 ``--smoke`` writes a tiny raw ogbn-proteins directory, shrinks the model to 2 layers x 8 channels and
 runs 1 epoch per seed, so the whole path (OGB loader, training, multi-view evaluation, table) is checked
 in a minute.
@@ -35,23 +39,29 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from revgnn.cli import ranged
+
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
-EXPERIMENTS = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
+
+def reproducible_experiments() -> List[str]:
+    """The experiments that reproduce a published score (the model registry's ``reported`` entries):
+    ``--experiment``'s choices."""
+    from revgnn.models import list_models, model_info
+
+    return sorted(r.experiment for n in list_models() for r in model_info(n).reported if r.experiment)
 
 
 def paper_score(experiment: str) -> Tuple[str, float, Optional[float]]:
     """The published score ``experiment`` reproduces, from the model registry
     (:func:`revgnn.models.registry.paper_result`): (label, mean, std or :obj:`None`)."""
-    from revgnn.models import list_models, model_info
     from revgnn.models.registry import paper_result
 
     found = paper_result(experiment)
     if found is None:
-        names = sorted(r.experiment for n in list_models() for r in model_info(n).reported if r.experiment)
         raise SystemExit(
             f"revgnn-reproduce: experiment {experiment!r} reproduces no published score; "
-            f"those that do: {', '.join(names)}"
+            f"those that do: {', '.join(reproducible_experiments())}"
         )
     info, result = found
     return f"{result.label}, {info.dataset} {result.metric}", result.value, result.std
@@ -100,6 +110,24 @@ def _smoke_overrides(experiment: str, data_root: str) -> List[str]:
     return out
 
 
+def recipe_changes(overrides: Sequence[str]) -> List[str]:
+    """The ``overrides`` that change the experiment's recipe: those of the model, data, optimiser and
+    trainer (their groups or keys), except the keys a resume may change as well because they leave
+    the run as it is (:data:`revgnn.engine.loop.RESUME_FREE`: where the data is, the final test's
+    views) and ``trainer.epochs``, which a table reports as a short run."""
+    from revgnn.engine.loop import RESUME_FREE
+
+    out = []
+    for o in overrides:
+        key = o.lstrip("+~").split("=", 1)[0]
+        if (
+            key.split(".")[0].split("/")[0] in ("model", "data", "optim", "trainer")
+            and key not in RESUME_FREE
+        ):
+            out.append(o)
+    return out
+
+
 def _epochs_label(epochs: Sequence[int], recipe: int) -> str:
     lo, hi = min(epochs), max(epochs)
     return f"{lo} of {recipe} epochs" if lo == hi else f"{lo}-{hi} of {recipe} epochs"
@@ -114,17 +142,23 @@ def format_table(
     runs: Optional[str] = None,
 ) -> str:
     """The markdown table of ``summaries`` (one per seed). When ``smoke`` or any seed trained fewer than
-    ``recipe`` epochs, the title says so and every number of this run carries the label."""
+    ``recipe`` epochs, or ``overrides`` change the recipe (:func:`recipe_changes`: the model, data,
+    optimiser or trainer), the title says so and every number of this run carries the label."""
     label, paper_mean, paper_std = paper_score(experiment)
     epochs = [int(s["epochs"]) for s in summaries]
     short = smoke or min(epochs) < recipe
-    tag = ""
-    if short:
-        tag = _epochs_label(epochs, recipe)
-        tag = f" ({'smoke, ' if smoke else ''}{tag})"
+    changed = [] if smoke else recipe_changes(overrides)  # a smoke run changes everything: it says so
+    notes = (["smoke"] if smoke else []) + ([_epochs_label(epochs, recipe)] if short else [])
+    notes += [f"changed: {' '.join(changed)}"] if changed else []
+    tag = f" ({', '.join(notes)})" if notes else ""
     if smoke:
         title = (
             f"# {experiment} (smoke: fake data, tiny model, {_epochs_label(epochs, recipe)} — not a result)"
+        )
+    elif changed:
+        title = (
+            f"# {experiment} (not the paper's configuration: {' '.join(changed)}"
+            f"{', ' + _epochs_label(epochs, recipe) if short else ''} — not comparable to the paper)"
         )
     elif short:
         title = f"# {experiment} (short run: {_epochs_label(epochs, recipe)} — not comparable to the paper)"
@@ -159,7 +193,7 @@ def format_table(
             entry += f" / {100 * s['checkpoint_test']['test']:.2f}"
         if short:
             entry += f" ({'smoke, ' if smoke else ''}{int(s['epochs'])} of {recipe} epochs)"
-        return entry
+        return entry + (" (changed)" if changed else "")
 
     lines = [
         title,
@@ -208,7 +242,9 @@ def _run_sequential(args, out: Path, seeds: int, overrides: List[str]) -> List[D
             *overrides,
         ]
         print("$", " ".join(cmd), flush=True)
-        subprocess.run(cmd, check=True)
+        code = subprocess.run(cmd).returncode
+        if code:  # the run has said why, above
+            raise SystemExit(f"revgnn-reproduce: the run of seed {seed} failed (exit status {code})")
         with open(run_dir / "summary.json") as f:
             summaries.append(json.load(f))
     return summaries
@@ -265,8 +301,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="revgnn-reproduce", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--experiment", default="proteins_revgnn_deep", choices=EXPERIMENTS)
-    parser.add_argument("--seeds", type=int, default=10, help="seeds 0 .. n-1 (default: 10)")
+    parser.add_argument(
+        "--experiment",
+        default="proteins_revgnn_deep",
+        choices=reproducible_experiments(),
+        help="an experiment that reproduces a published score (default: proteins_revgnn_deep)",
+    )
+    parser.add_argument("--seeds", type=ranged(int, 1), default=10, help="seeds 0 .. n-1 (default: 10)")
     parser.add_argument("--data-root", default=None, help="directory holding ogbn_proteins/ (data.root)")
     parser.add_argument("--out", default=None, help="output directory (default: reproduce/<experiment>)")
     parser.add_argument("--smoke", action="store_true", help="1 epoch, 2 seeds, tiny model, fake OGB data")
@@ -287,9 +328,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> None:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     args = build_parser().parse_args(argv)
-    if args.seeds < 1:
-        raise SystemExit(f"revgnn-reproduce: --seeds must be >= 1, got {args.seeds}")
-    paper_score(args.experiment)  # before any run: the experiment reproduces a published score
     launcher_keys = [o for o in args.overrides if o.lstrip("+~").startswith("hydra.launcher.")]
     if launcher_keys and not args.launcher:
         raise SystemExit(f"revgnn-reproduce: {' '.join(launcher_keys)} given without --launcher")

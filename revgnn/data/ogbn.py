@@ -204,6 +204,25 @@ def _check_edge_count(name: str, path: str, dataset) -> None:
         )
 
 
+def _node_split(dataset, meta) -> Dict[str, Any]:
+    """The split of an OGB node data set, read as ``get_idx_split`` reads it but copied into tensors:
+    ``pandas``' ``.values`` of a one-column file is a read-only array (copy-on-write, pandas >= 3),
+    and OGB's ``torch.from_numpy`` of it warned "The given NumPy array is not writable" on every
+    load. A ``split_dict.pt`` (OGB's short-cut) is still OGB's to read."""
+    import pandas as pd
+    import torch
+
+    split_dir = osp.join(dataset.root, "split", meta["split"])
+    if osp.isfile(osp.join(split_dir, "split_dict.pt")):
+        return dataset.get_idx_split()
+    return {
+        s: torch.tensor(
+            pd.read_csv(osp.join(split_dir, f"{s}.csv.gz"), header=None)[0].to_numpy(), dtype=torch.long
+        )
+        for s in ("train", "valid", "test")
+    }
+
+
 def _load_pyg(name: str, root: str):
     if name.startswith("ogbg-"):
         from ogb.graphproppred import PygGraphPropPredDataset as Dataset
@@ -229,7 +248,7 @@ def _load_pyg(name: str, root: str):
     with ogb_safe_globals():
         try:
             dataset = Dataset(name=name, root=root)
-            split_idx = dataset.get_idx_split()
+            split_idx = dataset.get_idx_split() if name.startswith("ogbg-") else _node_split(dataset, meta)
         except Exception as e:  # pandas parser errors, gzip/EOF errors, unpickling errors, bad shapes
             if downloading:
                 raise RuntimeError(

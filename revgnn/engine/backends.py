@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Sequence, Union
 import torch
 from torch import Tensor
 
-__all__ = ["Backend", "LocalBackend", "DistributedBackend", "DDPBackend", "make_backend"]
+__all__ = ["Backend", "LocalBackend", "DistributedBackend", "DDPBackend", "make_backend", "resolve_device"]
 
 
 class Backend:
@@ -46,14 +46,7 @@ class Backend:
         from revgnn.utils.threads import configure_threads  # null: affinity mask and cgroup quota
 
         configure_threads(b.num_threads, warn=False)
-        name = b.device.value
-        if name == "auto":
-            name = "cuda" if torch.cuda.is_available() else "cpu"
-        if name == "cuda" and not torch.cuda.is_available():
-            raise RuntimeError(
-                "backend.device=cuda but CUDA is not available; use backend.device=auto or cpu"
-            )
-        self.device = torch.device(name)
+        self.device = resolve_device(b.device.value)
         return self.device
 
     def close(self, ok: bool) -> None:
@@ -114,12 +107,25 @@ class DistributedBackend(Backend):
     """Base of the ``torchrun`` backends: one process per worker, a ``torch.distributed`` group
     (gloo on CPU, NCCL on CUDA) with every wait bounded by ``backend.timeout_s``."""
 
+    #: what ``torchrun`` (or a launcher doing its job) sets for every worker
+    LAUNCH_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
     def start(self) -> torch.device:
         import torch.distributed as dist
 
         from revgnn.distributed.comm import init_distributed
 
         b = self.cfg.backend
+        missing = [k for k in self.LAUNCH_ENV if k not in os.environ]
+        if missing and not dist.is_initialized():  # a plain `revgnn-train backend=...`: no peer will come
+            from revgnn.config import ConfigError
+
+            raise ConfigError(
+                f"backend={self.name} runs one process per worker, started by torchrun: launch it "
+                f"as `torchrun --nproc_per_node={self.num_workers_hint()} -m revgnn.train "
+                f"backend={self.name} ...` (this process has no {', '.join(missing)} in its "
+                f"environment, so it was not started by torchrun)"
+            )
         device = super().start()
         dist_backend = b.dist_backend or ("nccl" if device.type == "cuda" else "gloo")
         if dist_backend not in ("gloo", "nccl"):
@@ -178,6 +184,10 @@ class DistributedBackend(Backend):
         else:
             all_reduce_gradients(list(grads))
 
+    def num_workers_hint(self) -> str:
+        """``P`` of the launch command the error of a process not started by ``torchrun`` names."""
+        return "P"
+
     def launch_prefix(self) -> str:
         local = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
         nodes = max(self.world_size // max(local, 1), 1)
@@ -194,6 +204,25 @@ class DDPBackend(DistributedBackend):
     take exactly the step one process takes with ``trainer.parts_per_step`` (tested in float64)."""
 
     name = "ddp"
+
+
+def resolve_device(name: str, setting: str = "backend.device") -> torch.device:
+    """The device ``name`` (``auto``, ``cpu``, ``cuda`` or ``cuda:N``) stands for: ``auto`` is CUDA
+    when it is available, else the CPU; CUDA without CUDA, or a name torch does not know, is a
+    :class:`~revgnn.config.ConfigError` naming ``setting``, the option that asked for it
+    (``backend.device``, ``revgnn-evaluate --device``)."""
+    from revgnn.config import ConfigError
+
+    cuda = torch.cuda.is_available()
+    if name == "auto":
+        name = "cuda" if cuda else "cpu"
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"{setting}={name} is no device; use auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not cuda:
+        raise ConfigError(f"{setting}={name} but CUDA is not available; use {setting}=auto or cpu")
+    return device
 
 
 def make_backend(cfg) -> Backend:

@@ -2,7 +2,10 @@
 
 Every file of a run is written to a temporary file in the same directory and renamed over its target
 (:func:`os.replace` is atomic on POSIX): a crash, a ``kill -9`` or a full disk mid-write leaves the
-previous version intact, never half a file.
+previous version intact, never half a file. :func:`load_checkpoint` is the one reader of the format:
+a file that is not a checkpoint of the training loop, or a truncated or corrupt one, is a
+:class:`CheckpointError` naming the file (``revgnn-train``'s resume and ``revgnn-evaluate`` print
+it alone).
 """
 
 from __future__ import annotations
@@ -11,11 +14,34 @@ import os
 import pickle
 import shutil
 import types
-from typing import Any, Dict
+import zipfile
+from typing import Any, Dict, Optional
 
 import torch
 
-__all__ = ["atomic_save", "atomic_copy", "atomic_write_text", "load_checkpoint"]
+from revgnn.config import ConfigError
+
+__all__ = [
+    "atomic_save",
+    "atomic_copy",
+    "atomic_write_text",
+    "load_checkpoint",
+    "CheckpointError",
+    "CHECKPOINT_KEYS",
+    "RUN_FILES",
+    "check_run_dir",
+]
+
+#: The files of a finished (or stopped) run that a new run in the same directory would replace.
+RUN_FILES = ("last.pt", "best.pt", "metrics.csv", "summary.json")
+
+#: The entries of every checkpoint the training loop writes (``last.pt``, ``best.pt``).
+CHECKPOINT_KEYS = ("model", "optimizer", "epoch", "history", "best", "config", "rng")
+
+
+class CheckpointError(ConfigError):
+    """A file given as a checkpoint that is not one of the training loop's, or is truncated or
+    corrupt; the message names the file."""
 
 
 def atomic_save(obj: Any, path: str) -> None:
@@ -66,13 +92,55 @@ def atomic_copy(src: str, dst: str) -> None:
 
 
 def load_checkpoint(path: str) -> Dict[str, Any]:
-    """Loads a checkpoint written by :func:`train` (tensors and plain Python values only)."""
+    """Loads a checkpoint written by the training loop (tensors and plain Python values only).
+
+    Raises :class:`FileNotFoundError` when ``path`` is no file, and :class:`CheckpointError` with
+    ``not a revgnn checkpoint: <path>`` for a file that is not one (not written by ``torch.save``,
+    objects other than tensors and plain values, or entries missing from :data:`CHECKPOINT_KEYS`)
+    and ``truncated or corrupt checkpoint: <path>`` for a ``torch.save`` archive that cannot be read.
+    """
     if not os.path.isfile(path):
         raise FileNotFoundError(f"checkpoint {path!r} does not exist")
+    what = "pass the last.pt or best.pt of a revgnn-train run"
+    with open(path, "rb") as f:
+        if f.read(4) != b"PK\x03\x04":  # torch.save writes a zip archive
+            raise CheckpointError(f"not a revgnn checkpoint: {path} (not written by torch.save); {what}")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise RuntimeError(f"checkpoint {path!r} could not be read ({type(e).__name__}: {e})") from e
+        cause = (str(e).strip().splitlines() or [""])[0]
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as z:
+                torch_file = any(n.endswith("/data.pkl") for n in z.namelist())
+            if not torch_file or "Weights only load failed" in str(e):
+                kind = "a zip archive but no torch.save file" if not torch_file else "objects besides tensors"
+                raise CheckpointError(f"not a revgnn checkpoint: {path} ({kind}); {what}") from e
+        raise CheckpointError(
+            f"truncated or corrupt checkpoint: {path} ({type(e).__name__}: {cause[:200]}); use another "
+            f"checkpoint of the run (last.pt / best.pt) or train again"
+        ) from e
+    missing = [k for k in CHECKPOINT_KEYS if not isinstance(ckpt, dict) or k not in ckpt]
+    if missing:
+        raise CheckpointError(f"not a revgnn checkpoint: {path} (no {', '.join(missing)} entries); {what}")
+    return ckpt
+
+
+def check_run_dir(out_dir: str, ckpt_path: Optional[str] = None, overwrite: bool = False) -> None:
+    """Refuses to start a run in ``out_dir`` that would replace an earlier run's files
+    (:data:`RUN_FILES`): a :class:`~revgnn.config.ConfigError` naming the directory, unless the run
+    resumes from a checkpoint in that directory (``ckpt_path``) or ``overwrite`` is set."""
+    found = [f for f in RUN_FILES if os.path.exists(os.path.join(out_dir, f))]
+    if not found or overwrite:
+        return
+    if ckpt_path and os.path.realpath(os.path.dirname(os.path.abspath(ckpt_path))) == os.path.realpath(
+        out_dir
+    ):
+        return  # resuming the run that is there: it continues its files
+    raise ConfigError(
+        f"output directory {out_dir} holds an earlier run ({', '.join(found)}): pass overwrite=true "
+        f"to replace it, resume it with ckpt_path={os.path.join(out_dir, 'last.pt')}, or choose "
+        f"another output_dir"
+    )
 
 
 def atomic_write_text(text: str, path: str) -> None:

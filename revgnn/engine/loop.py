@@ -38,7 +38,13 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from revgnn.engine.backends import Backend, make_backend
-from revgnn.engine.checkpoint import atomic_copy, atomic_save, atomic_write_text, load_checkpoint
+from revgnn.engine.checkpoint import (
+    atomic_copy,
+    atomic_save,
+    atomic_write_text,
+    check_run_dir,
+    load_checkpoint,
+)
 from revgnn.engine.interrupt import StopRequest, TrainingInterrupted
 
 __all__ = ["train", "train_step", "build_model", "resolve_output_dir", "seed_stream"]
@@ -54,11 +60,13 @@ FIELDS = ["epoch", "evaluation", "loss", "train", "valid", "test", "epoch_time_s
 def train(cfg: DictConfig) -> Dict[str, Any]:
     """Runs one training job described by ``cfg`` (a composed ``train.yaml``) on its backend;
     returns the summary (the same on every worker)."""
-    from revgnn.config import check_ranges
+    from revgnn.config import check_keys, check_ranges
     from revgnn.models import check_model_config
 
+    check_keys(cfg)  # no key the schema lacks (Hydra's +key=value adds any)
     check_ranges(cfg)  # every value in the range its schema declares, before anything starts
     check_model_config(cfg.model)  # every model key an argument of the variant's class, in range
+    check_run_dir(resolve_output_dir(cfg), cfg.ckpt_path, cfg.overwrite)  # no earlier run replaced
     backend = make_backend(cfg)
     backend.start()
     try:
@@ -90,6 +98,9 @@ def _train(cfg: DictConfig, backend: Backend) -> Dict[str, Any]:
     tc = cfg.trainer
     torch.manual_seed(cfg.seed)
 
+    # the checkpoint to resume from, read (and refused if it is none) before the data and the model
+    ckpt = load_checkpoint(cfg.ckpt_path) if cfg.ckpt_path else None
+
     # ---- data, model, optimiser ----------------------------------------------------------------
     task = backend.make_task()  # batches, loss and evaluator of this worker's data
     log.info("data: %s", task)
@@ -120,8 +131,9 @@ def _train(cfg: DictConfig, backend: Backend) -> Dict[str, Any]:
         "checkpoint_test": None,  # the final test of best.pt, after the last epoch
     }
     last_path, best_path = os.path.join(out_dir, "last.pt"), os.path.join(out_dir, "best.pt")
-    if cfg.ckpt_path:
-        state = {**resume(cfg, backend, model, optimizer, flat), "checkpoint_test": None}
+    if ckpt is not None:
+        state = {**resume(cfg, backend, model, optimizer, flat, ckpt), "checkpoint_test": None}
+        del ckpt  # its tensors are in the model and the optimiser now
     start_epoch, history = state["epoch"], state["history"]
     if start_epoch >= tc.epochs:
         log.warning(
@@ -315,7 +327,7 @@ def _train(cfg: DictConfig, backend: Backend) -> Dict[str, Any]:
         raise
     except Exception as e:
         if history:  # what finished stays reported (no collective here: a peer may be gone)
-            write_summary(f"failed at epoch {epoch + 1}: {type(e).__name__}", peak_memory_mb(device))
+            write_summary(f"failed at epoch {epoch}: {type(e).__name__}", peak_memory_mb(device))
         raise
     finally:
         bar.close()
@@ -398,10 +410,10 @@ def train_step(
     return loss_value, bool(status[1] > 0)
 
 
-def resume(cfg: DictConfig, backend: Backend, model, optimizer, flat) -> Dict[str, Any]:
-    """Loads ``cfg.ckpt_path`` into the model, the optimiser and this worker's RNG; returns the loop state.
-    Refuses a checkpoint of another backend, world size or partitioning, model or parameter layout."""
-    ckpt = load_checkpoint(cfg.ckpt_path)
+def resume(cfg: DictConfig, backend: Backend, model, optimizer, flat, ckpt: Dict[str, Any]) -> Dict[str, Any]:
+    """Loads ``ckpt`` (read from ``cfg.ckpt_path`` by :func:`~revgnn.engine.checkpoint.load_checkpoint`)
+    into the model, the optimiser and this worker's RNG; returns the loop state. Refuses a checkpoint
+    of another backend, world size or partitioning, model or parameter layout."""
     saved = ckpt.get("backend") or {"backend": "local", "world_size": 1}
     now = backend.identity()
     if saved != now:

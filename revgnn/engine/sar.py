@@ -158,6 +158,15 @@ class SARBackend(DistributedBackend):
             )
         self.fingerprint = None
 
+    def num_workers_hint(self) -> str:
+        """The partition's number of parts (one worker each), or ``P`` if ``meta.json`` is unreadable."""
+        from revgnn.distributed.sar_partition import load_meta
+
+        try:
+            return str(int(load_meta(self.cfg.backend.partition_dir)["num_parts"]))
+        except Exception:  # the partition's own checks report it once the job is launched
+            return "P"
+
     def make_task(self) -> SARTask:
         from revgnn.distributed.sar import SARGraph
         from revgnn.distributed.sar_partition import load_meta, load_partition_checked

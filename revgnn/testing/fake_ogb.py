@@ -34,6 +34,22 @@ _EXTRA_NODE_FILES = {
 }
 
 
+def _distinct_pairs(rng: np.random.Generator, num_nodes: int, count: int):
+    """``(src, dst)`` of ``count`` random node pairs (at most all of them), no self loop and no pair
+    twice in either direction, each in a random direction: with the reverse edges OGB adds, the graph
+    has no duplicate edge (whose count the loader would report)."""
+    count = min(count, num_nodes * (num_nodes - 1) // 2)
+    keys = np.empty(0, dtype=np.int64)
+    while keys.size < count:  # draw, keep the first copy of every unordered pair, in drawing order
+        a = rng.integers(0, num_nodes, 2 * count)
+        b = (a + rng.integers(1, num_nodes, 2 * count)) % num_nodes  # no self loops
+        keys = np.concatenate([keys, np.minimum(a, b) * num_nodes + np.maximum(a, b)])
+        keys = keys[np.sort(np.unique(keys, return_index=True)[1])]
+    low, high = np.divmod(keys[:count], num_nodes)
+    flip = rng.random(count) < 0.5
+    return np.where(flip, high, low), np.where(flip, low, high)
+
+
 def write_fake_ogbn(
     root: str,
     name: str = "ogbn-proteins",
@@ -50,7 +66,8 @@ def write_fake_ogbn(
     for plumbing, not learning): 0/1 per task for binary tasks, a class id for multiclass ones. Where the
     split is by species (ogbn-proteins) every node gets one of ``num_species`` NCBI-like taxonomy ids and
     train/valid/test never share one, as in the real data set; other splits are random thirds. Edges are
-    stored once (OGB adds the reverse direction where the real data set has it).
+    distinct node pairs without self loops, each stored once (OGB adds the reverse direction where the
+    real data set has it), so the graph has no duplicate edges.
     """
     from revgnn.data.ogbn import OGBN_SPECS, _meta
 
@@ -67,9 +84,8 @@ def write_fake_ogbn(
     os.makedirs(raw, exist_ok=True)
     os.makedirs(split, exist_ok=True)
 
-    num_edges = num_nodes * avg_degree // 2
-    src = rng.integers(0, num_nodes, num_edges)
-    dst = (src + rng.integers(1, num_nodes, num_edges)) % num_nodes  # no self loops
+    src, dst = _distinct_pairs(rng, num_nodes, num_nodes * avg_degree // 2)
+    num_edges = src.size
     _write(osp.join(raw, "edge.csv.gz"), np.stack([src, dst], 1))
     _write(osp.join(raw, "num-node-list.csv.gz"), [num_nodes])
     _write(osp.join(raw, "num-edge-list.csv.gz"), [num_edges])
