@@ -179,6 +179,14 @@ def test_gen_max_factored_float_tolerance():
     chan = torch.arange(c).expand(n, c)[won]
     assert ((msg[e, chan] - out64[won]).abs() <= 2 * tol[won]).all()
     assert (~won | (out64 > 0)).all() and (won | (out64 <= tol)).all()
+    # no ties here: backward takes the winners-only path for W and b
+    assert not tied.any()
+    grad = torch.randn(n, c, generator=g)
+    mine = tk.gen_max_backward(grad, arg, tied, x, ptr, src, raw, wt, bias, True, True, True, True)
+    _, grads64 = reference(x, ptr, src, dst, raw, wt, bias, grad)
+    grads64[2] = grads64[2].t()
+    for a, b in zip(mine, grads64):
+        close(a, b, 1e-5)
 
 
 def test_gen_max_nan_as_cpp():

@@ -117,6 +117,12 @@ if AVAILABLE:
             return v.to(DT)
 
     @triton.jit
+    def _spread(flag, like):
+        """A scalar condition as a block shaped like ``like`` (the interpreter mishandles
+        ``block & scalar`` of booleans)."""
+        return (tl.zeros_like(like).to(tl.int32) + flag.to(tl.int32)) != 0
+
+    @triton.jit
     def _message(
         x_ptr, row, e, m2, c, C, d, attr_ptr, wt_ptr, bias_ptr,
         MODE: tl.constexpr, HAS_BIAS: tl.constexpr, ACC: tl.constexpr,
@@ -287,7 +293,9 @@ if AVAILABLE:
         NB: tl.constexpr, BE: tl.constexpr, BC: tl.constexpr, BD: tl.constexpr,
     ):  # fmt: skip
         """Per block of NB destination nodes: the edge-feature gradient of their edges and the
-        block's partial sums of grad_W [C, d] and grad_b [C]."""
+        block's partial sums of grad_W [C, d] and grad_b [C]. An untied node's W/b terms come from
+        its winners alone (one gathered raw row per channel: O(C d)); its edges are walked only
+        for the edge-feature gradient. A tied node's edges are walked (messages recomputed)."""
         blk = tl.program_id(0).to(tl.int64)
         c = tl.arange(0, BC)
         cm = c < C
@@ -300,7 +308,29 @@ if AVAILABLE:
             ok = node < N
             e0 = tl.load(ptr_ptr + node, mask=ok, other=0)
             e1 = tl.load(ptr_ptr + node + 1, mask=ok, other=0)
-            for s in range(e0, e1, BE):
+            if HAS_TIES:
+                slot = tl.load(slot_ptr + node, mask=ok, other=-1)
+            else:
+                slot = tl.zeros_like(e0) - 1
+            tied = slot >= 0
+            if NEED_W or NEED_B:  # untied: the winners only
+                um = cm & _spread(ok & (slot < 0), c)
+                a = tl.load(arg_ptr + node * C + c, mask=um, other=-1)
+                won = um & (a >= 0)
+                g = tl.where(won, tl.load(grad_ptr + node * C + c, mask=won, other=0.0).to(ACC), 0.0)
+                if NEED_B:
+                    gb += g
+                if NEED_W:
+                    we = e0 + a.to(tl.int64)
+                    raw = tl.load(
+                        attr_ptr + we[:, None] * d + kk[None, :], mask=won[:, None] & km[None, :], other=0.0
+                    ).to(ACC)
+                    gw += g[:, None] * raw
+            if NEED_A:
+                e_end = e1
+            else:
+                e_end = tl.where(tied, e1, e0)
+            for s in range(e0, e_end, BE):
                 e = s + tl.arange(0, BE)
                 em = e < e1
                 m2 = em[:, None] & cm[None, :]
@@ -323,13 +353,17 @@ if AVAILABLE:
                             _cast(contrib, ga_ptr.dtype.element_ty),
                             mask=m2,
                         )
-                if NEED_W:
-                    raw = tl.load(
-                        attr_ptr + e[:, None] * d + kk[None, :], mask=em[:, None] & km[None, :], other=0.0
-                    ).to(ACC)
-                    gw += tl.sum(contrib[:, :, None] * raw[:, None, :], axis=0)
-                if NEED_B:
-                    gb += tl.sum(contrib, axis=0)
+                if HAS_TIES and (NEED_W or NEED_B):  # tied nodes' terms (untied ones: above)
+                    ct = tl.where(tied, contrib, 0.0)
+                    if NEED_W:
+                        raw = tl.load(
+                            attr_ptr + e[:, None] * d + kk[None, :],
+                            mask=em[:, None] & (km & _spread(tied, kk))[None, :],
+                            other=0.0,
+                        ).to(ACC)
+                        gw += tl.sum(ct[:, :, None] * raw[:, None, :], axis=0)
+                    if NEED_B:
+                        gb += tl.sum(ct, axis=0)
         if NEED_W:
             tl.store(gw_ptr + blk * C * d + c[:, None] * d + kk[None, :], gw, mask=cm[:, None] & km[None, :])
         if NEED_B:
