@@ -485,3 +485,21 @@ def copy_of(modules):
     import copy
 
     return [copy.deepcopy(m) for m in modules]
+
+
+def test_kernels_compile_for_sm90():
+    """The interpreter does not run Triton's compiler, which is stricter: compile the float32
+    factored-edge specialisations for sm_90 (no GPU needed; Triton's own LLVM and ptxas), in a
+    subprocess because this process has the interpreted kernels. (Every dtype and path, sm_90
+    and sm_80: ``python scripts/triton_compile_check.py [--arch 80]``, a few minutes.)"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(REPO)
+    run = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "triton_compile_check.py"), "--smoke", "--arch", "90"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "0 failed" in run.stdout.splitlines()[-1] or run.stdout.startswith("skipped")

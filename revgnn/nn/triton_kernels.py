@@ -322,10 +322,10 @@ if AVAILABLE:
                     gb += g
                 if NEED_W:
                     we = e0 + a.to(tl.int64)
-                    raw = tl.load(
+                    wraw = tl.load(
                         attr_ptr + we[:, None] * d + kk[None, :], mask=won[:, None] & km[None, :], other=0.0
                     ).to(ACC)
-                    gw += g[:, None] * raw
+                    gw += g[:, None] * wraw
             if NEED_A:
                 e_end = e1
             else:
