@@ -1,14 +1,17 @@
 """The Triton kernels (revgnn.nn.triton_kernels) against the C++ kernels and float64 PyTorch.
 
-Run on CPU tensors through Triton's interpreter: ``TRITON_INTERPRET=1`` is set below, before the
-module under test is imported, because Triton picks interpreter or compiler when a kernel is
-*decorated* (module import), not when it is launched. (A subprocess per test would isolate the
-setting but pay torch's import each time; the variable only affects Triton, which nothing else
-in the test run launches on CPU.) Skipped where Triton is not installed. Graphs are tiny: the
-interpreter runs each program in Python.
+Run on CPU tensors through Triton's interpreter, which needs ``TRITON_INTERPRET=1`` before
+Triton is *first imported* in the process: Triton decides between interpreter and compiler when
+a function is decorated with ``@triton.jit``, and its own library (``tl.sum``, ``tl.max``, ...)
+is decorated on import. So this module sets the variable itself when Triton is not imported yet
+(the file run alone: conftest imports only torch). In a whole test run another module has
+imported PyG, which imports Triton, by the time this one is collected; then the tests here run
+once, in a fresh ``pytest`` process with the variable set (one test in this process,
+:func:`test_in_a_fresh_interpreter_process`): a few seconds of start-up rather than a subprocess
+per test. Skipped where Triton is not installed. Graphs are tiny: the interpreter runs each
+program in Python.
 """
 
-import importlib
 import json
 import os
 import subprocess
@@ -18,7 +21,11 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-os.environ["TRITON_INTERPRET"] = "1"
+if os.environ.get("TRITON_INTERPRET") != "1" and "triton" not in sys.modules:
+    os.environ["TRITON_INTERPRET"] = "1"  # before Triton's first import (see the docstring)
+#: Triton was imported in this process without the interpreter: run this file in a fresh one
+OUTER = os.environ.get("TRITON_INTERPRET") != "1"
+
 pytest.importorskip("triton")
 
 from conftest import REPO  # noqa: E402
@@ -27,8 +34,31 @@ from revgnn.nn import kernels  # noqa: E402
 from revgnn.nn import triton_kernels as tk  # noqa: E402
 from revgnn.nn.gen_max import GENMaxAggregate  # noqa: E402
 
-if type(tk._gen_max_fwd_kernel).__name__ != "InterpretedFunction":  # imported before the variable
-    tk = importlib.reload(tk)
+
+@pytest.fixture(autouse=True)
+def _interpreted_only(request):
+    if OUTER and request.function is not test_in_a_fresh_interpreter_process:
+        pytest.skip(
+            "Triton was imported without TRITON_INTERPRET=1: run by test_in_a_fresh_interpreter_process"
+        )
+
+
+def test_in_a_fresh_interpreter_process():
+    if not OUTER:
+        assert tk.INTERPRETED
+        return
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+
 
 EPS = 1e-7
 

@@ -86,6 +86,7 @@ except ImportError:  # pragma: no cover - exercised where Triton is not installe
 
 __all__ = [
     "AVAILABLE",
+    "INTERPRETED",
     "gen_max_forward",
     "gen_max_backward",
     "gen_max_shard_forward",
@@ -440,11 +441,21 @@ if AVAILABLE:
 
 
 _FLOATS = (torch.float32, torch.float64, torch.bfloat16)
+#: the kernels run through Triton's interpreter (``TRITON_INTERPRET=1`` when this was imported):
+#: they then take CPU tensors, and only CPU tensors
+INTERPRETED = AVAILABLE and type(_gen_max_fwd_kernel).__name__ == "InterpretedFunction"
 
 
-def _require() -> None:
+def _require(x: Tensor) -> None:
     if not AVAILABLE:
         raise RuntimeError("revgnn.nn.triton_kernels needs Triton (pip install triton)")
+    if (x.device.type == "cpu") != INTERPRETED:
+        raise RuntimeError(
+            "revgnn.nn.triton_kernels: CPU tensors need TRITON_INTERPRET=1 set before this module is "
+            "imported (Triton's interpreter); compiled kernels need CUDA tensors"
+            if x.device.type == "cpu"
+            else "revgnn.nn.triton_kernels was imported with TRITON_INTERPRET=1: it takes CPU tensors only"
+        )
 
 
 def _acc(dtype: torch.dtype):
@@ -468,7 +479,7 @@ def _mode(attr: Optional[Tensor], wt: Optional[Tensor]) -> int:
 
 
 def _check(x, ptr, src, attr, wt, bias, square: bool) -> None:
-    _require()
+    _require(x)
     if x.dim() != 2 or not x.is_contiguous() or x.dtype not in _FLOATS:
         raise RuntimeError("gen_max: x must be a contiguous [N, C] float32/float64/bfloat16 tensor")
     if (
@@ -710,7 +721,7 @@ def gen_max_shard_backward(
 
 
 def _ln_check(x, w, b, mask) -> None:
-    _require()
+    _require(x)
     if x.dim() != 2 or x.stride(1) != 1 or x.dtype not in _FLOATS:
         raise RuntimeError("layer_norm_relu: x must be [N, C] with contiguous rows")
     if not (w.is_contiguous() and b.is_contiguous() and w.numel() == x.size(1) and b.numel() == x.size(1)):
