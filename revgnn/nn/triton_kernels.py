@@ -28,7 +28,9 @@ rounding), so they equal the C++ kernel's bitwise whenever the messages do.
 
 Backward: the gradient :math:`g_{ic}` goes to the winning edge, or, on a tied node, to every
 edge reaching the (NaN-ignoring) positive maximum as :math:`g_{ic}/n_{ic}`; tied nodes' messages
-are recomputed (a prepass over the tied nodes only stores their maxima and shares, ``[T, C]``).
+are recomputed (a prepass, in which only tied nodes walk their edges, stores their maxima and
+shares, ``[N, C]`` each). Nothing in backward synchronises with the host or has a shape that
+depends on the data (how many nodes are tied), so that the wrappers can be traced.
 
 **Determinism** (no float atomics anywhere; every sum has a fixed order that depends on the
 problem's size only, so repeated runs are bitwise equal):
@@ -63,7 +65,8 @@ dtypes: float32, float64 and bfloat16 (bf16 loads are accumulated in float32; fo
 LayerNorm statistics are float32, ``count`` is bf16 (exact up to 256 ties)). Channel counts need
 not be multiples of the block: lanes are masked. Memory: beyond the outputs, forward allocates
 nothing; backward allocates the source-sorted permutation (two int32 or int64 ``[E]``, cached per
-graph), ``[T, C]`` for the ``T`` tied nodes, and the ``[blocks, C, d]`` partial sums.
+graph; its construction holds up to 28 bytes per edge for a moment), two ``[N, C]`` buffers for
+the tied nodes, and the ``[blocks, C, d]`` partial sums. No tensor of ``E x C`` elements.
 """
 
 from __future__ import annotations
@@ -210,17 +213,17 @@ if AVAILABLE:
 
     @triton.jit
     def _tie_stats_kernel(
-        nodes_ptr, grad_ptr, x_ptr, ptr_ptr, src_ptr, attr_ptr, wt_ptr, bias_ptr,
+        slot_ptr, grad_ptr, x_ptr, ptr_ptr, src_ptr, attr_ptr, wt_ptr, bias_ptr,
         best_ptr, share_ptr, C, d,
         MODE: tl.constexpr, HAS_BIAS: tl.constexpr, ACC: tl.constexpr, BE: tl.constexpr,
         BC: tl.constexpr,
     ):  # fmt: skip
-        """Per tied node: its NaN-free maxima and each tied edge's share g / n (0 where the
-        maximum is <= 0)."""
-        q = tl.program_id(0).to(tl.int64)
-        i = tl.load(nodes_ptr + q)
+        """Per node: if tied, its NaN-free maxima and each tied edge's share g / n (0 where the
+        maximum is <= 0); an untied node walks no edges (and its row is never read)."""
+        i = tl.program_id(0).to(tl.int64)
         e0 = tl.load(ptr_ptr + i)
         e1 = tl.load(ptr_ptr + i + 1)
+        e1 = tl.where(tl.load(slot_ptr + i) >= 0, e1, e0)
         c = tl.arange(0, BC)
         cm = c < C
         best, cnt, win, nan = _row_stats(
@@ -228,8 +231,8 @@ if AVAILABLE:
         )
         g = tl.load(grad_ptr + i * C + c, mask=cm, other=0.0).to(ACC)
         share = tl.where(best > 0, g / tl.maximum(cnt, 1).to(ACC), 0.0)
-        tl.store(best_ptr + q * C + c, best, mask=cm)
-        tl.store(share_ptr + q * C + c, share, mask=cm)
+        tl.store(best_ptr + i * C + c, best, mask=cm)
+        tl.store(share_ptr + i * C + c, share, mask=cm)
 
     @triton.jit
     def _edge_grad(
@@ -576,31 +579,27 @@ def source_order(ptr: Tensor, src: Tensor, rows: int) -> Tuple[Tensor, Tensor, T
     """The edges in source order: ``(sptr [rows + 1] int64, sperm [E], sdst [E])``, where
     ``sperm[o]`` is the destination-order index of the ``o``-th edge by (source, edge index) and
     ``sdst[o]`` its destination; int32 when the graph fits, else int64. Cached for the last few
-    graphs (by storage, version and shape), since every layer of a model uses the same one."""
-    key = (
-        src.data_ptr(),
-        src.numel(),
-        src._version,
-        ptr.data_ptr(),
-        ptr.numel(),
-        ptr._version,
-        rows,
-        src.device,
-    )
-    for k, _, value in _ORDER_CACHE:
-        if k == key:
-            return value
+    graphs (by storage, version and shape), since every layer of a model uses the same one; not
+    cached while ``torch.compile`` traces (no storage there). Shapes depend on the sizes only."""
+    key = None
+    if not torch.compiler.is_compiling():
+        key = (src.data_ptr(), src.numel(), src._version, ptr.data_ptr(), ptr.numel(), ptr._version, rows)
+        key += (src.device,)
+        for k, _, value in _ORDER_CACHE:
+            if k == key:
+                return value
     N, E = ptr.numel() - 1, src.numel()
     index = torch.int32 if max(E, N, rows) < _INT32_MAX else torch.int64
-    sperm = torch.sort(src, stable=True).indices
+    keys, sperm = torch.sort(src, stable=True)
+    sptr = torch.searchsorted(keys, torch.arange(rows + 1, dtype=keys.dtype, device=src.device))
+    del keys
     dst = torch.repeat_interleave(torch.arange(N, device=src.device), ptr.diff(), output_size=E)
     sdst = dst.index_select(0, sperm).to(index)
     del dst
     sperm = sperm.to(index)
-    sptr = torch.zeros(rows + 1, dtype=torch.long, device=src.device)
-    if E:
-        sptr[1:] = torch.cumsum(torch.bincount(src, minlength=rows), 0)
     value = (sptr, sperm, sdst)
+    if key is None:
+        return value
     _ORDER_CACHE.append((key, (ptr, src), value))
     del _ORDER_CACHE[:-_ORDER_CACHE_SIZE]
     return value
@@ -626,17 +625,19 @@ def _backward(grad, arg, tied, x, ptr, src, attr, wt, bias, need_x, need_attr, n
     a_ = attr if attr is not None else dummy
     w_ = wt if wt is not None else dummy
     b_ = bias if has_bias else dummy
-    # tied nodes: their NaN-free maxima and each tied edge's share, [T, C]
-    nodes = tied.nonzero().view(-1) if N else tied.new_empty(0, dtype=torch.long)
-    T = nodes.numel()
-    has_ties = T > 0
+    # tied nodes: their NaN-free maxima and each tied edge's share, [N, C] (static shapes and
+    # no host synchronisation: nothing here depends on how many nodes are tied)
+    has_ties = N > 0
     if has_ties:
-        slot = torch.full((N,), -1, dtype=torch.int32, device=dev)
-        slot[nodes] = torch.arange(T, dtype=torch.int32, device=dev)
-        best = torch.empty((T, C), dtype=acc_t, device=dev)
-        share = torch.empty((T, C), dtype=acc_t, device=dev)
-        _tie_stats_kernel[(T,)](
-            nodes, grad, x, ptr, src, a_, w_, b_, best, share, C, d, BE=be, **common
+        slot = torch.where(
+            tied.view(-1) != 0,
+            torch.arange(N, dtype=torch.int32, device=dev),
+            torch.full((), -1, dtype=torch.int32, device=dev),
+        )
+        best = torch.empty((N, C), dtype=acc_t, device=dev)
+        share = torch.empty((N, C), dtype=acc_t, device=dev)
+        _tie_stats_kernel[(N,)](
+            slot, grad, x, ptr, src, a_, w_, b_, best, share, C, d, BE=be, **common
         )  # fmt: skip
     else:
         slot = best = share = dummy
