@@ -449,6 +449,16 @@ _FLOATS = (torch.float32, torch.float64, torch.bfloat16)
 INTERPRETED = AVAILABLE and type(_gen_max_fwd_kernel).__name__ == "InterpretedFunction"
 
 
+#: launch through :func:`torch.library.wrap_triton` (set True when these functions are the body of
+#: a ``torch.library.triton_op``, so that ``torch.compile`` sees the kernels); plain launches by
+#: default
+WRAP_TRITON = False
+
+
+def _launch(kernel):
+    return torch.library.wrap_triton(kernel) if WRAP_TRITON else kernel
+
+
 def _require(x: Tensor) -> None:
     if not AVAILABLE:
         raise RuntimeError("revgnn.nn.triton_kernels needs Triton (pip install triton)")
@@ -537,7 +547,7 @@ def _forward(x, ptr, src, attr, wt, bias, eps: float, count: bool):
     if N > 0:
         bc = _pow2(C)
         acc, _ = _acc(x.dtype)
-        _gen_max_fwd_kernel[(N,)](
+        _launch(_gen_max_fwd_kernel)[(N,)](
             x, ptr, src, attr if attr is not None else x, wt if wt is not None else x,
             bias if bias is not None else x, _eps(eps, x.dtype, x.device), out, arg, tied, cnt,
             C, attr.size(1) if mode == _FACTORED else 0,
@@ -636,14 +646,14 @@ def _backward(grad, arg, tied, x, ptr, src, attr, wt, bias, need_x, need_attr, n
         )
         best = torch.empty((N, C), dtype=acc_t, device=dev)
         share = torch.empty((N, C), dtype=acc_t, device=dev)
-        _tie_stats_kernel[(N,)](
+        _launch(_tie_stats_kernel)[(N,)](
             slot, grad, x, ptr, src, a_, w_, b_, best, share, C, d, BE=be, **common
         )  # fmt: skip
     else:
         slot = best = share = dummy
     if need_x and rows > 0:
         sptr, sperm, sdst = source_order(ptr, src, rows)
-        _grad_src_kernel[(rows,)](
+        _launch(_grad_src_kernel)[(rows,)](
             grad, arg, slot, best, share, x, ptr, sptr, sperm, sdst, a_, w_, b_, gx, C, d,
             HAS_TIES=has_ties, BE=be, **common,
         )  # fmt: skip
@@ -654,7 +664,7 @@ def _backward(grad, arg, tied, x, ptr, src, attr, wt, bias, need_x, need_attr, n
         gw_part = torch.empty((blocks, C, d), dtype=acc_t, device=dev) if need_w else dummy
         gb_part = torch.empty((blocks, C), dtype=acc_t, device=dev) if need_b else dummy
         if N > 0:
-            _grad_dst_kernel[(blocks,)](
+            _launch(_grad_dst_kernel)[(blocks,)](
                 grad, arg, slot, best, share, x, ptr, src, a_, w_, b_,
                 ga if need_attr else dummy, gw_part, gb_part, N, C, d,
                 HAS_TIES=has_ties, NEED_A=need_attr, NEED_W=need_w, NEED_B=need_b,
@@ -755,7 +765,7 @@ def layer_norm_relu_forward(
     if N > 0:
         bc = _pow2(C)
         br = _ln_rows(bc)
-        _ln_fwd_kernel[(triton.cdiv(N, br),)](
+        _launch(_ln_fwd_kernel)[(triton.cdiv(N, br),)](
             x, x.stride(0), w, b, mask if mask is not None else x, mask.stride(0) if mask is not None else 0,
             _eps(eps, x.dtype, x.device), out, mean, rstd, N, C,
             HAS_MASK=mask is not None, ACC=_acc(x.dtype)[0], BR=br, BC=bc,
@@ -789,7 +799,7 @@ def layer_norm_relu_backward(
     gb = torch.zeros((blocks, C), dtype=acc_t, device=x.device) if need_b else None
     if N > 0 and (need_x or need_w or need_b):
         bc = _pow2(C)
-        _ln_bwd_kernel[(blocks,)](
+        _launch(_ln_bwd_kernel)[(blocks,)](
             grad_out, x, x.stride(0), w, b, mask if mask is not None else x,
             mask.stride(0) if mask is not None else 0, mean, rstd,
             gx if need_x else x, gw if need_w else x, gb if need_b else x, N, C,
