@@ -2,10 +2,17 @@ r"""Triton implementations of revgnn's fused kernels, call-compatible with ``rev
 
 Each function here takes and returns exactly what the C++ entry point of the same name does
 (``kernels.gen_max().forward`` etc.), so that a caller can swap one for the other; the tensors are
-CUDA tensors, or CPU tensors with ``TRITON_INTERPRET=1`` set **before this module is imported**
-(Triton picks interpreter or compiler when a kernel is decorated). Importing :mod:`revgnn` never
-imports Triton: only importing this module does, and :data:`AVAILABLE` is False where Triton is
-not installed (every function then raises :class:`RuntimeError`).
+CUDA tensors, or CPU tensors with ``TRITON_INTERPRET=1`` set **before Triton is first imported**
+in the process (Triton picks interpreter or compiler when a function is decorated, its own
+``tl.sum``/``tl.max`` included; PyG imports Triton when it is installed, so set it before
+importing ``torch_geometric`` too). :data:`INTERPRETED` says which. revgnn itself imports this
+module nowhere (nor Triton); :data:`AVAILABLE` is False where Triton is not installed (every
+function then raises :class:`RuntimeError`). Launches go through
+:func:`torch.library.wrap_triton` when :data:`WRAP_TRITON` is set (for ``triton_op`` bodies).
+The kernels use only long-standing Triton language features (loads/stores with masks, reductions,
+``where``, bitcasts, dynamic loops), meant to work from Triton 3.6 on; they have been compiled
+only with Triton 3.9 (``scripts/triton_compile_check.py``: every specialisation for sm_90/sm_80,
+without a GPU) and run only through its interpreter.
 
 **GEN max aggregation** (:func:`gen_max_forward`, :func:`gen_max_backward`), over edges sorted by
 destination (CSC pointer ``ptr`` ``[N + 1]``, sources ``src`` ``[E]``):
