@@ -1,0 +1,820 @@
+r"""Triton implementations of revgnn's fused kernels, call-compatible with ``revgnn/csrc``.
+
+Each function here takes and returns exactly what the C++ entry point of the same name does
+(``kernels.gen_max().forward`` etc.), so that a caller can swap one for the other; the tensors are
+CUDA tensors, or CPU tensors with ``TRITON_INTERPRET=1`` set **before Triton is first imported**
+in the process (Triton picks interpreter or compiler when a function is decorated, its own
+``tl.sum``/``tl.max`` included; PyG imports Triton when it is installed, so set it before
+importing ``torch_geometric`` too). :data:`INTERPRETED` says which. revgnn itself imports this
+module nowhere (nor Triton); :data:`AVAILABLE` is False where Triton is not installed (every
+function then raises :class:`RuntimeError`). Launches go through
+:func:`torch.library.wrap_triton` when :data:`WRAP_TRITON` is set (for ``triton_op`` bodies).
+The kernels use only long-standing Triton language features (loads/stores with masks, reductions,
+``where``, bitcasts, dynamic loops), meant to work from Triton 3.6 on; they have been compiled
+only with Triton 3.9 (``scripts/triton_compile_check.py``: every specialisation for sm_90/sm_80,
+without a GPU) and run only through its interpreter.
+
+**GEN max aggregation** (:func:`gen_max_forward`, :func:`gen_max_backward`), over edges sorted by
+destination (CSC pointer ``ptr`` ``[N + 1]``, sources ``src`` ``[E]``):
+
+.. math::
+    \mathbf{h}_{i,c} = \max_{e = (j \to i)} \mathrm{ReLU}(\mathbf{x}_{j,c} + \mathbf{t}_{e,c})
+    + \epsilon \quad (0 \text{ without in-edges}), \qquad
+    \mathbf{t}_e = \mathbf{W}\mathbf{a}_e + \mathbf{b}
+
+with :math:`\mathbf{t}` absent, dense ``[E, C]``, or factored (raw :math:`\mathbf{a}` ``[E, d]``,
+``wt`` = :math:`\mathbf{W}^\top` ``[d, C]``, bias ``[C]``): the factored term is formed per tile of
+edges in registers, never as an :math:`E \times C` tensor. One program owns one destination node
+(all its channels) and walks its edge segment in tiles of ``BE`` edges, keeping per channel the
+running maximum (NaN-free), the number of edges reaching it, the first edge reaching it and
+whether any message was NaN (a NaN makes the result NaN, as in the C++ kernel and
+``scatter_reduce``). Outputs: ``out`` ``[N, C]``, ``arg`` ``[N, C]`` int32 (the winner's offset in
+the node's segment, -1 where the max is :math:`\le 0` or NaN), ``tied`` ``[N]`` uint8 (some
+positive max reached by several edges). The max, the winner and the tie flag are exact (no
+rounding), so they equal the C++ kernel's bitwise whenever the messages do.
+
+Backward: the gradient :math:`g_{ic}` goes to the winning edge, or, on a tied node, to every
+edge reaching the (NaN-ignoring) positive maximum as :math:`g_{ic}/n_{ic}`; tied nodes' messages
+are recomputed (a prepass, in which only tied nodes walk their edges, stores their maxima and
+shares, ``[N, C]`` each). Nothing in backward synchronises with the host or has a shape that
+depends on the data (how many nodes are tied), so that the wrappers can be traced.
+
+**Determinism** (no float atomics anywhere; every sum has a fixed order that depends on the
+problem's size only, so repeated runs are bitwise equal):
+
+* ``grad_x`` is a *gather* over a source-sorted permutation of the edges (CSR by source,
+  computed here from ``ptr``/``src`` and cached): the program of source row :math:`j` walks
+  :math:`j`'s out-edges :math:`e = (j \to i)` in a fixed order and adds :math:`g_{ic}` where
+  :math:`e` is :math:`i`'s winner for :math:`c` (or the share on a tied node);
+* the edge-feature gradient is formed per edge (each edge belongs to one destination):
+  dense ``[E, C]`` exactly :math:`g` or :math:`g/n`, factored
+  :math:`\partial\mathbf{a}_{e} = \sum_c \partial t_{ec} \mathbf{W}_{c}`;
+* ``grad_W`` ``[C, d]`` and ``grad_b`` ``[C]`` are partial sums over fixed blocks of
+  ``NODE_BLOCK`` destination nodes, then summed over the blocks (``torch.sum``, fixed order).
+
+**Shards** (:func:`gen_max_shard_forward`, :func:`gen_max_shard_backward`): the C++
+``shard_forward``/``shard_backward`` of SAR (``revgnn/distributed/gen_max_sar.py``): ``x`` has any
+number of rows, the destinations are ``ptr.numel() - 1``, no :math:`\epsilon`, plus ``count``
+``[N, C]``: the edges reaching a positive maximum (1 at an untied node's winner, 0 elsewhere).
+
+**LayerNorm + ReLU (+ mask)** (:func:`layer_norm_relu_forward`, :func:`layer_norm_relu_backward`):
+
+.. math::
+    \mathbf{h}_{ic} = \max\big((x_{ic} - \mu_i)\, r_i\, w_c + b_c,\ 0\big)\, m_{ic}, \qquad
+    r_i = (\sigma^2_i + \epsilon)^{-1/2}
+
+backward :math:`\partial x_{ic} = r_i (g_{ic} w_c - \overline{g w}_i - \hat x_{ic}
+\overline{g w \hat x}_i)` with :math:`g` masked by the ReLU and :math:`m`; ``dw``, ``db`` summed per
+fixed block of ``LN_ROWS`` rows, then over blocks in order. Rows of ``x`` and the mask may be
+strided (a channel group of a wider tensor).
+
+dtypes: float32, float64 and bfloat16 (bf16 loads are accumulated in float32; for bf16 the saved
+LayerNorm statistics are float32, ``count`` is bf16 (exact up to 256 ties)). Channel counts need
+not be multiples of the block: lanes are masked. Memory: beyond the outputs, forward allocates
+nothing; backward allocates the source-sorted permutation (two int32 or int64 ``[E]``, cached per
+graph; its construction holds up to 28 bytes per edge for a moment), two ``[N, C]`` buffers for
+the tied nodes, and the ``[blocks, C, d]`` partial sums. No tensor of ``E x C`` elements.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+try:  # guarded: revgnn works without Triton; only this module needs it
+    import triton
+    import triton.language as tl
+
+    AVAILABLE = True
+except ImportError:  # pragma: no cover - exercised where Triton is not installed
+    triton = None
+    tl = None
+    AVAILABLE = False
+
+__all__ = [
+    "AVAILABLE",
+    "INTERPRETED",
+    "gen_max_forward",
+    "gen_max_backward",
+    "gen_max_shard_forward",
+    "gen_max_shard_backward",
+    "layer_norm_relu_forward",
+    "layer_norm_relu_backward",
+    "source_order",
+]
+
+#: destination nodes per partial sum of grad_W / grad_b (fixed: results independent of the device)
+NODE_BLOCK = 64
+#: rows per partial sum of the LayerNorm weight / bias gradients (as the C++ kernel's ROWS)
+LN_ROWS = 256
+_NONE, _DENSE, _FACTORED = 0, 1, 2
+_INT32_MAX = 2**31 - 1
+
+
+if AVAILABLE:
+
+    @triton.jit
+    def _cast(v, DT: tl.constexpr):
+        """``v.to(DT)``, rounding to nearest even for bf16 explicitly (Triton's interpreter
+        truncates float32 -> bf16; compiled code rounds to nearest even, as this does)."""
+        if DT == tl.bfloat16:
+            bits = v.to(tl.float32).to(tl.uint32, bitcast=True)
+            bits = bits + 0x7FFF + ((bits >> 16) & 1)
+            return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+        else:
+            return v.to(DT)
+
+    @triton.jit
+    def _spread(flag, like):
+        """A scalar condition as a block shaped like ``like`` (the interpreter mishandles
+        ``block & scalar`` of booleans)."""
+        return (tl.zeros_like(like).to(tl.int32) + flag.to(tl.int32)) != 0
+
+    @triton.jit
+    def _message(
+        x_ptr, row, e, m2, c, C, d, attr_ptr, wt_ptr, bias_ptr,
+        MODE: tl.constexpr, HAS_BIAS: tl.constexpr, ACC: tl.constexpr,
+    ):  # fmt: skip
+        """Pre-activation messages [BE, BC] of edges ``e`` from source rows ``row`` (masked m2)."""
+        xv = tl.load(x_ptr + row[:, None] * C + c[None, :], mask=m2, other=0.0).to(ACC)
+        if MODE == 2:
+            cm = c < C
+            if HAS_BIAS:
+                t = tl.load(bias_ptr + c, mask=cm, other=0.0).to(ACC)[None, :] + tl.zeros_like(xv)
+            else:
+                t = tl.zeros_like(xv)
+            em = tl.max(m2.to(tl.int32), axis=1) > 0
+            for k in range(d):
+                ek = tl.load(attr_ptr + e * d + k, mask=em, other=0.0).to(ACC)
+                wk = tl.load(wt_ptr + k * C + c, mask=cm, other=0.0).to(ACC)
+                t += ek[:, None] * wk[None, :]
+            xv = xv + t
+        elif MODE == 1:
+            xv = xv + tl.load(attr_ptr + e[:, None] * C + c[None, :], mask=m2, other=0.0).to(ACC)
+        return xv
+
+    @triton.jit
+    def _row_stats(
+        x_ptr, src_ptr, attr_ptr, wt_ptr, bias_ptr, e0, e1, c, C, d,
+        MODE: tl.constexpr, HAS_BIAS: tl.constexpr, ACC: tl.constexpr, BE: tl.constexpr,
+        BC: tl.constexpr,
+    ):  # fmt: skip
+        """Over edges [e0, e1): per channel the NaN-free maximum, how many edges reach it, the
+        first one reaching it (offset from e0) and whether some message was NaN."""
+        cm = c < C
+        best = tl.full([BC], float("-inf"), ACC)
+        cnt = tl.zeros([BC], tl.int32)
+        win = tl.full([BC], -1, tl.int32)
+        nan = tl.zeros([BC], tl.int32)
+        for s in range(e0, e1, BE):
+            e = s + tl.arange(0, BE)
+            em = e < e1
+            m2 = em[:, None] & cm[None, :]
+            row = tl.load(src_ptr + e, mask=em, other=0)
+            m = _message(x_ptr, row, e, m2, c, C, d, attr_ptr, wt_ptr, bias_ptr, MODE, HAS_BIAS, ACC)
+            isnan = m2 & (m != m)
+            mm = tl.where(m2 & (m == m), m, float("-inf"))
+            tmax = tl.max(mm, axis=0)
+            eq = m2 & (mm == tmax[None, :])
+            tcnt = tl.sum(eq.to(tl.int32), axis=0)
+            off = (e - e0).to(tl.int32)
+            twin = tl.min(tl.where(eq, off[:, None], 2147483647), axis=0)
+            gt = tmax > best
+            cnt = tl.where(gt, tcnt, tl.where(tmax == best, cnt + tcnt, cnt))
+            win = tl.where(gt, twin, win)
+            best = tl.where(gt, tmax, best)
+            nan = tl.maximum(nan, tl.max(isnan.to(tl.int32), axis=0))
+        return best, cnt, win, nan
+
+    @triton.jit
+    def _gen_max_fwd_kernel(
+        x_ptr, ptr_ptr, src_ptr, attr_ptr, wt_ptr, bias_ptr, eps_ptr,
+        out_ptr, arg_ptr, tied_ptr, count_ptr, C, d,
+        MODE: tl.constexpr, HAS_BIAS: tl.constexpr, COUNT: tl.constexpr, ACC: tl.constexpr,
+        BE: tl.constexpr, BC: tl.constexpr,
+    ):  # fmt: skip
+        i = tl.program_id(0).to(tl.int64)
+        e0 = tl.load(ptr_ptr + i)
+        e1 = tl.load(ptr_ptr + i + 1)
+        c = tl.arange(0, BC)
+        cm = c < C
+        best, cnt, win, nan = _row_stats(
+            x_ptr, src_ptr, attr_ptr, wt_ptr, bias_ptr, e0, e1, c, C, d, MODE, HAS_BIAS, ACC, BE, BC
+        )
+        eps = tl.load(eps_ptr).to(ACC)
+        isnan = nan != 0
+        pos = (best > 0) & (~isnan)
+        v = tl.where(isnan, float("nan"), best)
+        o = tl.where(pos | isnan, v, 0.0) + eps
+        o = tl.where(e1 > e0, o, 0.0)
+        tl.store(out_ptr + i * C + c, _cast(o, out_ptr.dtype.element_ty), mask=cm)
+        tl.store(arg_ptr + i * C + c, tl.where(pos, win, -1), mask=cm)
+        tie = tl.max(tl.where(cm & pos & (cnt > 1), 1, 0), axis=0)
+        tl.store(tied_ptr + i, tie.to(tl.uint8))
+        if COUNT:
+            n = tl.where(tie != 0, tl.where(best > 0, cnt, 0), tl.where(pos, 1, 0))
+            tl.store(count_ptr + i * C + c, _cast(n, count_ptr.dtype.element_ty), mask=cm)
+
+    @triton.jit
+    def _tie_stats_kernel(
+        slot_ptr, grad_ptr, x_ptr, ptr_ptr, src_ptr, attr_ptr, wt_ptr, bias_ptr,
+        best_ptr, share_ptr, C, d,
+        MODE: tl.constexpr, HAS_BIAS: tl.constexpr, ACC: tl.constexpr, BE: tl.constexpr,
+        BC: tl.constexpr,
+    ):  # fmt: skip
+        """Per node: if tied, its NaN-free maxima and each tied edge's share g / n (0 where the
+        maximum is <= 0); an untied node walks no edges (and its row is never read)."""
+        i = tl.program_id(0).to(tl.int64)
+        e0 = tl.load(ptr_ptr + i)
+        e1 = tl.load(ptr_ptr + i + 1)
+        e1 = tl.where(tl.load(slot_ptr + i) >= 0, e1, e0)
+        c = tl.arange(0, BC)
+        cm = c < C
+        best, cnt, win, nan = _row_stats(
+            x_ptr, src_ptr, attr_ptr, wt_ptr, bias_ptr, e0, e1, c, C, d, MODE, HAS_BIAS, ACC, BE, BC
+        )
+        g = tl.load(grad_ptr + i * C + c, mask=cm, other=0.0).to(ACC)
+        share = tl.where(best > 0, g / tl.maximum(cnt, 1).to(ACC), 0.0)
+        tl.store(best_ptr + i * C + c, best, mask=cm)
+        tl.store(share_ptr + i * C + c, share, mask=cm)
+
+    @triton.jit
+    def _edge_grad(
+        grad_ptr, arg_ptr, slot_ptr, best_ptr, share_ptr, x_ptr, row, e, k, i, m2, c, C, d,
+        attr_ptr, wt_ptr, bias_ptr, MODE: tl.constexpr, HAS_BIAS: tl.constexpr,
+        HAS_TIES: tl.constexpr, ACC: tl.constexpr,
+    ):  # fmt: skip
+        """Gradient [BE, BC] of the messages of edges ``e`` (offset ``k`` in the segment of their
+        destination ``i``, from source rows ``row``): g at an untied node's winner, the share at
+        a tied node's tied edges, else 0."""
+        if HAS_TIES:
+            slot = tl.load(slot_ptr + i, mask=tl.max(m2.to(tl.int32), axis=1) > 0, other=-1).to(tl.int64)
+        else:
+            slot = tl.zeros_like(k).to(tl.int64) - 1
+        um = m2 & (slot < 0)[:, None]
+        a = tl.load(arg_ptr + i[:, None] * C + c[None, :], mask=um, other=-1)
+        g = tl.load(grad_ptr + i[:, None] * C + c[None, :], mask=um, other=0.0).to(ACC)
+        out = tl.where(a == k[:, None], g, 0.0)
+        if HAS_TIES:
+            tm = m2 & (slot >= 0)[:, None]
+            msg = _message(x_ptr, row, e, tm, c, C, d, attr_ptr, wt_ptr, bias_ptr, MODE, HAS_BIAS, ACC)
+            best = tl.load(best_ptr + slot[:, None] * C + c[None, :], mask=tm, other=0.0)
+            share = tl.load(share_ptr + slot[:, None] * C + c[None, :], mask=tm, other=0.0)
+            out = tl.where(tm & (best > 0) & (msg == best), share, out)
+        return out
+
+    @triton.jit
+    def _grad_src_kernel(
+        grad_ptr, arg_ptr, slot_ptr, best_ptr, share_ptr, x_ptr, ptr_ptr, sptr_ptr, sperm_ptr,
+        sdst_ptr, attr_ptr, wt_ptr, bias_ptr, gx_ptr, C, d,
+        MODE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_TIES: tl.constexpr, ACC: tl.constexpr,
+        BE: tl.constexpr, BC: tl.constexpr,
+    ):  # fmt: skip
+        """grad_x of source row j: a gather over j's out-edges (source-sorted order)."""
+        j = tl.program_id(0).to(tl.int64)
+        o0 = tl.load(sptr_ptr + j)
+        o1 = tl.load(sptr_ptr + j + 1)
+        c = tl.arange(0, BC)
+        cm = c < C
+        acc = tl.zeros([BC], ACC)
+        for s in range(o0, o1, BE):
+            o = s + tl.arange(0, BE)
+            om = o < o1
+            m2 = om[:, None] & cm[None, :]
+            e = tl.load(sperm_ptr + o, mask=om, other=0).to(tl.int64)
+            i = tl.load(sdst_ptr + o, mask=om, other=0).to(tl.int64)
+            k = (e - tl.load(ptr_ptr + i, mask=om, other=0)).to(tl.int32)
+            row = tl.zeros_like(e) + j
+            contrib = _edge_grad(
+                grad_ptr, arg_ptr, slot_ptr, best_ptr, share_ptr, x_ptr, row, e, k, i, m2, c, C, d,
+                attr_ptr, wt_ptr, bias_ptr, MODE, HAS_BIAS, HAS_TIES, ACC,
+            )  # fmt: skip
+            acc += tl.sum(contrib, axis=0)
+        tl.store(gx_ptr + j * C + c, _cast(acc, gx_ptr.dtype.element_ty), mask=cm)
+
+    @triton.jit
+    def _grad_dst_kernel(
+        grad_ptr, arg_ptr, slot_ptr, best_ptr, share_ptr, x_ptr, ptr_ptr, src_ptr,
+        attr_ptr, wt_ptr, bias_ptr, ga_ptr, gw_ptr, gb_ptr, N, C, d,
+        MODE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_TIES: tl.constexpr,
+        NEED_A: tl.constexpr, NEED_W: tl.constexpr, NEED_B: tl.constexpr, ACC: tl.constexpr,
+        NB: tl.constexpr, BE: tl.constexpr, BC: tl.constexpr, BD: tl.constexpr,
+    ):  # fmt: skip
+        """Per block of NB destination nodes: the edge-feature gradient of their edges and the
+        block's partial sums of grad_W [C, d] and grad_b [C]. An untied node's W/b terms come from
+        its winners alone (one gathered raw row per channel: O(C d)); its edges are walked only
+        for the edge-feature gradient. A tied node's edges are walked (messages recomputed)."""
+        blk = tl.program_id(0).to(tl.int64)
+        c = tl.arange(0, BC)
+        cm = c < C
+        kk = tl.arange(0, BD)
+        km = kk < d
+        gw = tl.zeros([BC, BD], ACC)
+        gb = tl.zeros([BC], ACC)
+        for ii in range(NB):
+            node = blk * NB + ii
+            ok = node < N
+            e0 = tl.load(ptr_ptr + node, mask=ok, other=0)
+            e1 = tl.load(ptr_ptr + node + 1, mask=ok, other=0)
+            if HAS_TIES:
+                slot = tl.load(slot_ptr + node, mask=ok, other=-1)
+            else:
+                slot = tl.zeros_like(e0) - 1
+            tied = slot >= 0
+            if NEED_W or NEED_B:  # untied: the winners only
+                um = cm & _spread(ok & (slot < 0), c)
+                a = tl.load(arg_ptr + node * C + c, mask=um, other=-1)
+                won = um & (a >= 0)
+                g = tl.where(won, tl.load(grad_ptr + node * C + c, mask=won, other=0.0).to(ACC), 0.0)
+                if NEED_B:
+                    gb += g
+                if NEED_W:
+                    we = e0 + a.to(tl.int64)
+                    wraw = tl.load(
+                        attr_ptr + we[:, None] * d + kk[None, :], mask=won[:, None] & km[None, :], other=0.0
+                    ).to(ACC)
+                    gw += g[:, None] * wraw
+            if NEED_A:
+                e_end = e1
+            else:
+                e_end = tl.where(tied, e1, e0)
+            for s in range(e0, e_end, BE):
+                e = s + tl.arange(0, BE)
+                em = e < e1
+                m2 = em[:, None] & cm[None, :]
+                row = tl.load(src_ptr + e, mask=em, other=0)
+                i = tl.zeros_like(e) + node
+                k = (e - e0).to(tl.int32)
+                contrib = _edge_grad(
+                    grad_ptr, arg_ptr, slot_ptr, best_ptr, share_ptr, x_ptr, row, e, k, i, m2, c, C,
+                    d, attr_ptr, wt_ptr, bias_ptr, MODE, HAS_BIAS, HAS_TIES, ACC,
+                )  # fmt: skip
+                if NEED_A:
+                    if MODE == 2:
+                        for q in range(d):
+                            wq = tl.load(wt_ptr + q * C + c, mask=cm, other=0.0).to(ACC)
+                            gq = tl.sum(contrib * wq[None, :], axis=1)
+                            tl.store(ga_ptr + e * d + q, _cast(gq, ga_ptr.dtype.element_ty), mask=em)
+                    else:
+                        tl.store(
+                            ga_ptr + e[:, None] * C + c[None, :],
+                            _cast(contrib, ga_ptr.dtype.element_ty),
+                            mask=m2,
+                        )
+                if HAS_TIES and (NEED_W or NEED_B):  # tied nodes' terms (untied ones: above)
+                    ct = tl.where(tied, contrib, 0.0)
+                    if NEED_W:
+                        raw = tl.load(
+                            attr_ptr + e[:, None] * d + kk[None, :],
+                            mask=em[:, None] & (km & _spread(tied, kk))[None, :],
+                            other=0.0,
+                        ).to(ACC)
+                        gw += tl.sum(ct[:, :, None] * raw[:, None, :], axis=0)
+                    if NEED_B:
+                        gb += tl.sum(ct, axis=0)
+        if NEED_W:
+            tl.store(gw_ptr + blk * C * d + c[:, None] * d + kk[None, :], gw, mask=cm[:, None] & km[None, :])
+        if NEED_B:
+            tl.store(gb_ptr + blk * C + c, gb, mask=cm)
+
+    @triton.jit
+    def _ln_fwd_kernel(
+        x_ptr, ldx, w_ptr, b_ptr, m_ptr, ldm, eps_ptr, out_ptr, mean_ptr, rstd_ptr, N, C,
+        HAS_MASK: tl.constexpr, ACC: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
+    ):  # fmt: skip
+        r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+        c = tl.arange(0, BC)
+        rm = r < N
+        cm = c < C
+        m2 = rm[:, None] & cm[None, :]
+        x = tl.load(x_ptr + r[:, None] * ldx + c[None, :], mask=m2, other=0.0).to(ACC)
+        mu = tl.sum(x, axis=1) / C
+        dx = tl.where(m2, x - mu[:, None], 0.0)
+        var = tl.sum(dx * dx, axis=1) / C
+        eps = tl.load(eps_ptr).to(ACC)
+        rstd = 1.0 / tl.sqrt(var + eps)
+        w = tl.load(w_ptr + c, mask=cm, other=0.0).to(ACC)
+        b = tl.load(b_ptr + c, mask=cm, other=0.0).to(ACC)
+        y = dx * rstd[:, None] * w[None, :] + b[None, :]
+        h = tl.where(y < 0, 0.0, y)  # NaN passes, as torch.relu
+        if HAS_MASK:
+            h = h * tl.load(m_ptr + r[:, None] * ldm + c[None, :], mask=m2, other=0.0).to(ACC)
+        tl.store(out_ptr + r[:, None] * C + c[None, :], _cast(h, out_ptr.dtype.element_ty), mask=m2)
+        tl.store(mean_ptr + r, mu.to(mean_ptr.dtype.element_ty), mask=rm)
+        tl.store(rstd_ptr + r, rstd.to(rstd_ptr.dtype.element_ty), mask=rm)
+
+    @triton.jit
+    def _ln_bwd_kernel(
+        go_ptr, x_ptr, ldx, w_ptr, b_ptr, m_ptr, ldm, mean_ptr, rstd_ptr, gx_ptr, gw_ptr, gb_ptr,
+        N, C, HAS_MASK: tl.constexpr, NEED_X: tl.constexpr, NEED_W: tl.constexpr,
+        NEED_B: tl.constexpr, ACC: tl.constexpr, ROWS: tl.constexpr, BR: tl.constexpr,
+        BC: tl.constexpr,
+    ):  # fmt: skip
+        blk = tl.program_id(0).to(tl.int64)
+        c = tl.arange(0, BC)
+        cm = c < C
+        w = tl.load(w_ptr + c, mask=cm, other=0.0).to(ACC)
+        b = tl.load(b_ptr + c, mask=cm, other=0.0).to(ACC)
+        gw = tl.zeros([BC], ACC)
+        gb = tl.zeros([BC], ACC)
+        for r0 in range(0, ROWS, BR):
+            r = blk * ROWS + r0 + tl.arange(0, BR)
+            rm = r < N
+            m2 = rm[:, None] & cm[None, :]
+            x = tl.load(x_ptr + r[:, None] * ldx + c[None, :], mask=m2, other=0.0).to(ACC)
+            mu = tl.load(mean_ptr + r, mask=rm, other=0.0).to(ACC)
+            rs = tl.load(rstd_ptr + r, mask=rm, other=0.0).to(ACC)
+            xhat = (x - mu[:, None]) * rs[:, None]
+            y = xhat * w[None, :] + b[None, :]
+            g = tl.load(go_ptr + r[:, None] * C + c[None, :], mask=m2, other=0.0).to(ACC)
+            if HAS_MASK:
+                g = g * tl.load(m_ptr + r[:, None] * ldm + c[None, :], mask=m2, other=0.0).to(ACC)
+            g = tl.where(m2 & ~(y <= 0), g, 0.0)  # NaN passes, as torch's ReLU backward
+            xhat = tl.where(m2, xhat, 0.0)
+            if NEED_W:
+                gw += tl.sum(g * xhat, axis=0)
+            if NEED_B:
+                gb += tl.sum(g, axis=0)
+            if NEED_X:
+                dxh = g * w[None, :]
+                a1 = tl.sum(dxh, axis=1) / C
+                a2 = tl.sum(dxh * xhat, axis=1) / C
+                gx = (dxh - a1[:, None] - xhat * a2[:, None]) * rs[:, None]
+                tl.store(gx_ptr + r[:, None] * C + c[None, :], _cast(gx, gx_ptr.dtype.element_ty), mask=m2)
+        if NEED_W:
+            tl.store(gw_ptr + blk * C + c, gw, mask=cm)
+        if NEED_B:
+            tl.store(gb_ptr + blk * C + c, gb, mask=cm)
+
+
+_FLOATS = (torch.float32, torch.float64, torch.bfloat16)
+#: the kernels run through Triton's interpreter (``TRITON_INTERPRET=1`` when this was imported):
+#: they then take CPU tensors, and only CPU tensors
+INTERPRETED = AVAILABLE and type(_gen_max_fwd_kernel).__name__ == "InterpretedFunction"
+
+
+#: launch through :func:`torch.library.wrap_triton` (set True when these functions are the body of
+#: a ``torch.library.triton_op``, so that ``torch.compile`` sees the kernels); plain launches by
+#: default
+WRAP_TRITON = False
+
+
+def _launch(kernel):
+    return torch.library.wrap_triton(kernel) if WRAP_TRITON else kernel
+
+
+def _require(x: Tensor) -> None:
+    if not AVAILABLE:
+        raise RuntimeError("revgnn.nn.triton_kernels needs Triton (pip install triton)")
+    if (x.device.type == "cpu") != INTERPRETED:
+        raise RuntimeError(
+            "revgnn.nn.triton_kernels: CPU tensors need TRITON_INTERPRET=1 set before this module is "
+            "imported (Triton's interpreter); compiled kernels need CUDA tensors"
+            if x.device.type == "cpu"
+            else "revgnn.nn.triton_kernels was imported with TRITON_INTERPRET=1: it takes CPU tensors only"
+        )
+
+
+def _acc(dtype: torch.dtype):
+    """Accumulation dtype: float64 for float64, float32 otherwise (bf16 accumulates in float32)."""
+    return (tl.float64, torch.float64) if dtype == torch.float64 else (tl.float32, torch.float32)
+
+
+def _pow2(n: int, least: int = 16) -> int:
+    return max(least, triton.next_power_of_2(max(1, int(n))))
+
+
+def _edge_block(bc: int, budget: int = 2048) -> int:
+    """Edges per tile: about ``budget`` elements of [BE, BC] (at least 2)."""
+    return max(2, min(64, budget // bc))
+
+
+def _mode(attr: Optional[Tensor], wt: Optional[Tensor]) -> int:
+    if attr is None:
+        return _NONE
+    return _FACTORED if wt is not None else _DENSE
+
+
+def _check(x, ptr, src, attr, wt, bias, square: bool) -> None:
+    _require(x)
+    if x.dim() != 2 or not x.is_contiguous() or x.dtype not in _FLOATS:
+        raise RuntimeError("gen_max: x must be a contiguous [N, C] float32/float64/bfloat16 tensor")
+    if (
+        ptr.dtype != torch.long
+        or src.dtype != torch.long
+        or not ptr.is_contiguous()
+        or not src.is_contiguous()
+    ):
+        raise RuntimeError("gen_max: ptr and src must be contiguous int64")
+    if ptr.numel() < 1 or (square and ptr.numel() != x.size(0) + 1):
+        raise RuntimeError("gen_max: ptr must have N + 1 entries")
+    if attr is not None:
+        if (
+            attr.dtype != x.dtype
+            or not attr.is_contiguous()
+            or attr.dim() != 2
+            or attr.size(0) != src.numel()
+        ):
+            raise RuntimeError("gen_max: edge features must be a contiguous [E, *] tensor of x's dtype")
+        if wt is not None:
+            if (
+                wt.dtype != x.dtype
+                or not wt.is_contiguous()
+                or wt.dim() != 2
+                or tuple(wt.shape)
+                != (
+                    attr.size(1),
+                    x.size(1),
+                )
+            ):
+                raise RuntimeError("gen_max: W^T must be a contiguous [d, C] tensor")
+            if bias is not None and (
+                bias.dtype != x.dtype or not bias.is_contiguous() or bias.numel() != x.size(1)
+            ):
+                raise RuntimeError("gen_max: bias must be a contiguous [C] tensor")
+        elif attr.size(1) != x.size(1):
+            raise RuntimeError("gen_max: dense edge features must be [E, C]")
+
+
+def _eps(value: float, dtype: torch.dtype, device) -> Tensor:
+    """eps as a one-element tensor (a float64 input gets eps in float64, not Triton's float32)."""
+    return torch.full((1,), float(value), dtype=_acc(dtype)[1], device=device)
+
+
+def _forward(x, ptr, src, attr, wt, bias, eps: float, count: bool):
+    N, C = ptr.numel() - 1, x.size(1)
+    mode = _mode(attr, wt)
+    out = torch.empty((N, C), dtype=x.dtype, device=x.device)
+    arg = torch.empty((N, C), dtype=torch.int32, device=x.device)
+    tied = torch.empty((N,), dtype=torch.uint8, device=x.device)
+    cnt = torch.empty((N, C), dtype=x.dtype, device=x.device) if count else out
+    if N > 0:
+        bc = _pow2(C)
+        acc, _ = _acc(x.dtype)
+        _launch(_gen_max_fwd_kernel)[(N,)](
+            x, ptr, src, attr if attr is not None else x, wt if wt is not None else x,
+            bias if bias is not None else x, _eps(eps, x.dtype, x.device), out, arg, tied, cnt,
+            C, attr.size(1) if mode == _FACTORED else 0,
+            MODE=mode, HAS_BIAS=bias is not None and mode == _FACTORED, COUNT=count, ACC=acc,
+            BE=_edge_block(bc), BC=bc,
+        )  # fmt: skip
+    return out, arg, tied, cnt
+
+
+def gen_max_forward(
+    x: Tensor,
+    ptr: Tensor,
+    src: Tensor,
+    attr: Optional[Tensor],
+    wt: Optional[Tensor],
+    bias: Optional[Tensor],
+    eps: float,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(out [N, C], arg [N, C] int32, tied [N] uint8)``, as ``kernels.gen_max().forward``."""
+    _check(x, ptr, src, attr, wt, bias, True)
+    out, arg, tied, _ = _forward(x, ptr, src, attr, wt, bias, eps, False)
+    return out, arg, tied
+
+
+def gen_max_shard_forward(
+    x: Tensor, ptr: Tensor, src: Tensor, attr: Optional[Tensor], wt: Optional[Tensor], bias: Optional[Tensor]
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(max [N, C], arg, tied, count [N, C])`` over one SAR shard (``N = ptr.numel() - 1``, any
+    number of rows of ``x``, no eps), as ``kernels.gen_max().shard_forward``."""
+    _check(x, ptr, src, attr, wt, bias, False)
+    return _forward(x, ptr, src, attr, wt, bias, 0.0, True)
+
+
+_ORDER_CACHE: list = []  # [(key, tensors kept alive, result)], most recent last
+_ORDER_CACHE_SIZE = 4
+
+
+def source_order(ptr: Tensor, src: Tensor, rows: int) -> Tuple[Tensor, Tensor, Tensor]:
+    """The edges in source order: ``(sptr [rows + 1] int64, sperm [E], sdst [E])``, where
+    ``sperm[o]`` is the destination-order index of the ``o``-th edge by (source, edge index) and
+    ``sdst[o]`` its destination; int32 when the graph fits, else int64. Cached for the last few
+    graphs (by storage, version and shape), since every layer of a model uses the same one; not
+    cached while ``torch.compile`` traces (no storage there). Shapes depend on the sizes only."""
+    key = None
+    if not torch.compiler.is_compiling():
+        key = (src.data_ptr(), src.numel(), src._version, ptr.data_ptr(), ptr.numel(), ptr._version, rows)
+        key += (src.device,)
+        for k, _, value in _ORDER_CACHE:
+            if k == key:
+                return value
+    N, E = ptr.numel() - 1, src.numel()
+    index = torch.int32 if max(E, N, rows) < _INT32_MAX else torch.int64
+    keys, sperm = torch.sort(src, stable=True)
+    sptr = torch.searchsorted(keys, torch.arange(rows + 1, dtype=keys.dtype, device=src.device))
+    del keys
+    dst = torch.repeat_interleave(torch.arange(N, device=src.device), ptr.diff(), output_size=E)
+    sdst = dst.index_select(0, sperm).to(index)
+    del dst
+    sperm = sperm.to(index)
+    value = (sptr, sperm, sdst)
+    if key is None:
+        return value
+    _ORDER_CACHE.append((key, (ptr, src), value))
+    del _ORDER_CACHE[:-_ORDER_CACHE_SIZE]
+    return value
+
+
+def _backward(grad, arg, tied, x, ptr, src, attr, wt, bias, need_x, need_attr, need_w, need_b):
+    N, C, rows = ptr.numel() - 1, x.size(1), x.size(0)
+    mode = _mode(attr, wt)
+    d = attr.size(1) if mode == _FACTORED else 0
+    has_bias = bias is not None and mode == _FACTORED
+    dev, dt = x.device, x.dtype
+    acc, acc_t = _acc(dt)
+    need_attr = bool(need_attr) and mode != _NONE
+    need_w = bool(need_w) and mode == _FACTORED
+    need_b = bool(need_b) and has_bias
+    gx = torch.empty((rows, C), dtype=dt, device=dev) if need_x else None
+    ga = torch.empty_like(attr) if need_attr else None
+    gw = gb = None
+    dummy = x
+    bc = _pow2(C)
+    be = _edge_block(bc)
+    common = dict(MODE=mode, HAS_BIAS=has_bias, ACC=acc, BC=bc)
+    a_ = attr if attr is not None else dummy
+    w_ = wt if wt is not None else dummy
+    b_ = bias if has_bias else dummy
+    # tied nodes: their NaN-free maxima and each tied edge's share, [N, C] (static shapes and
+    # no host synchronisation: nothing here depends on how many nodes are tied)
+    has_ties = N > 0
+    if has_ties:
+        slot = torch.where(
+            tied.view(-1) != 0,
+            torch.arange(N, dtype=torch.int32, device=dev),
+            torch.full((), -1, dtype=torch.int32, device=dev),
+        )
+        best = torch.empty((N, C), dtype=acc_t, device=dev)
+        share = torch.empty((N, C), dtype=acc_t, device=dev)
+        _launch(_tie_stats_kernel)[(N,)](
+            slot, grad, x, ptr, src, a_, w_, b_, best, share, C, d, BE=be, **common
+        )  # fmt: skip
+    else:
+        slot = best = share = dummy
+    if need_x and rows > 0:
+        sptr, sperm, sdst = source_order(ptr, src, rows)
+        _launch(_grad_src_kernel)[(rows,)](
+            grad, arg, slot, best, share, x, ptr, sptr, sperm, sdst, a_, w_, b_, gx, C, d,
+            HAS_TIES=has_ties, BE=be, **common,
+        )  # fmt: skip
+    if need_attr or need_w or need_b:
+        blocks = max(1, math.ceil(N / NODE_BLOCK))
+        bd = _pow2(d, 2) if mode == _FACTORED else 2
+        be_w = max(2, min(be, 8192 // (bc * bd))) if need_w else be
+        gw_part = torch.empty((blocks, C, d), dtype=acc_t, device=dev) if need_w else dummy
+        gb_part = torch.empty((blocks, C), dtype=acc_t, device=dev) if need_b else dummy
+        if N > 0:
+            _launch(_grad_dst_kernel)[(blocks,)](
+                grad, arg, slot, best, share, x, ptr, src, a_, w_, b_,
+                ga if need_attr else dummy, gw_part, gb_part, N, C, d,
+                HAS_TIES=has_ties, NEED_A=need_attr, NEED_W=need_w, NEED_B=need_b,
+                NB=NODE_BLOCK, BE=be_w, BD=bd, **common,
+            )  # fmt: skip
+        elif need_w or need_b:
+            gw_part = gw_part.zero_() if need_w else gw_part
+            gb_part = gb_part.zero_() if need_b else gb_part
+        if need_w:
+            gw = gw_part.sum(0).to(dt)
+        if need_b:
+            gb = gb_part.sum(0).to(dt)
+    if need_x and rows == 0:
+        gx = torch.zeros((0, C), dtype=dt, device=dev)
+    return gx, ga, gw, gb
+
+
+def gen_max_backward(
+    grad: Tensor,
+    arg: Tensor,
+    tied: Tensor,
+    x: Tensor,
+    ptr: Tensor,
+    src: Tensor,
+    attr: Optional[Tensor],
+    wt: Optional[Tensor],
+    bias: Optional[Tensor],
+    need_x: bool,
+    need_attr: bool,
+    need_w: bool,
+    need_b: bool,
+):
+    """``(grad_x [N, C], grad_attr, grad_w [C, d], grad_b [C])``, each :obj:`None` where not needed
+    or not applicable (as the C++ kernel's undefined tensors), as ``kernels.gen_max().backward``."""
+    _check(x, ptr, src, attr, wt, bias, True)
+    if grad.shape != x.shape or not grad.is_contiguous() or grad.dtype != x.dtype:
+        raise RuntimeError("gen_max: grad must be contiguous and shaped like x")
+    return _backward(grad, arg, tied, x, ptr, src, attr, wt, bias, need_x, need_attr, need_w, need_b)
+
+
+def gen_max_shard_backward(
+    grad: Tensor,
+    arg: Tensor,
+    tied: Tensor,
+    x: Tensor,
+    ptr: Tensor,
+    src: Tensor,
+    attr: Optional[Tensor],
+    wt: Optional[Tensor],
+    bias: Optional[Tensor],
+    need_x: bool,
+    need_attr: bool,
+    need_w: bool,
+    need_b: bool,
+):
+    """Backward of one shard: ``grad`` ``[N, C]`` over the destinations, grad_x ``[rows of x, C]``;
+    as ``kernels.gen_max().shard_backward``."""
+    _check(x, ptr, src, attr, wt, bias, False)
+    N, C = ptr.numel() - 1, x.size(1)
+    if grad.dim() != 2 or tuple(grad.shape) != (N, C) or not grad.is_contiguous() or grad.dtype != x.dtype:
+        raise RuntimeError("gen_max: grad must be a contiguous [N, C] tensor of x's dtype")
+    if arg.dtype != torch.int32 or arg.numel() != N * C or tied.dtype != torch.uint8 or tied.numel() != N:
+        raise RuntimeError("gen_max: arg [N, C] int32 and tied [N] uint8 from shard_forward")
+    return _backward(grad, arg, tied, x, ptr, src, attr, wt, bias, need_x, need_attr, need_w, need_b)
+
+
+def _ln_check(x, w, b, mask) -> None:
+    _require(x)
+    if x.dim() != 2 or x.stride(1) != 1 or x.dtype not in _FLOATS:
+        raise RuntimeError("layer_norm_relu: x must be [N, C] with contiguous rows")
+    if not (w.is_contiguous() and b.is_contiguous() and w.numel() == x.size(1) and b.numel() == x.size(1)):
+        raise RuntimeError("layer_norm_relu: weight and bias must be contiguous [C]")
+    if w.dtype != x.dtype or b.dtype != x.dtype:
+        raise RuntimeError("layer_norm_relu: dtypes differ")
+    if mask is not None and (mask.shape != x.shape or mask.stride(1) != 1 or mask.dtype != x.dtype):
+        raise RuntimeError("layer_norm_relu: mask must be shaped and typed like x, with contiguous rows")
+
+
+def _ln_stats_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype == torch.bfloat16 else dtype
+
+
+def _ln_rows(bc: int) -> int:
+    return max(1, min(LN_ROWS, 4096 // bc))
+
+
+def layer_norm_relu_forward(
+    x: Tensor, w: Tensor, b: Tensor, eps: float, mask: Optional[Tensor]
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(out [N, C], mean [N], rstd [N])``, as ``kernels.layer_norm_relu().forward`` (mean and
+    rstd are float32 for a bf16 input)."""
+    _ln_check(x, w, b, mask)
+    N, C = x.shape
+    out = torch.empty((N, C), dtype=x.dtype, device=x.device)
+    sd = _ln_stats_dtype(x.dtype)
+    mean = torch.empty((N,), dtype=sd, device=x.device)
+    rstd = torch.empty((N,), dtype=sd, device=x.device)
+    if N > 0:
+        bc = _pow2(C)
+        br = _ln_rows(bc)
+        _launch(_ln_fwd_kernel)[(triton.cdiv(N, br),)](
+            x, x.stride(0), w, b, mask if mask is not None else x, mask.stride(0) if mask is not None else 0,
+            _eps(eps, x.dtype, x.device), out, mean, rstd, N, C,
+            HAS_MASK=mask is not None, ACC=_acc(x.dtype)[0], BR=br, BC=bc,
+        )  # fmt: skip
+    return out, mean, rstd
+
+
+def layer_norm_relu_backward(
+    grad_out: Tensor,
+    x: Tensor,
+    w: Tensor,
+    b: Tensor,
+    mean: Tensor,
+    rstd: Tensor,
+    mask: Optional[Tensor],
+    need_x: bool,
+    need_w: bool,
+    need_b: bool,
+):
+    """``(grad_x, grad_w, grad_b)``, each :obj:`None` where not needed, as
+    ``kernels.layer_norm_relu().backward``; grad_w/grad_b summed per fixed block of ``LN_ROWS`` rows,
+    then over the blocks in order."""
+    _ln_check(x, w, b, mask)
+    if not grad_out.is_contiguous() or grad_out.shape != x.shape:
+        raise RuntimeError("layer_norm_relu: bad grad")
+    N, C = x.shape
+    acc, acc_t = _acc(x.dtype)
+    blocks = max(1, triton.cdiv(N, LN_ROWS))
+    gx = torch.empty((N, C), dtype=x.dtype, device=x.device) if need_x else None
+    gw = torch.zeros((blocks, C), dtype=acc_t, device=x.device) if need_w else None
+    gb = torch.zeros((blocks, C), dtype=acc_t, device=x.device) if need_b else None
+    if N > 0 and (need_x or need_w or need_b):
+        bc = _pow2(C)
+        _launch(_ln_bwd_kernel)[(blocks,)](
+            grad_out, x, x.stride(0), w, b, mask if mask is not None else x,
+            mask.stride(0) if mask is not None else 0, mean, rstd,
+            gx if need_x else x, gw if need_w else x, gb if need_b else x, N, C,
+            HAS_MASK=mask is not None, NEED_X=bool(need_x), NEED_W=bool(need_w), NEED_B=bool(need_b),
+            ACC=acc, ROWS=LN_ROWS, BR=min(_ln_rows(bc), LN_ROWS), BC=bc,
+        )  # fmt: skip
+    return (
+        gx,
+        gw.sum(0).to(w.dtype) if need_w else None,
+        gb.sum(0).to(b.dtype) if need_b else None,
+    )

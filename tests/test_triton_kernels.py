@@ -1,0 +1,535 @@
+"""The Triton kernels (revgnn.nn.triton_kernels) against the C++ kernels and float64 PyTorch.
+
+Run on CPU tensors through Triton's interpreter, which needs ``TRITON_INTERPRET=1`` before
+Triton is *first imported* in the process: Triton decides between interpreter and compiler when
+a function is decorated with ``@triton.jit``, and its own library (``tl.sum``, ``tl.max``, ...)
+is decorated on import. So this module sets the variable itself when Triton is not imported yet
+(the file run alone: conftest imports only torch). In a whole test run another module has
+imported PyG, which imports Triton, by the time this one is collected; then the tests here run
+once, in a fresh ``pytest`` process with the variable set (one test in this process,
+:func:`test_in_a_fresh_interpreter_process`): a few seconds of start-up rather than a subprocess
+per test. Skipped where Triton is not installed. Graphs are tiny: the interpreter runs each
+program in Python.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+if os.environ.get("TRITON_INTERPRET") != "1" and "triton" not in sys.modules:
+    os.environ["TRITON_INTERPRET"] = "1"  # before Triton's first import (see the docstring)
+#: Triton was imported in this process without the interpreter: run this file in a fresh one
+OUTER = os.environ.get("TRITON_INTERPRET") != "1"
+
+pytest.importorskip("triton")
+
+from conftest import REPO  # noqa: E402
+
+from revgnn.nn import kernels  # noqa: E402
+from revgnn.nn import triton_kernels as tk  # noqa: E402
+from revgnn.nn.gen_max import GENMaxAggregate  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _interpreted_only(request):
+    if OUTER and request.function is not test_in_a_fresh_interpreter_process:
+        pytest.skip(
+            "Triton was imported without TRITON_INTERPRET=1: run by test_in_a_fresh_interpreter_process"
+        )
+
+
+def test_in_a_fresh_interpreter_process():
+    if not OUTER:
+        assert tk.INTERPRETED
+        return
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+
+
+EPS = 1e-7
+
+
+def cpp(name):
+    if not kernels.enabled():
+        pytest.skip("REVGNN_KERNELS=0")
+    module = getattr(kernels, name)()
+    if module is None:
+        pytest.skip("the C++ kernels are not built here")
+    return module
+
+
+def graph(n=20, e=100, seed=0, isolated=3, dup=6, rows=None):
+    """Destination-sorted edges: the last ``isolated`` nodes get no in-edges, ``dup`` parallel
+    edges; sources from ``rows`` rows (default n). Returns ptr, src, dst."""
+    g = torch.Generator().manual_seed(seed)
+    rows = n if rows is None else rows
+    src = torch.randint(0, rows, (e,), generator=g)
+    dst = torch.randint(0, max(1, n - isolated), (e,), generator=g)
+    src, dst = torch.cat([src, src[:dup]]), torch.cat([dst, dst[:dup]])
+    dst, perm = torch.sort(dst, stable=True)
+    src = src[perm].contiguous()
+    ptr = torch.zeros(n + 1, dtype=torch.long)
+    ptr[1:] = torch.cumsum(torch.bincount(dst, minlength=n), 0)
+    return ptr, src, dst
+
+
+def ints(*shape, lo=-3, hi=4, seed=1, dtype=torch.float32):
+    """Small integers: every sum is exact in float32 and most maxima tie."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(lo, hi, shape, generator=g).to(dtype)
+
+
+def edge_term(mode, e, c, d=4, dtype=torch.float32, seed=2):
+    """(attr, wt, bias) for mode none / dense / factored / factored_nobias, integer-valued."""
+    if mode == "none":
+        return None, None, None
+    if mode == "dense":
+        return ints(e, c, lo=-2, hi=3, seed=seed, dtype=dtype), None, None
+    raw = ints(e, d, lo=-2, hi=3, seed=seed, dtype=dtype)
+    wt = ints(d, c, lo=-1, hi=2, seed=seed + 1, dtype=dtype)
+    bias = ints(c, lo=-1, hi=2, seed=seed + 2, dtype=dtype) if mode == "factored" else None
+    return raw, wt, bias
+
+
+def reference(x, ptr, src, dst, attr, wt, bias, grad):
+    """float64 PyTorch (revgnn's GENMaxAggregate): out and the gradients of x, attr, W^T, bias."""
+    x64 = x.double().requires_grad_()
+    leaves = [x64]
+    term = None
+    if attr is not None:
+        a64 = attr.double().requires_grad_()
+        leaves.append(a64)
+        term = a64
+        if wt is not None:
+            w64 = wt.double().requires_grad_()
+            leaves.append(w64)
+            term = a64 @ w64
+            if bias is not None:
+                b64 = bias.double().requires_grad_()
+                leaves.append(b64)
+                term = term + b64
+    out = GENMaxAggregate.apply(x64, term, src, dst, ptr.diff(), EPS)
+    grads = torch.autograd.grad(out, leaves, grad.double())
+    return out.detach(), list(grads) + [None] * (4 - len(grads))
+
+
+def close(a, b, tol):
+    torch.testing.assert_close(a.double(), b.double(), rtol=tol, atol=tol, equal_nan=True)
+
+
+def bitwise(a, b):
+    assert a.dtype == b.dtype and a.shape == b.shape
+    torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+
+
+CASES = [("none", 5), ("dense", 13), ("factored", 40), ("factored_nobias", 13)]  # factored at 5: the NaN test
+
+
+@pytest.mark.parametrize("mode,c", CASES)
+def test_gen_max_matches_cpp_and_float64(mode, c):
+    K = cpp("gen_max")
+    n = 20
+    ptr, src, dst = graph(n)
+    x = ints(n, c)
+    attr, wt, bias = edge_term(mode, src.numel(), c)
+    out, arg, tied = tk.gen_max_forward(x, ptr, src, attr, wt, bias, EPS)
+    ref = K.forward(x, ptr, src, attr, wt, bias, EPS)
+    for a, b in zip((out, arg, tied), ref):  # integer messages: exact, so bitwise
+        bitwise(a, b)
+    assert tied.sum() > 0 and (arg == -1).any()
+    grad = torch.randn(n, c, generator=torch.Generator().manual_seed(3))
+    mine = tk.gen_max_backward(grad, arg, tied, x, ptr, src, attr, wt, bias, True, True, True, True)
+    theirs = K.backward(grad, ref[1], ref[2], x, ptr, src, attr, wt, bias, True, True, True, True)
+    out64, grads64 = reference(x, ptr, src, dst, attr, wt, bias, grad)
+    close(out, out64, 1e-6)
+    for name, a, b, g64 in zip(("x", "attr", "w", "b"), mine, theirs, grads64):
+        assert (a is None) == (b is None), name  # undefined exactly where the C++ kernel's are
+        if a is None:
+            continue
+        if name == "w":
+            g64 = g64.t()  # the reference differentiates W^T [d, C]; both kernels return [C, d]
+        assert a.shape == b.shape and a.dtype == b.dtype, name
+        close(a, g64, 1e-5)
+        close(a, b, 1e-5)
+        if mode == "dense" and name == "attr":
+            bitwise(a, b)  # one term per (edge, channel): g, or g / n on a tied node
+    # determinism: repeated runs are bitwise equal
+    again = tk.gen_max_backward(grad, arg, tied, x, ptr, src, attr, wt, bias, True, True, True, True)
+    for a, b in zip(mine, again):
+        if a is not None:
+            bitwise(a, b)
+
+
+def test_gen_max_factored_float_tolerance():
+    """Random (non-integer) factored terms: the edge term is rounded differently from the C++
+    kernel (FMA, order), so out is compared with float64 within float32 rounding of the term and
+    the winner must reach the float64 maximum within that bound."""
+    n, c, d = 30, 13, 8
+    ptr, src, dst = graph(n, isolated=2)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(n, c, generator=g)
+    raw, wt, bias = (
+        torch.randn(src.numel(), d, generator=g),
+        torch.randn(d, c, generator=g),
+        torch.randn(c, generator=g),
+    )
+    out, arg, tied = tk.gen_max_forward(x, ptr, src, raw, wt, bias, EPS)
+    msg = x.double()[src] + raw.double() @ wt.double() + bias.double()
+    # |fl(t) - t| <= (d + 1) u sum |terms| (u = 2^-24), plus the rounding of x + t
+    bound = (
+        (d + 2)
+        * 2.0**-24
+        * (x.double().abs()[src] + raw.double().abs() @ wt.double().abs() + bias.double().abs())
+    )
+    out64 = torch.full((n, c), float("-inf"), dtype=torch.float64).scatter_reduce(
+        0, dst.view(-1, 1).expand_as(msg), msg, "amax", include_self=True
+    )
+    has = (ptr.diff() > 0).view(-1, 1)
+    expect = torch.where(has, out64.clamp_min(0) + EPS, torch.zeros_like(out64))
+    tol = torch.zeros(n, c, dtype=torch.float64).scatter_reduce(
+        0, dst.view(-1, 1).expand_as(bound), bound, "amax", include_self=True
+    )
+    assert ((out.double() - expect).abs() <= tol + 2.0**-24 * expect.abs()).all()
+    won = arg >= 0
+    e = (ptr[:-1].view(-1, 1) + arg.long()).clamp_min(0)[won]
+    chan = torch.arange(c).expand(n, c)[won]
+    assert ((msg[e, chan] - out64[won]).abs() <= 2 * tol[won]).all()
+    assert (~won | (out64 > 0)).all() and (won | (out64 <= tol)).all()
+    # no ties here: backward takes the winners-only path for W and b
+    assert not tied.any()
+    grad = torch.randn(n, c, generator=g)
+    mine = tk.gen_max_backward(grad, arg, tied, x, ptr, src, raw, wt, bias, True, True, True, True)
+    _, grads64 = reference(x, ptr, src, dst, raw, wt, bias, grad)
+    grads64[2] = grads64[2].t()
+    for a, b in zip(mine, grads64):
+        close(a, b, 1e-5)
+
+
+def test_gen_max_nan_as_cpp():
+    K = cpp("gen_max")
+    n, c = 20, 5
+    ptr, src, _ = graph(n)
+    x = ints(n, c)
+    x[2, 1] = float("nan")
+    x[7, :] = float("nan")
+    attr, wt, bias = edge_term("factored", src.numel(), c)
+    mine = tk.gen_max_forward(x, ptr, src, attr, wt, bias, EPS)
+    ref = K.forward(x, ptr, src, attr, wt, bias, EPS)
+    assert mine[0].isnan().any()
+    for a, b in zip(mine, ref):
+        bitwise(a, b)
+    grad = torch.randn(n, c, generator=torch.Generator().manual_seed(3))
+    a = tk.gen_max_backward(grad, mine[1], mine[2], x, ptr, src, attr, wt, bias, True, True, True, True)
+    b = K.backward(grad, ref[1], ref[2], x, ptr, src, attr, wt, bias, True, True, True, True)
+    for u, v in zip(a, b):
+        close(u, v, 1e-5)
+
+
+@pytest.mark.parametrize("rows", [29, 9])
+def test_shard_matches_cpp(rows):
+    """SAR shards: sources from a fetched block of any row count, no eps, tie counts."""
+    K = cpp("gen_max")
+    n, c = 16, 13
+    ptr, src, _ = graph(n, rows=rows)
+    x = ints(rows, c)
+    attr, wt, bias = edge_term("factored", src.numel(), c)
+    mine = tk.gen_max_shard_forward(x, ptr, src, attr, wt, bias)
+    ref = K.shard_forward(x, ptr, src, attr, wt, bias)
+    for a, b in zip(mine, ref):
+        bitwise(a, b)
+    assert (mine[3] > 1).any()
+    grad = torch.randn(n, c, generator=torch.Generator().manual_seed(4))
+    a = tk.gen_max_shard_backward(grad, mine[1], mine[2], x, ptr, src, attr, wt, bias, True, True, True, True)
+    b = K.shard_backward(grad, ref[1], ref[2], x, ptr, src, attr, wt, bias, True, True, True, True)
+    assert a[0].shape == (rows, c)
+    for u, v in zip(a, b):
+        close(u, v, 1e-5)
+
+
+def test_gen_max_need_flags_and_empty_graphs():
+    K = cpp("gen_max")
+    n, c = 12, 5
+    ptr, src, _ = graph(n, e=30)
+    x = ints(n, c)
+    attr, wt, bias = edge_term("factored", src.numel(), c)
+    out, arg, tied = tk.gen_max_forward(x, ptr, src, attr, wt, bias, EPS)
+    grad = torch.ones(n, c)
+    for flags in [(False, True, False, True), (True, False, True, False), (False, False, False, False)]:
+        a = tk.gen_max_backward(grad, arg, tied, x, ptr, src, attr, wt, bias, *flags)
+        b = K.backward(grad, arg, tied, x, ptr, src, attr, wt, bias, *flags)
+        for u, v in zip(a, b):
+            assert (u is None) == (v is None)
+            if u is not None:
+                close(u, v, 1e-6)
+    # no edges at all
+    ptr0, src0 = torch.zeros(n + 1, dtype=torch.long), torch.zeros(0, dtype=torch.long)
+    raw0 = torch.zeros(0, 4)
+    mine = tk.gen_max_forward(x, ptr0, src0, raw0, wt, bias, EPS)
+    ref = K.forward(x, ptr0, src0, raw0, wt, bias, EPS)
+    for u, v in zip(mine, ref):
+        bitwise(u, v)
+    a = tk.gen_max_backward(grad, mine[1], mine[2], x, ptr0, src0, raw0, wt, bias, True, True, True, True)
+    b = K.backward(grad, ref[1], ref[2], x, ptr0, src0, raw0, wt, bias, True, True, True, True)
+    for u, v in zip(a, b):
+        bitwise(u, v)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_gen_max_dtypes(dtype):
+    """float64 against the C++ kernel in float64; bf16 (accumulated in float32) against the C++
+    kernel in float32 on the same (bf16-exact) values: out is its float32 result rounded."""
+    K = cpp("gen_max")
+    n, c = 20, 13
+    ptr, src, _ = graph(n)
+    x = ints(n, c, dtype=dtype)
+    attr, wt, bias = edge_term("factored", src.numel(), c, dtype=dtype)
+    base = torch.float64 if dtype == torch.float64 else torch.float32
+    cast = lambda t: t.to(base) if t is not None else None
+    mine = tk.gen_max_forward(x, ptr, src, attr, wt, bias, EPS)
+    ref = K.forward(cast(x), ptr, src, cast(attr), cast(wt), cast(bias), EPS)
+    bitwise(mine[0], ref[0].to(dtype))
+    bitwise(mine[1], ref[1])
+    bitwise(mine[2], ref[2])
+    grad = torch.randn(n, c, generator=torch.Generator().manual_seed(3)).to(dtype)
+    a = tk.gen_max_backward(grad, mine[1], mine[2], x, ptr, src, attr, wt, bias, True, True, True, True)
+    b = K.backward(
+        cast(grad),
+        ref[1],
+        ref[2],
+        cast(x),
+        ptr,
+        src,
+        cast(attr),
+        cast(wt),
+        cast(bias),
+        True,
+        True,
+        True,
+        True,
+    )
+    tol = 1e-12 if dtype == torch.float64 else 2e-2
+    for u, v in zip(a, b):
+        assert u.dtype == dtype
+        close(u, v, tol)
+
+
+class _Sizes(TorchDispatchMode):
+    """Records the size in bytes of every tensor an op returns (under the interpreter this also
+    sees Triton's own byte copies of the kernel arguments)."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel() * t.element_size())
+        return out
+
+
+def test_no_edge_by_channel_tensor():
+    """Forward and backward with factored edge features allocate nothing of E x C elements:
+    the largest tensor is x or grad_x (N x C), the raw features or their gradient (E x d) or an
+    int64 edge index (E); E x C is 12 times the largest of these here."""
+    n, c, d = 20, 48, 4
+    ptr, src, _ = graph(n, e=400, isolated=2)
+    x = ints(n, c)
+    attr, wt, bias = edge_term("factored", src.numel(), c, d=d)
+    E = src.numel()
+    allowed = max(n * c * 4, E * d * 4, E * 8)
+    assert E * c * 4 >= 12 * allowed
+    with _Sizes() as fwd:
+        out, arg, tied = tk.gen_max_forward(x, ptr, src, attr, wt, bias, EPS)
+    grad = torch.ones(n, c)
+    tk._ORDER_CACHE.clear()  # the source-sorted permutation is built inside the call
+    with _Sizes() as bwd:
+        tk.gen_max_backward(grad, arg, tied, x, ptr, src, attr, wt, bias, True, True, True, True)
+    assert tied.any()
+    assert fwd.largest <= allowed
+    assert bwd.largest <= allowed
+    with _Sizes() as shard:
+        m, arg, tied, count = tk.gen_max_shard_forward(x, ptr, src, attr, wt, bias)
+        tk.gen_max_shard_backward(grad, arg, tied, x, ptr, src, attr, wt, bias, True, True, True, True)
+    assert shard.largest <= allowed
+
+
+def ln_reference(x, w, b, eps, mask, grad):
+    x64, w64, b64 = (t.double().requires_grad_() for t in (x, w, b))
+    h = torch.nn.functional.layer_norm(x64, (x.size(1),), w64, b64, eps).relu()
+    if mask is not None:
+        h = h * mask.double()
+    return h.detach(), torch.autograd.grad(h, (x64, w64, b64), grad.double())
+
+
+@pytest.mark.parametrize("c", [5, 13, 40])
+def test_layer_norm_relu_matches_cpp_and_float64(c):
+    L = cpp("layer_norm_relu")
+    n = 300  # two blocks of 256 rows in the weight gradient
+    g = torch.Generator().manual_seed(c)
+    wide = torch.randn(n, c + 7, generator=g)
+    x = wide[:, 3 : 3 + c]  # strided rows: a channel slice of a wider tensor
+    w, b = torch.randn(c, generator=g), torch.randn(c, generator=g)
+    mask = (torch.rand(n, c + 2, generator=g) > 0.3).float()[:, :c] * 1.25 if c != 13 else None
+    grad = torch.randn(n, c, generator=g)
+    out, mean, rstd = tk.layer_norm_relu_forward(x, w, b, 1e-5, mask)
+    ref = L.forward(x, w, b, 1e-5, mask)
+    for u, v in zip((out, mean, rstd), ref):
+        close(u, v, 1e-5)
+    h64, grads64 = ln_reference(x, w, b, 1e-5, mask, grad)
+    close(out, h64, 1e-5)
+    mine = tk.layer_norm_relu_backward(grad, x, w, b, mean, rstd, mask, True, True, True)
+    theirs = L.backward(grad, x, w, b, ref[1], ref[2], mask, True, True, True)
+    for u, v, r in zip(mine, theirs, grads64):
+        close(u, r, 1e-4)
+        close(u, v, 1e-4)
+    again = tk.layer_norm_relu_backward(grad, x, w, b, mean, rstd, mask, True, True, True)
+    for u, v in zip(mine, again):
+        bitwise(u, v)
+    for flags in [(True, False, False), (False, True, False), (False, False, True)]:
+        some = tk.layer_norm_relu_backward(grad, x, w, b, mean, rstd, mask, *flags)
+        cpp_some = L.backward(grad, x, w, b, ref[1], ref[2], mask, *flags)
+        for u, v, full in zip(some, cpp_some, mine):
+            assert (u is None) == (v is None)
+            if u is not None:
+                bitwise(u, full)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_layer_norm_relu_dtypes(dtype):
+    n, c = 40, 13
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, c, generator=g).to(dtype)
+    w, b = torch.randn(c, generator=g).to(dtype), torch.randn(c, generator=g).to(dtype)
+    mask = (torch.rand(n, c, generator=g) > 0.3).to(dtype)
+    grad = torch.randn(n, c, generator=g).to(dtype)
+    out, mean, rstd = tk.layer_norm_relu_forward(x, w, b, 1e-5, mask)
+    h64, grads64 = ln_reference(x, w, b, 1e-5, mask, grad)
+    tol = 1e-12 if dtype == torch.float64 else 3e-2
+    assert out.dtype == dtype and mean.dtype == (torch.float32 if dtype == torch.bfloat16 else dtype)
+    close(out, h64, tol)
+    for u, r in zip(tk.layer_norm_relu_backward(grad, x, w, b, mean, rstd, mask, True, True, True), grads64):
+        assert u.dtype == dtype
+        close(u, r, tol if dtype == torch.float64 else 6e-2)
+
+
+def test_gpu_check_script_without_cuda():
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: scripts/gpu_check_triton.py runs the real check")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(REPO)
+    run = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "gpu_check_triton.py")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout.strip().splitlines()[-1]) == {"check": "triton", "skipped": "no CUDA device"}
+
+
+def test_reversible_model_through_the_triton_kernels(monkeypatch):
+    """The functions drop in for the C++ modules: a 3-layer reversible GENConv model (2 groups,
+    factored edge features, a dropout mask) with revgnn's kernel accessors answering with this
+    module gives the float64 PyTorch path's loss and gradients (to float32 rounding)."""
+    from types import SimpleNamespace
+
+    from torch_geometric import EdgeIndex
+
+    from revgnn.nn import GENBlock, GroupAddRev, LinearEdgeFeatures
+    from revgnn.nn import gen_max as gen_max_module
+    from revgnn.nn import norm_act as norm_act_module
+
+    calls = {}
+
+    def counted(fn):
+        def call(*args):
+            calls[fn.__name__] = calls.get(fn.__name__, 0) + 1
+            return fn(*args)
+
+        return call
+
+    triton_gen_max = SimpleNamespace(
+        forward=counted(tk.gen_max_forward), backward=counted(tk.gen_max_backward)
+    )
+    triton_ln = SimpleNamespace(
+        forward=counted(tk.layer_norm_relu_forward), backward=counted(tk.layer_norm_relu_backward)
+    )
+    n, c, e, d = 16, 8, 64, 3
+    ptr, src, dst = graph(n, e=e)
+    ei = EdgeIndex(torch.stack([src, dst]), sparse_size=(n, n), sort_order="col")
+    g = torch.Generator().manual_seed(0)
+    x0, raw0 = torch.randn(n, c, generator=g), torch.randn(src.numel(), d, generator=g)
+    mask0 = (torch.rand(n, c // 2, generator=g) > 0.2).float() * 1.25
+    torch.manual_seed(0)
+    layers0 = torch.nn.ModuleList(
+        GroupAddRev(GENBlock(c // 2, edge_channels=16), num_groups=2) for _ in range(3)
+    )
+    encoder0 = torch.nn.Linear(d, 16)
+
+    def run(dtype, kernels_on):
+        monkeypatch.setattr(gen_max_module, "_kernel", lambda: triton_gen_max if kernels_on else None)
+        monkeypatch.setattr(norm_act_module, "_kernel", lambda: triton_ln if kernels_on else None)
+        layers = [copy.to(dtype) for copy in copy_of(layers0)]
+        encoder = copy_of([encoder0])[0].to(dtype)
+        x = x0.to(dtype).requires_grad_()
+        h = x
+        for layer in layers:
+            h = layer(h, ei, LinearEdgeFeatures.from_linear(raw0.to(dtype), encoder), mask0.to(dtype))
+        loss = h.square().mean()
+        params = [p for m in (*layers, encoder) for p in m.parameters()]
+        grads = torch.autograd.grad(loss, [x, *params])
+        return loss.detach(), grads
+
+    loss, grads = run(torch.float32, True)
+    # 3 layers x 2 groups: forward, the reversible recomputation, backward
+    assert calls == {
+        "gen_max_forward": 12,
+        "gen_max_backward": 6,
+        "layer_norm_relu_forward": 24,
+        "layer_norm_relu_backward": 12,
+    }, calls
+    loss64, grads64 = run(torch.float64, False)
+    close(loss, loss64, 1e-5)
+    for a, b in zip(grads, grads64):
+        torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-5 * b.abs().max().item())
+
+
+def copy_of(modules):
+    import copy
+
+    return [copy.deepcopy(m) for m in modules]
+
+
+def test_kernels_compile_for_sm90():
+    """The interpreter does not run Triton's compiler, which is stricter: compile the float32
+    factored-edge specialisations for sm_90 (no GPU needed; Triton's own LLVM and ptxas), in a
+    subprocess because this process has the interpreted kernels. (Every dtype and path, sm_90
+    and sm_80: ``python scripts/triton_compile_check.py [--arch 80]``, a few minutes.)"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(REPO)
+    run = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "triton_compile_check.py"), "--smoke", "--arch", "90"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "0 failed" in run.stdout.splitlines()[-1] or run.stdout.startswith("skipped")
