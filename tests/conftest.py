@@ -8,10 +8,19 @@ from :data:`REPO`, never from the working directory.
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
-import pytest
-import torch
+# torch.compile's on-disk cache (torch 2.13.0) does not key its CPU kernels by ATEN_CPU_CAPABILITY:
+# after a run at another level it reuses kernels built for that one, which gave wrong gradients
+# (18.9 for 0.08) and segfaults here. One cache per level, set before torch is imported.
+_LEVEL = os.environ.get("ATEN_CPU_CAPABILITY", "native")
+os.environ.setdefault(
+    "TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"torchinductor_revgnn_{_LEVEL}")
+)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 # The tests use tiny graphs: one thread avoids OpenMP spin-waiting, which makes small ops many
 # times slower when the cores are shared with other processes.

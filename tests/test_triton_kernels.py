@@ -32,7 +32,7 @@ from conftest import REPO  # noqa: E402
 
 from revgnn.nn import kernels  # noqa: E402
 from revgnn.nn import triton_kernels as tk  # noqa: E402
-from revgnn.nn.gen_max import GENMaxAggregate  # noqa: E402
+from revgnn.nn.gen_max import gen_max_reference  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -106,7 +106,7 @@ def edge_term(mode, e, c, d=4, dtype=torch.float32, seed=2):
 
 
 def reference(x, ptr, src, dst, attr, wt, bias, grad):
-    """float64 PyTorch (revgnn's GENMaxAggregate): out and the gradients of x, attr, W^T, bias."""
+    """float64 PyTorch (revgnn.nn.gen_max.gen_max_reference): out and the gradients of x, attr, W^T, bias."""
     x64 = x.double().requires_grad_()
     leaves = [x64]
     term = None
@@ -122,7 +122,7 @@ def reference(x, ptr, src, dst, attr, wt, bias, grad):
                 b64 = bias.double().requires_grad_()
                 leaves.append(b64)
                 term = term + b64
-    out = GENMaxAggregate.apply(x64, term, src, dst, ptr.diff(), EPS)
+    out = gen_max_reference(x64, src, dst, ptr, term, EPS)
     grads = torch.autograd.grad(out, leaves, grad.double())
     return out.detach(), list(grads) + [None] * (4 - len(grads))
 
@@ -445,16 +445,14 @@ def test_gpu_check_script_without_cuda():
 
 
 def test_reversible_model_through_the_triton_kernels(monkeypatch):
-    """The functions drop in for the C++ modules: a 3-layer reversible GENConv model (2 groups,
-    factored edge features, a dropout mask) with revgnn's kernel accessors answering with this
-    module gives the float64 PyTorch path's loss and gradients (to float32 rounding)."""
+    """The functions are the operators' Triton implementation: a 3-layer reversible GENConv model (2
+    groups, factored edge features, a dropout mask) under ``REVGNN_KERNELS=triton`` runs them and gives
+    the float64 PyTorch path's loss and gradients (to float32 rounding)."""
     from types import SimpleNamespace
 
     from torch_geometric import EdgeIndex
 
-    from revgnn.nn import GENBlock, GroupAddRev, LinearEdgeFeatures
-    from revgnn.nn import gen_max as gen_max_module
-    from revgnn.nn import norm_act as norm_act_module
+    from revgnn.nn import GENBlock, GroupAddRev, LinearEdgeFeatures, kernels
 
     calls = {}
 
@@ -465,12 +463,17 @@ def test_reversible_model_through_the_triton_kernels(monkeypatch):
 
         return call
 
-    triton_gen_max = SimpleNamespace(
-        forward=counted(tk.gen_max_forward), backward=counted(tk.gen_max_backward)
-    )
-    triton_ln = SimpleNamespace(
-        forward=counted(tk.layer_norm_relu_forward), backward=counted(tk.layer_norm_relu_backward)
-    )
+    triton = {
+        "gen_max": SimpleNamespace(
+            forward=counted(tk.gen_max_forward), backward=counted(tk.gen_max_backward), interpreted=True
+        ),
+        "layer_norm_relu": SimpleNamespace(
+            forward=counted(tk.layer_norm_relu_forward),
+            backward=counted(tk.layer_norm_relu_backward),
+            interpreted=True,
+        ),
+    }
+    monkeypatch.setattr(kernels, "triton", triton.__getitem__)
     n, c, e, d = 16, 8, 64, 3
     ptr, src, dst = graph(n, e=e)
     ei = EdgeIndex(torch.stack([src, dst]), sparse_size=(n, n), sort_order="col")
@@ -484,8 +487,7 @@ def test_reversible_model_through_the_triton_kernels(monkeypatch):
     encoder0 = torch.nn.Linear(d, 16)
 
     def run(dtype, kernels_on):
-        monkeypatch.setattr(gen_max_module, "_kernel", lambda: triton_gen_max if kernels_on else None)
-        monkeypatch.setattr(norm_act_module, "_kernel", lambda: triton_ln if kernels_on else None)
+        monkeypatch.setenv("REVGNN_KERNELS", "triton" if kernels_on else "0")
         layers = [copy.to(dtype) for copy in copy_of(layers0)]
         encoder = copy_of([encoder0])[0].to(dtype)
         x = x0.to(dtype).requires_grad_()

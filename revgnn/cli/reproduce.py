@@ -113,7 +113,7 @@ def _smoke_overrides(experiment: str, data_root: str) -> List[str]:
 def recipe_changes(overrides: Sequence[str]) -> List[str]:
     """The ``overrides`` that change the experiment's recipe: those of the model, data, optimiser and
     trainer (their groups or keys), except the keys a resume may change as well because they leave
-    the run as it is (:data:`revgnn.engine.loop.RESUME_FREE`: where the data is, the final test's
+    the run as it is (``revgnn.engine.loop.RESUME_FREE``: where the data is, the final test's
     views) and ``trainer.epochs``, which a table reports as a short run."""
     from revgnn.engine.loop import RESUME_FREE
 

@@ -471,9 +471,10 @@ def resume(cfg: DictConfig, backend: Backend, model, optimizer, flat, ckpt: Dict
     }
 
 
-#: Keys a resume may change freely: the schedule's length, where things are, how they are logged
-#: and run. Everything else under these sections (and ``seed``) changes the run.
+#: The sections (and ``seed``) a resume compares with the checkpoint's config.
 RESUME_COMPARED = ("model", "data", "optim", "trainer", "backend", "seed")
+#: Keys a resume may change freely: the schedule's length, where things are, how they are logged
+#: and run. Everything else under :data:`RESUME_COMPARED` changes the run.
 RESUME_FREE = (
     "trainer.epochs",
     "trainer.test_views",

@@ -118,6 +118,20 @@ def _csc(
 EdgeTerm = Union[Tensor, LinearEdgeFeatures, None]
 
 
+def gen_max_reference(
+    x: Tensor, src: Tensor, dst: Tensor, ptr: Tensor, edge_term: Optional[Tensor], eps: float = 1e-7
+) -> Tensor:
+    """The same aggregation in plain differentiable PyTorch ops (an :math:`E \\times C` message
+    tensor, ``scatter_reduce`` amax, whose gradient splits ties evenly): what runs under
+    :mod:`torch.func` transforms, and the reference the kernels are tested against. ``src``/``dst``
+    per edge, ``ptr`` the CSC pointer, ``edge_term`` ``[E, C]`` or None."""
+    msg = x.index_select(0, src)
+    msg = (msg + edge_term if edge_term is not None else msg).relu()
+    index = dst.view(-1, 1).expand_as(msg)
+    out = msg.new_zeros(ptr.numel() - 1, x.size(1)).scatter_reduce(0, index, msg, "amax", include_self=False)
+    return (out + eps).masked_fill((ptr.diff() == 0).view(-1, 1), 0.0)
+
+
 def gen_max_aggregate(x: Tensor, edge_index: Tensor, edge_attr: EdgeTerm = None, eps: float = 1e-7) -> Tensor:
     r"""Fused :math:`\max_{j \in \mathcal{N}(i)} \mathrm{ReLU}(\mathbf{x}_j +
     \mathbf{e}_{ji}) + \epsilon` (GENConv's max aggregation).
@@ -143,13 +157,7 @@ def gen_max_aggregate(x: Tensor, edge_index: Tensor, edge_attr: EdgeTerm = None,
     if transforms_active():  # torch.func: the plain ops, which it can differentiate and batch
         if weight is not None:
             attr = LinearEdgeFeatures(attr, weight, bias).materialize()
-        msg = x.index_select(0, src)
-        msg = (msg + attr if attr is not None else msg).relu()
-        index = dst.view(-1, 1).expand_as(msg)
-        out = msg.new_zeros(ptr.numel() - 1, x.size(1)).scatter_reduce(
-            0, index, msg, "amax", include_self=False
-        )
-        return (out + eps).masked_fill((ptr.diff() == 0).view(-1, 1), 0.0)
+        return gen_max_reference(x, src, dst, ptr, attr, eps)
     # one dtype throughout (autocast may leave x in bfloat16 and the edge terms in float32): the edge
     # terms are cast to x's, differentiably, as adding them to x's messages would
     attr, weight, bias = (t.to(x.dtype) if t is not None else None for t in (attr, weight, bias))

@@ -41,7 +41,9 @@ C++ kernels, about a minute, once per environment") and one when it is done
 Where a kernel cannot be built, its accessor (:func:`gen_max`,
 :func:`layer_norm_relu`) returns :obj:`None` after one warning and callers fall
 back to their PyTorch implementation (same function, slower).
-``REVGNN_KERNELS=0`` turns the kernels off.
+``REVGNN_KERNELS=0`` turns the kernels off; ``REVGNN_KERNELS=triton`` takes the Triton kernels
+(:mod:`revgnn.nn.triton_kernels`) for every tensor, which on CPU tensors run in Triton's interpreter
+(``TRITON_INTERPRET=1``): how CI checks the GPU path without a GPU.
 
     python -m revgnn.nn.kernels      # build them all now (verbose) and say where
 """
@@ -82,9 +84,47 @@ _LAYOUT = "2"  # bump when the cache layout or the key's meaning changes
 log = logging.getLogger(__name__)
 
 
+def mode() -> str:
+    """``REVGNN_KERNELS``: ``"native"`` (default: the C++ kernels on CPU, the Triton ones on CUDA),
+    ``"triton"`` (the Triton kernels for every tensor: CPU tensors need ``TRITON_INTERPRET=1``, set
+    before Triton is first imported) or ``"off"`` (``0``/``false``/``off``/``no``: PyTorch only)."""
+    value = os.environ.get("REVGNN_KERNELS", "1").strip().lower()
+    if value in ("0", "false", "off", "no"):
+        return "off"
+    if value == "triton":
+        return "triton"
+    if value in ("1", "true", "on", "yes", "native", ""):
+        return "native"
+    raise ValueError(f"REVGNN_KERNELS={value!r}: use 1 (native, the default), triton, or 0 (off)")
+
+
 def enabled() -> bool:
     """False when ``REVGNN_KERNELS=0`` (or ``false``/``off``)."""
-    return os.environ.get("REVGNN_KERNELS", "1").strip().lower() not in ("0", "false", "off", "no")
+    return mode() != "off"
+
+
+@lru_cache(maxsize=None)
+def triton(name: str):
+    """The Triton implementation of kernel ``name`` as a module-like namespace with the C++ module's
+    entry points (``forward``, ``backward``, and for ``gen_max`` ``shard_forward``/``shard_backward``),
+    or :obj:`None` where Triton is not installed (:mod:`revgnn.nn.triton_kernels`)."""
+    from types import SimpleNamespace
+
+    from revgnn.nn import triton_kernels as tk
+
+    if not tk.AVAILABLE:
+        return None
+    if name == "gen_max":
+        return SimpleNamespace(
+            forward=tk.gen_max_forward,
+            backward=tk.gen_max_backward,
+            shard_forward=tk.gen_max_shard_forward,
+            shard_backward=tk.gen_max_shard_backward,
+            interpreted=tk.INTERPRETED,
+        )
+    return SimpleNamespace(
+        forward=tk.layer_norm_relu_forward, backward=tk.layer_norm_relu_backward, interpreted=tk.INTERPRETED
+    )
 
 
 def _cpu_flags() -> str:

@@ -20,12 +20,17 @@ implementations of the same function, chosen per call from the inputs alone:
 
 * **the C++ kernels** of :mod:`revgnn.nn.kernels` for CPU float32/float64 tensors, where they built
   (``REVGNN_KERNELS=0`` turns them off);
-* **PyTorch** everywhere else (GPU, other dtypes, no compiler): the same outputs from PyTorch ops
+* **the Triton kernels** of :mod:`revgnn.nn.triton_kernels` for CUDA tensors (float32, float64,
+  bfloat16) where Triton is installed, and for every tensor under ``REVGNN_KERNELS=triton`` (on CPU
+  through Triton's interpreter, ``TRITON_INTERPRET=1``). They have not yet run on a GPU: only in the
+  interpreter, against the C++ kernels (``tests/test_triton_kernels.py``);
+* **PyTorch** everywhere else (other dtypes, no compiler, no Triton): the same outputs from PyTorch ops
   (``gen_max`` forms the :math:`E \times C` messages once, transiently, and keeps only the winners
   for backward, like the kernel).
 
-The choice is made inside the operator, which ``torch.compile`` does not trace into. The shard
-operators have only the C++ implementation (their caller takes PyTorch's SAR path elsewhere).
+The choice (:func:`kernel_for`) is made inside the operator, which ``torch.compile`` does not trace
+into. The shard operators have only the fused implementations (their caller takes PyTorch's SAR path
+elsewhere).
 """
 
 from __future__ import annotations
@@ -35,24 +40,46 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-__all__ = ["gen_max", "gen_max_backward", "layer_norm_relu", "layer_norm_relu_backward", "uses_kernel"]
+__all__ = [
+    "gen_max",
+    "gen_max_backward",
+    "layer_norm_relu",
+    "layer_norm_relu_backward",
+    "kernel_for",
+    "uses_kernel",
+]
 
 _FLOATS = (torch.float32, torch.float64)
 
 
-def uses_kernel(name: str, x: Tensor, *others: Optional[Tensor], num_edges: int = 0) -> bool:
-    """Whether the operators run the C++ kernel ``name`` (``"gen_max"``, ``"layer_norm_relu"``) on
-    these inputs: CPU, float32/64 throughout, fewer than 2^31 edges (the kernel keeps a winner's
-    offset as int32), and the kernel built."""
+def kernel_for(name: str, x: Tensor, *others: Optional[Tensor], num_edges: int = 0):
+    """The module whose entry points the operators call for these inputs, or :obj:`None` for the
+    PyTorch implementation: the C++ kernel ``name`` (``"gen_max"``, ``"layer_norm_relu"``) for CPU
+    float32/64 with fewer than 2^31 edges (a winner's offset is int32) where it built; the Triton
+    kernels for CUDA tensors where Triton is installed, or for every tensor under
+    ``REVGNN_KERNELS=triton`` (:func:`revgnn.nn.kernels.mode`). All tensors must share ``x``'s dtype
+    and device."""
     from revgnn.nn import kernels
 
-    return (
-        x.device.type == "cpu"
-        and x.dtype in _FLOATS
-        and all(t is None or (t.dtype == x.dtype and t.device.type == "cpu") for t in others)
-        and num_edges < 2**31
-        and getattr(kernels, name)() is not None
-    )
+    mode = kernels.mode()
+    if mode == "off" or not all(t is None or (t.dtype == x.dtype and t.device == x.device) for t in others):
+        return None
+    if mode == "triton" or x.device.type == "cuda":
+        module = kernels.triton(name) if x.dtype in (*_FLOATS, torch.bfloat16) else None
+        if mode == "triton" and (module is None or (x.device.type == "cpu" and not module.interpreted)):
+            raise RuntimeError(
+                "REVGNN_KERNELS=triton needs Triton (pip install triton) and, for CPU tensors, "
+                "TRITON_INTERPRET=1 set before Triton is first imported"
+            )
+        return module
+    if x.device.type == "cpu" and x.dtype in _FLOATS and num_edges < 2**31:
+        return getattr(kernels, name)()
+    return None
+
+
+def uses_kernel(name: str, x: Tensor, *others: Optional[Tensor], num_edges: int = 0) -> bool:
+    """Whether the operators run a fused kernel (C++ or Triton, :func:`kernel_for`) on these inputs."""
+    return kernel_for(name, x, *others, num_edges=num_edges) is not None
 
 
 def _empty(like: Tensor) -> Tensor:
@@ -169,11 +196,10 @@ def gen_max(
     kernel); ``arg`` ``[N, C]`` int32 is the first winning edge's offset in its node's segment (-1
     where the maximum is not positive), ``tied`` ``[N]`` uint8 whether a positive maximum was reached
     by several edges."""
-    if uses_kernel("gen_max", x, attr, weight, bias, num_edges=src.numel()):
-        from revgnn.nn import kernels
-
+    kernel = kernel_for("gen_max", x, attr, weight, bias, num_edges=src.numel())
+    if kernel is not None:
         wt = weight.t().contiguous() if weight is not None else None
-        return tuple(kernels.gen_max().forward(x, ptr, src, attr, wt, bias, eps))
+        return tuple(kernel.forward(x, ptr, src, attr, wt, bias, eps))
     return _gen_max_torch(x, ptr, src, attr, weight, bias, eps)
 
 
@@ -201,11 +227,10 @@ def gen_max_backward(
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """The gradients of :func:`gen_max`'s ``out`` for ``x``, ``attr``, ``weight``, ``bias`` (an empty
     tensor where not asked for, or where that input is absent)."""
-    if uses_kernel("gen_max", x, attr, weight, bias, num_edges=src.numel()):
-        from revgnn.nn import kernels
-
+    kernel = kernel_for("gen_max", x, attr, weight, bias, num_edges=src.numel())
+    if kernel is not None:
         wt = weight.t().contiguous() if weight is not None else None
-        grads = kernels.gen_max().backward(
+        grads = kernel.backward(
             grad, arg, tied, x, ptr, src, attr, wt, bias, need_x, need_attr, need_w, need_b
         )
     else:
@@ -270,10 +295,9 @@ def layer_norm_relu(
 ) -> Tuple[Tensor, Tensor, Tensor]:
     r"""``(out, mean, rstd)``: ``out = relu((x - mean) * rstd * weight + bias) * mask`` over the last
     dimension of ``x`` ``[N, C]`` (rows may be strided), ``mask`` optional; ``mean``, ``rstd`` ``[N]``."""
-    if uses_kernel("layer_norm_relu", x, weight, bias, mask):
-        from revgnn.nn import kernels
-
-        return tuple(kernels.layer_norm_relu().forward(x, weight, bias, eps, mask))
+    kernel = kernel_for("layer_norm_relu", x, weight, bias, mask)
+    if kernel is not None:
+        return tuple(kernel.forward(x, weight, bias, eps, mask))
     y, mean, rstd = torch.native_layer_norm(x, (x.size(1),), weight, bias, eps)
     out = y.relu()
     return out * mask if mask is not None else out, mean.view(-1), rstd.view(-1)
@@ -300,12 +324,9 @@ def layer_norm_relu_backward(
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """The gradients of :func:`layer_norm_relu`'s ``out`` for ``x``, ``weight``, ``bias`` (an empty
     tensor where not asked for)."""
-    if uses_kernel("layer_norm_relu", x, weight, bias, mask):
-        from revgnn.nn import kernels
-
-        grads = kernels.layer_norm_relu().backward(
-            grad, x, weight, bias, mean, rstd, mask, need_x, need_w, need_b
-        )
+    kernel = kernel_for("layer_norm_relu", x, weight, bias, mask)
+    if kernel is not None:
+        grads = kernel.backward(grad, x, weight, bias, mean, rstd, mask, need_x, need_w, need_b)
     else:
         c = x.size(1)
         y = (x - mean.view(-1, 1)) * rstd.view(-1, 1) * weight + bias
@@ -358,10 +379,11 @@ def gen_max_shard(
     """GEN max over one shard of a SAR graph: the sources are the rows of ``x`` (a fetched block), the
     destinations ``ptr.numel() - 1``; ``(max, arg, tied, count)`` with the ReLU'd maximum without
     :math:`\\epsilon` and the per (node, channel) tie counts (C++ kernel only)."""
-    from revgnn.nn import kernels
-
+    kernel = kernel_for("gen_max", x, attr, weight, bias, num_edges=src.numel())
+    if kernel is None:
+        raise RuntimeError("revgnn.gen_max_shard: no fused kernel for these inputs (the caller checks first)")
     wt = weight.t().contiguous() if weight is not None else None
-    return tuple(kernels.gen_max().shard_forward(x, ptr, src, attr, wt, bias))
+    return tuple(kernel.shard_forward(x, ptr, src, attr, wt, bias))
 
 
 @gen_max_shard.register_fake
@@ -392,10 +414,11 @@ def gen_max_shard_backward(
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """The gradients of :func:`gen_max_shard` for the fetched rows (always), ``attr``, ``weight`` and
     ``bias`` (an empty tensor where not asked for)."""
-    from revgnn.nn import kernels
-
+    kernel = kernel_for("gen_max", x, attr, weight, bias, num_edges=src.numel())
+    if kernel is None:
+        raise RuntimeError("revgnn.gen_max_shard_backward: no fused kernel for these inputs")
     wt = weight.t().contiguous() if weight is not None else None
-    grads = kernels.gen_max().shard_backward(
+    grads = kernel.shard_backward(
         grad, arg, tied, x, ptr, src, attr, wt, bias, True, need_attr, need_w, need_b
     )
     return tuple(_or_empty(g, x) for g in grads)
