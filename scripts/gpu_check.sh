@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The prepared GPU check (<= 8 minutes on one GPU): CUDA correctness tests, then one
+# The prepared GPU check (<= 10 minutes on one GPU): CUDA correctness tests, the Triton kernels'
+# check (scripts/gpu_check_triton.py), then one
 # RevGNN-Deep (1001 x 80) training step on a proteins-sized generated sub-graph
 # (13.2k nodes, 0.79M edges), fp32, bf16 autocast, and bf16 with the exact coupling
 # (quantize=16): peak max_memory_allocated and
@@ -27,8 +28,13 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 # REVGNN_KERNELS=0: the C++ kernels are CPU-only (CI tests them); building them here would cost
 # about a minute of the budget, and the GPU image may lack ninja.
 REVGNN_KERNELS=0 "$PY" -m pytest tests/test_cuda.py tests/test_group_rev.py tests/test_gen_max.py -q 2>&1 | tee "$OUT_DIR/tests.log"
-for flags in "" "--bf16" "--bf16 --quantize 16"; do
-  timeout 120 "$PY" scripts/bench_step.py --model revgnn_deep --device cuda --steps 2 $flags \
-    | tee -a "$OUT_DIR/gpu_check.jsonl"
+# the Triton kernels (the operators' CUDA implementation) against a float64 PyTorch reference, then
+# the same step through them (REVGNN_KERNELS=1, the default) and through the PyTorch path (=0)
+timeout 300 "$PY" scripts/gpu_check_triton.py | tee -a "$OUT_DIR/gpu_check.jsonl"
+for kernels in 1 0; do
+  for flags in "" "--bf16" "--bf16 --quantize 16"; do
+    REVGNN_KERNELS=$kernels timeout 120 "$PY" scripts/bench_step.py --model revgnn_deep --device cuda --steps 2 $flags \
+      | sed "s/^{/{\"revgnn_kernels\": $kernels, /" | tee -a "$OUT_DIR/gpu_check.jsonl"
+  done
 done
 echo "paper (V100, RevGNN-Deep): 2.86 GB peak, ~58 s per step"
