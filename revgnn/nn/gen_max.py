@@ -82,7 +82,8 @@ def sparse_to_edge_index(adj_t: Tensor, num_nodes: int) -> EdgeIndex:
 
 
 def sort_edges(edge_index, edge_attr: Optional[Tensor], num_nodes: int):
-    """Destination-sorted :class:`torch_geometric.EdgeIndex` (and edge features in that order).
+    """Destination-sorted :class:`torch_geometric.EdgeIndex` (and edge features in that order), its CSC
+    pointer filled.
 
     Sorting once per forward pass lets every layer aggregate over contiguous
     segments (CSR) instead of sorting or scattering in each of hundreds of
@@ -90,17 +91,29 @@ def sort_edges(edge_index, edge_attr: Optional[Tensor], num_nodes: int):
     ``adj_t`` (:func:`sparse_to_edge_index`). A destination-sorted ``EdgeIndex`` is returned unchanged,
     and so is a graph that is not a tensor (a ``SparseTensor``, a distributed ``SARGraph``).
     """
+    if isinstance(edge_index, EdgeIndex) and edge_index.is_sorted_by_col and edge_index._indptr is not None:
+        return edge_index, edge_attr
     if not isinstance(edge_index, Tensor):
         return edge_index, edge_attr
+    return _sorted(edge_index, edge_attr, num_nodes)
+
+
+# torch.compile: an EdgeIndex built inside a compiled graph fails in dynamo (its __new__ resumes after a
+# graph break without its data: "'EdgeIndex' object has no attribute '_data'", seen in the full test
+# run), and a lazily filled CSC cache is a metadata mutation of a graph input. So a sort runs eagerly
+# (one graph break, none when the input is a sorted EdgeIndex already) and hands the compiled graph a
+# finished EdgeIndex, its CSC pointer filled.
+@torch.compiler.disable
+def _sorted(edge_index: Tensor, edge_attr: Optional[Tensor], num_nodes: int):
     if edge_index.layout != torch.strided:
         edge_index = sparse_to_edge_index(edge_index, num_nodes)
-    if isinstance(edge_index, EdgeIndex) and edge_index.is_sorted_by_col:
-        return edge_index, edge_attr
-    if not isinstance(edge_index, EdgeIndex):
-        edge_index = EdgeIndex(edge_index.contiguous(), sparse_size=(num_nodes, num_nodes))
-    edge_index, perm = edge_index.sort_by("col")
-    if edge_attr is not None and perm is not None:
-        edge_attr = edge_attr.index_select(0, perm)
+    if not (isinstance(edge_index, EdgeIndex) and edge_index.is_sorted_by_col):
+        if not isinstance(edge_index, EdgeIndex):
+            edge_index = EdgeIndex(edge_index.contiguous(), sparse_size=(num_nodes, num_nodes))
+        edge_index, perm = edge_index.sort_by("col")
+        if edge_attr is not None and perm is not None:
+            edge_attr = edge_attr.index_select(0, perm)
+    edge_index.get_csc()  # filled here, not lazily inside a compiled graph
     return edge_index, edge_attr
 
 
