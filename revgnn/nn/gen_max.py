@@ -62,9 +62,7 @@ def sparse_to_edge_index(adj_t: Tensor, num_nodes: int) -> EdgeIndex:
         )
     if adj_t.layout == torch.sparse_csr:
         ptr, src, values = adj_t.crow_indices(), adj_t.col_indices(), adj_t.values()
-        dst = torch.repeat_interleave(
-            torch.arange(num_nodes, device=ptr.device), ptr.diff(), output_size=src.numel()
-        )
+        dst = ops.destinations(ptr, src.numel())
         order = "col"
     elif adj_t.layout == torch.sparse_coo:
         (dst, src), values = adj_t._indices(), adj_t._values()

@@ -93,7 +93,8 @@ def _or_empty(t: Optional[Tensor], like: Tensor) -> Tensor:
 # ----------------------------------------------------------------------------------- GEN max
 
 
-def _destinations(ptr: Tensor, num_edges: int) -> Tensor:
+def destinations(ptr: Tensor, num_edges: int) -> Tensor:
+    """The destination of every edge of a CSC pointer ``ptr`` ``[N + 1]`` (``num_edges`` given: no sync)."""
     n = ptr.numel() - 1
     return torch.repeat_interleave(torch.arange(n, device=ptr.device), ptr.diff(), output_size=num_edges)
 
@@ -110,7 +111,7 @@ def _messages(
 
 def _gen_max_torch(x, ptr, src, attr, weight, bias, eps):
     n, c, e = ptr.numel() - 1, x.size(1), src.numel()
-    dst = _destinations(ptr, e)
+    dst = destinations(ptr, e)
     msg = _messages(x, src, attr, weight, bias)
     index = dst.view(-1, 1).expand(e, c)
     top = msg.new_full((n, c), float("-inf")).scatter_reduce_(0, index, msg, "amax")  # NaN propagates
@@ -156,7 +157,7 @@ def _gen_max_backward_torch(
             )
     nodes = tied.nonzero().flatten()
     if nodes.numel():  # the edges of tied nodes: split each node's gradient among its maxima
-        dst = _destinations(ptr, src.numel())
+        dst = destinations(ptr, src.numel())
         edges = (tied.index_select(0, dst) != 0).nonzero().flatten()
         d = dst.index_select(0, edges)
         a = attr.index_select(0, edges) if attr is not None else None
