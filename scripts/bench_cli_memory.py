@@ -218,7 +218,7 @@ def breakdown_child(args, depth: int) -> None:
     probe(torch.nn.utils, "clip_grad_norm_", "clip")
     probe(torch.optim.Adam, "step", "optimizer step")
     probe(revgnn.engine.tasks.NodeTask, "evaluate", "evaluate")
-    probe(revgnn.engine.loop, "atomic_save", "checkpoint")
+    probe(revgnn.engine.loop, "save_checkpoint", "checkpoint")
     probe(revgnn.engine.loop, "atomic_copy", "checkpoint")
     root = Path(tempfile.mkdtemp(prefix="revgnn_cli_memory_breakdown_"))
     overrides = [o for o in workload(args, depth, root) if not o.startswith("hydra.")]

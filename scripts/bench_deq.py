@@ -463,10 +463,12 @@ def train_run(args, seed: int, arm: Arm, out_dir: str):
     import csv
 
     from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
 
     import revgnn.config  # noqa: F401  (registers the schemas)
-    from revgnn.engine.checkpoint import load_checkpoint
-    from revgnn.engine.loop import check_resume_config, train
+    from revgnn.engine.checkpoint import check_resume_config, load_trained
+    from revgnn.engine.loop import train
+    from revgnn.engine.reports import Summary
 
     config_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "revgnn", "configs")
     overrides = [
@@ -492,15 +494,18 @@ def train_run(args, seed: int, arm: Arm, out_dir: str):
     cfg.output_dir = out_dir
     cfg.overwrite = True  # a run that is not reused is trained again from the start, over the old one
     summary_path = os.path.join(out_dir, "summary.json")
-    previous = json.load(open(summary_path)) if args.reuse and os.path.exists(summary_path) else {}
-    if previous.get("status") == "completed":  # an interrupted or failed run is trained again
-        if previous.get("epochs") != args.epochs:
-            raise SystemExit(f"--reuse: {out_dir} holds a run of {previous.get('epochs')} epochs")
+    previous = Summary.read(summary_path) if args.reuse and os.path.exists(summary_path) else None
+    if (
+        previous is not None and previous.status == "completed"
+    ):  # an interrupted or failed run is trained again
+        if previous.epochs != args.epochs:
+            raise SystemExit(f"--reuse: {out_dir} holds a run of {previous.epochs} epochs")
         try:
-            check_resume_config(load_checkpoint(os.path.join(out_dir, "last.pt"))["config"], cfg, out_dir)
+            saved = load_trained(os.path.join(out_dir, "last.pt")).config
+            check_resume_config(OmegaConf.to_container(saved), cfg, out_dir)
         except ValueError as e:
             raise SystemExit(f"--reuse: {e}\ngive --out-dir another folder") from None
-        summary, reused = previous, True
+        summary, reused = previous.to_dict(), True
     else:
         summary, reused = train(cfg), False
     rows = list(csv.DictReader(open(os.path.join(out_dir, "metrics.csv"))))
@@ -764,11 +769,10 @@ def bench_jacobian(args) -> None:
 
     import torch
     from hydra.utils import instantiate
-    from omegaconf import OmegaConf
 
     import revgnn.config  # noqa: F401  (registers the schemas)
     from revgnn.deq import DEQConvergenceWarning
-    from revgnn.engine.checkpoint import load_checkpoint
+    from revgnn.engine.checkpoint import load_trained
     from revgnn.engine.loop import build_model
     from revgnn.engine.tasks import make_task, shapes
 
@@ -779,12 +783,12 @@ def bench_jacobian(args) -> None:
     table = []
     for arm in args.arms:
         for seed in args.seeds_list:
-            ckpt = load_checkpoint(os.path.join(args.out_dir, f"{arm.folder}_s{seed}", "last.pt"))
-            cfg = OmegaConf.create(ckpt["config"])
+            trained = load_trained(os.path.join(args.out_dir, f"{arm.folder}_s{seed}", "last.pt"))
+            cfg = trained.config
             ds = instantiate(cfg.data)
             model = build_model(cfg.model, shapes(ds))
-            model.load_state_dict(ckpt["model"])
-            model.set_epoch(ckpt["epoch"])  # the equilibrium phase, after any unrolled pretraining
+            model.load_state_dict(trained.model_state)
+            model.set_epoch(trained.epoch)  # the equilibrium phase, after any unrolled pretraining
             task = make_task(ds, cfg.trainer)
             for part_seed in range(args.seeds):
                 r = jacobian_at_equilibrium(model, task, part_seed)
@@ -794,7 +798,7 @@ def bench_jacobian(args) -> None:
                     [
                         arm.label,
                         seed,
-                        ckpt["epoch"],
+                        trained.epoch,
                         part_seed,
                         f"{evals} ({budget})",
                         f"{r['frobenius']:.4f}",

@@ -213,7 +213,8 @@ def _model(shapes, cfg):
 def _epochs(model, task, backend, cfg, barrier=None):
     """``cfg['epochs']`` epochs of the loop's ``train_step``; returns
     (idle peak RSS, peak RSS, fastest epoch s)."""
-    from revgnn.engine.loop import seed_stream, train_step
+    from revgnn.engine.loop import train_step
+    from revgnn.engine.seeds import Stream, seed_stream
     from revgnn.utils.flat import build_optimizer
 
     optimizer, flat = build_optimizer(model, lambda ps: torch.optim.Adam(ps, lr=1e-3), True)
@@ -221,7 +222,7 @@ def _epochs(model, task, backend, cfg, barrier=None):
     sync()
     base, times = _rss_peak_mb(), []
     for epoch in range(1, cfg["epochs"] + 1):
-        gen = torch.Generator().manual_seed(seed_stream(0, epoch, 0))
+        gen = torch.Generator().manual_seed(seed_stream(0, epoch, Stream.TRAIN_BATCHES))
         sync()
         t = time.perf_counter()
         for step in task.train_steps(gen, "cpu"):

@@ -131,3 +131,32 @@ class HostSyncs(torch.overrides.TorchFunctionMode):
         if func in self.READS:
             self.count += 1
         return func(*args, **(kwargs or {}))
+
+
+def run_summary(**fields):
+    """A :class:`~revgnn.engine.reports.Summary` of a made-up completed run; ``fields`` replace its values."""
+    from revgnn.engine.reports import Summary
+
+    base = dict(
+        name="run",
+        seed=0,
+        model="revgnn_deep",
+        data="ogbn-proteins",
+        metric="rocauc",
+        num_parameters=20031384,
+        epochs=2000,
+        best_epoch=2000,
+        highest_train=0.9,
+        highest_valid=0.8,
+        final_test=0.79,
+        checkpoint_test=None,
+        epoch_time_s=40.0,
+        peak_memory_mb=1000.0,
+        device="cpu",
+        bf16=False,
+        backend="local",
+        world_size=1,
+        status="completed",
+        output_dir="outputs/run",
+    )
+    return Summary(**{**base, **fields})

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import CONFIG_DIR, REPO, TINY_RUN
+from conftest import CONFIG_DIR, REPO, TINY_RUN, run_summary
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
@@ -88,18 +88,7 @@ def test_two_seed_sweep_through_submitit_local(tmp_path):
 
 
 def _summary(seed, epochs, valid=0.8, test=0.79):
-    return {
-        "seed": seed,
-        "epochs": epochs,
-        "best_epoch": epochs,
-        "highest_valid": valid,
-        "final_test": test,
-        "metric": "rocauc",
-        "num_parameters": 20031384,
-        "peak_memory_mb": 1000.0,
-        "epoch_time_s": 40.0,
-        "device": "cpu",
-    }
+    return run_summary(seed=seed, epochs=epochs, best_epoch=epochs, highest_valid=valid, final_test=test)
 
 
 def _this_run_cells(table):
@@ -163,7 +152,9 @@ def test_reproduce_with_a_launcher_runs_one_sweep_and_tables_every_seed(tmp_path
         sweep = Path(next(c for c in cmd if c.startswith("hydra.sweep.dir=")).split("=", 1)[1])
         for job, seed in enumerate((0, 1, 2)):
             (sweep / f"{job}_seed={seed}").mkdir(parents=True)
-            (sweep / f"{job}_seed={seed}" / "summary.json").write_text(json.dumps(_summary(seed, 3)))
+            (sweep / f"{job}_seed={seed}" / "summary.json").write_text(
+                json.dumps(_summary(seed, 3).to_dict())
+            )
         return subprocess.CompletedProcess(cmd, 0)
 
     monkeypatch.setattr(reproduce.subprocess, "run", fake_run)

@@ -1,9 +1,11 @@
 """The official ogbn-proteins protocol (issue 15): group init by copy, uniform partitions in shuffled
 order, a fixed selection view, the final multi-view test of ``best.pt``, duplicate edges."""
 
+import dataclasses
+
 import pytest
 import torch
-from conftest import TINY_GRAPH
+from conftest import TINY_GRAPH, run_summary
 
 from revgnn.models import create_model
 from revgnn.models.components import first_block
@@ -221,7 +223,8 @@ def test_final_test_scores_the_best_checkpoint_not_the_last_model(tmp_path, monk
     import json
 
     from revgnn.engine.checkpoint import load_checkpoint
-    from revgnn.engine.loop import build_model, seed_stream
+    from revgnn.engine.loop import build_model
+    from revgnn.engine.seeds import Stream, seed_stream
     from revgnn.engine.tasks import NodeTask
     from revgnn.evaluate import Scorer, predict
 
@@ -244,7 +247,7 @@ def test_final_test_scores_the_best_checkpoint_not_the_last_model(tmp_path, monk
         ckpt = load_checkpoint(str(tmp_path / name))
         model = build_model(cfg.model, NodeTask(ds, cfg.trainer).shapes)
         model.load_state_dict(ckpt["model"])
-        g = torch.Generator().manual_seed(seed_stream(cfg.seed, 0, 2))
+        g = torch.Generator().manual_seed(seed_stream(cfg.seed, 0, Stream.CHECKPOINT_TEST))
         return ckpt["epoch"], Scorer.for_dataset(ds)(predict(model, ds, 2, 2, g, mode="uniform"))
 
     epoch, best = test_of("best.pt")
@@ -281,26 +284,28 @@ def test_reproduce_table_has_the_final_test_column_with_the_paper_number():
     from revgnn.cli import reproduce
 
     def summary(seed, test):
-        return {
-            "seed": seed,
-            "epochs": 2000,
-            "best_epoch": 1500,
-            "highest_valid": 0.9,
-            "final_test": 0.87,
-            "checkpoint_test": {
-                "epoch": 1500,
-                "views": 10,
-                "parts": 3,
-                "train": 0.95,
-                "valid": 0.91,
-                "test": test,
-            },
-            "metric": "rocauc",
-            "num_parameters": 20031384,
-            "peak_memory_mb": 1000.0,
-            "epoch_time_s": 40.0,
-            "device": "cuda",
-        }
+        return run_summary(
+            **{
+                "seed": seed,
+                "epochs": 2000,
+                "best_epoch": 1500,
+                "highest_valid": 0.9,
+                "final_test": 0.87,
+                "checkpoint_test": {
+                    "epoch": 1500,
+                    "views": 10,
+                    "parts": 3,
+                    "train": 0.95,
+                    "valid": 0.91,
+                    "test": test,
+                },
+                "metric": "rocauc",
+                "num_parameters": 20031384,
+                "peak_memory_mb": 1000.0,
+                "epoch_time_s": 40.0,
+                "device": "cuda",
+            }
+        )
 
     table = reproduce.format_table("proteins_revgnn_deep", [summary(0, 0.88), summary(1, 0.87)], [], 2000)
     lines = table.splitlines()
@@ -311,7 +316,7 @@ def test_reproduce_table_has_the_final_test_column_with_the_paper_number():
     paper = next(line for line in lines if line.startswith("| paper"))
     assert [c.strip() for c in paper.split("|")[2:5]] == ["", "", "87.74 ± 0.13"]
     assert "0: 90.00 / 87.00 / 1500 / 88.00" in table
-    mixed = [summary(0, 0.88), {**summary(1, 0.87), "checkpoint_test": None}]
+    mixed = [summary(0, 0.88), dataclasses.replace(summary(1, 0.87), checkpoint_test=None)]
     with pytest.raises(ValueError, match="some seeds ran the final test"):
         reproduce.format_table("proteins_revgnn_deep", mixed, [], 2000)
 

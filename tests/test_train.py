@@ -81,6 +81,35 @@ def test_resume_is_exact(tmp_path):
         assert [int(r["epoch"]) for r in csv.DictReader(f)] == [1, 2, 3, 4]
 
 
+@pytest.mark.parametrize("split", [1, 3])
+def test_resume_at_any_epoch_equals_the_uninterrupted_run(tmp_path, split):
+    """5 epochs evaluated every 2 (and at the last) equal ``split`` + the rest resumed in the same
+    directory: the first leg's closing evaluation of its last epoch (off the schedule; at split 3 it
+    improves on epoch 2 and writes best.pt) is undone by the resume, best.pt put back."""
+    every = ["trainer.eval_every=2"]
+    train(_cfg(tmp_path / "full", "trainer.epochs=5", *every))
+    leg = tmp_path / "legs"
+    first = train(_cfg(leg, f"trainer.epochs={split}", *every))
+    assert first["best_epoch"] == split  # the closing evaluation improved: the case to undo
+    train(_cfg(leg, "trainer.epochs=5", *every, f"ckpt_path={leg / 'last.pt'}"))
+    timing = {"epoch_time_s", "peak_memory_mb"}  # measurements, not results
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in timing} for r in rows]  # noqa: E731
+    for name in ("last.pt", "best.pt"):
+        a, b = load_checkpoint(str(tmp_path / "full" / name)), load_checkpoint(str(leg / name))
+        assert a["epoch"] == b["epoch"] and a["best"] == b["best"], name
+        assert strip(a["history"]) == strip(b["history"]), name
+        assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"]), name
+    with open(tmp_path / "full" / "metrics.csv") as f, open(leg / "metrics.csv") as g:
+        assert strip(csv.DictReader(f)) == strip(csv.DictReader(g))
+    assert [
+        int(r["epoch"]) for r in strip(load_checkpoint(str(leg / "last.pt"))["history"]) if r["valid"] != ""
+    ] == [
+        2,
+        4,
+        5,
+    ]
+
+
 def test_nan_loss_stops_with_clear_error_and_keeps_last_good_checkpoint(tmp_path):
     cfg = _cfg(tmp_path, "trainer.epochs=3")
     cfg.model = OmegaConf.create(

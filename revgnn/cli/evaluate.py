@@ -49,20 +49,20 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
     import torch
     from hydra.utils import instantiate
-    from omegaconf import OmegaConf
 
     from revgnn.config import ConfigError
     from revgnn.engine.backends import resolve_device
-    from revgnn.engine.checkpoint import load_checkpoint
-    from revgnn.engine.loop import build_model, seed_stream
+    from revgnn.engine.checkpoint import load_trained
+    from revgnn.engine.loop import build_model
+    from revgnn.engine.seeds import evaluation_seed
     from revgnn.engine.tasks import make_task, shapes
 
     try:
         device = resolve_device(args.device, "--device")
-        ckpt = load_checkpoint(args.checkpoint)
+        trained = load_trained(args.checkpoint)
     except (ConfigError, FileNotFoundError) as e:  # the machine or the file: no usage text
         parser.exit(2, f"{parser.prog}: error: {e}\n")
-    cfg = OmegaConf.create(ckpt["config"])
+    cfg = trained.config
     if args.data_root is not None:
         if "root" not in cfg.data:
             parser.error(
@@ -71,20 +71,20 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         cfg.data.root = args.data_root
     ds = instantiate(cfg.data)
     model = build_model(cfg.model, shapes(ds))
-    model.load_state_dict(ckpt["model"])
+    model.load_state_dict(trained.model_state)
     model.to(device)
     cfg.trainer.eval_views = views = args.views if args.views is not None else cfg.trainer.eval_views
     cfg.trainer.eval_parts = parts = args.parts if args.parts is not None else cfg.trainer.eval_parts
     # the views training scored this checkpoint on: fixed ones are drawn from the run's seed alone
-    view_epoch = 0 if cfg.trainer.get("fixed_eval_views") else ckpt["epoch"]
-    seed = args.seed if args.seed is not None else seed_stream(cfg.seed, view_epoch, 1)
+    fixed = bool(cfg.trainer.get("fixed_eval_views"))
+    seed = args.seed if args.seed is not None else evaluation_seed(cfg.seed, trained.epoch, fixed)
     task = make_task(ds, cfg.trainer)  # node level: multi-view inference; graph level: batched graphs
     scores = task.evaluate(model, torch.Generator().manual_seed(seed), device)
     print(
         json.dumps(
             {
                 "checkpoint": args.checkpoint,
-                "epoch": ckpt["epoch"],
+                "epoch": trained.epoch,
                 "views": views,
                 "parts": parts,
                 "metric": task.metric,

@@ -30,16 +30,18 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 from revgnn.cli import ranged
+
+if TYPE_CHECKING:
+    from revgnn.engine.reports import Summary
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
@@ -113,9 +115,9 @@ def _smoke_overrides(experiment: str, data_root: str) -> List[str]:
 def recipe_changes(overrides: Sequence[str]) -> List[str]:
     """The ``overrides`` that change the experiment's recipe: those of the model, data, optimiser and
     trainer (their groups or keys), except the keys a resume may change as well because they leave
-    the run as it is (``revgnn.engine.loop.RESUME_FREE``: where the data is, the final test's
+    the run as it is (``revgnn.engine.checkpoint.RESUME_FREE``: where the data is, the final test's
     views) and ``trainer.epochs``, which a table reports as a short run."""
-    from revgnn.engine.loop import RESUME_FREE
+    from revgnn.engine.checkpoint import RESUME_FREE
 
     out = []
     for o in overrides:
@@ -135,7 +137,7 @@ def _epochs_label(epochs: Sequence[int], recipe: int) -> str:
 
 def format_table(
     experiment: str,
-    summaries: List[Dict],
+    summaries: List["Summary"],
     overrides: Sequence[str],
     recipe: int,
     smoke: bool = False,
@@ -145,7 +147,7 @@ def format_table(
     ``recipe`` epochs, or ``overrides`` change the recipe (:func:`recipe_changes`: the model, data,
     optimiser or trainer), the title says so and every number of this run carries the label."""
     label, paper_mean, paper_std = paper_score(experiment)
-    epochs = [int(s["epochs"]) for s in summaries]
+    epochs = [s.epochs for s in summaries]
     short = smoke or min(epochs) < recipe
     changed = [] if smoke else recipe_changes(overrides)  # a smoke run changes everything: it says so
     notes = (["smoke"] if smoke else []) + ([_epochs_label(epochs, recipe)] if short else [])
@@ -164,10 +166,10 @@ def format_table(
         title = f"# {experiment} (short run: {_epochs_label(epochs, recipe)} — not comparable to the paper)"
     else:
         title = f"# {experiment}"
-    valid = _mean_std([100 * s["highest_valid"] for s in summaries])
-    test = _mean_std([100 * s["final_test"] for s in summaries])
+    valid = _mean_std([100 * s.highest_valid for s in summaries])
+    test = _mean_std([100 * s.final_test for s in summaries])
     # the final test of best.pt (trainer.test_views), a column of its own when the runs have it
-    tested = [s.get("checkpoint_test") for s in summaries]
+    tested = [s.checkpoint_test for s in summaries]
     if any(t is None for t in tested) and not all(t is None for t in tested):
         raise ValueError(
             "some seeds ran the final test of best.pt and others did not: one table needs one protocol"
@@ -179,26 +181,24 @@ def format_table(
             raise ValueError(f"the seeds' final tests used different views x parts: {sorted(protocols)}")
         ((views, parts),) = protocols
         checkpoint = _mean_std([100 * t["test"] for t in tested])
-    params = summaries[0]["num_parameters"]
-    memory = max(s["peak_memory_mb"] for s in summaries)
-    epoch_time = statistics.mean(s["epoch_time_s"] for s in summaries)
-    device = summaries[0]["device"]
+    params = summaries[0].num_parameters
+    memory = max(s.peak_memory_mb for s in summaries)
+    epoch_time = statistics.mean(s.epoch_time_s for s in summaries)
+    device = summaries[0].device
     paper = f"{paper_mean:.2f}" + (f" ± {paper_std:.2f}" if paper_std is not None else "")
 
-    def seed_entry(s: Dict) -> str:
-        entry = (
-            f"{s['seed']}: {100 * s['highest_valid']:.2f} / {100 * s['final_test']:.2f} / {s['best_epoch']}"
-        )
+    def seed_entry(s: "Summary") -> str:
+        entry = f"{s.seed}: {100 * s.highest_valid:.2f} / {100 * s.final_test:.2f} / {s.best_epoch}"
         if final:
-            entry += f" / {100 * s['checkpoint_test']['test']:.2f}"
+            entry += f" / {100 * s.checkpoint_test['test']:.2f}"
         if short:
-            entry += f" ({'smoke, ' if smoke else ''}{int(s['epochs'])} of {recipe} epochs)"
+            entry += f" ({'smoke, ' if smoke else ''}{s.epochs} of {recipe} epochs)"
         return entry + (" (changed)" if changed else "")
 
     lines = [
         title,
         "",
-        f"{len(summaries)} seeds; metric: {summaries[0]['metric']} × 100; mean ± unbiased std. "
+        f"{len(summaries)} seeds; metric: {summaries[0].metric} × 100; mean ± unbiased std. "
         f"Epochs per seed: {_epochs_label(epochs, recipe)} (the recipe's trainer.epochs: {recipe}). "
         f"Extra overrides: `{' '.join(overrides) or 'none'}`.",
     ]
@@ -227,7 +227,7 @@ def format_table(
     return "\n".join(lines)
 
 
-def _run_sequential(args, out: Path, seeds: int, overrides: List[str]) -> List[Dict]:
+def _run_sequential(args, out: Path, seeds: int, overrides: List[str]) -> List["Summary"]:
     summaries = []
     for seed in range(seeds):
         run_dir = out / f"seed_{seed}"
@@ -245,9 +245,14 @@ def _run_sequential(args, out: Path, seeds: int, overrides: List[str]) -> List[D
         code = subprocess.run(cmd).returncode
         if code:  # the run has said why, above
             raise SystemExit(f"revgnn-reproduce: the run of seed {seed} failed (exit status {code})")
-        with open(run_dir / "summary.json") as f:
-            summaries.append(json.load(f))
+        summaries.append(_read_summary(run_dir / "summary.json"))
     return summaries
+
+
+def _read_summary(path: Path) -> "Summary":
+    from revgnn.engine.reports import Summary
+
+    return Summary.read(str(path))
 
 
 def have_submitit() -> bool:
@@ -280,11 +285,10 @@ def _run_sweep(args, out: Path, seeds: int, overrides: List[str]) -> tuple:
     ]
     print("$", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
-    by_seed: Dict[int, List[Dict]] = {}
+    by_seed: Dict[int, List["Summary"]] = {}
     for path in sorted(sweep_dir.rglob("summary.json")):
-        with open(path) as f:
-            s = json.load(f)
-        by_seed.setdefault(int(s["seed"]), []).append(s)
+        s = _read_summary(path)
+        by_seed.setdefault(s.seed, []).append(s)
     missing = [s for s in range(seeds) if s not in by_seed]
     if missing:
         raise SystemExit(f"revgnn-reproduce: no summary.json for seed(s) {missing} under {sweep_dir}")

@@ -64,9 +64,6 @@ class Backend:
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
         return model
 
-    def seed_workers(self, seed: int) -> None:
-        """Seeds what differs between workers after the (identical) model initialisation: dropout."""
-
     def all_reduce(self, t: Tensor) -> Tensor:
         """Sum over workers (in place where possible); returns the sum."""
         return t
@@ -160,9 +157,6 @@ class DistributedBackend(Backend):
 
         broadcast_parameters(model)
         return model
-
-    def seed_workers(self, seed: int) -> None:
-        torch.manual_seed(seed + self.rank)  # independent dropout masks per worker
 
     def all_reduce(self, t: Tensor) -> Tensor:
         from revgnn.distributed.comm import all_reduce_sum

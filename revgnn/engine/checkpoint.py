@@ -1,23 +1,32 @@
-"""Run files that survive a crash: checkpoints and text written atomically, and checkpoint loading.
+"""The checkpoint format (written, read, resumed from) and run files that survive a crash.
+
+A checkpoint (``last.pt`` every epoch, ``best.pt`` a byte copy of the best epoch's) holds the model, the
+optimiser, every worker's RNG state, the loop's :class:`RunState` (position, history, best epoch), the
+run's config and what it was trained on. :func:`save_checkpoint` is its one writer; :func:`load_checkpoint`
+its one reader, used by the resume (:func:`restore`, which refuses a checkpoint of another layout or config),
+``revgnn-evaluate`` and the benchmarks (:func:`load_trained`). A file that is not a checkpoint of the training
+loop, or a truncated or corrupt one, is a :class:`CheckpointError` naming the file (``revgnn-train``'s resume
+and ``revgnn-evaluate`` print it alone).
 
 Every file of a run is written to a temporary file in the same directory and renamed over its target
 (:func:`os.replace` is atomic on POSIX): a crash, a ``kill -9`` or a full disk mid-write leaves the
-previous version intact, never half a file. :func:`load_checkpoint` is the one reader of the format:
-a file that is not a checkpoint of the training loop, or a truncated or corrupt one, is a
-:class:`CheckpointError` naming the file (``revgnn-train``'s resume and ``revgnn-evaluate`` print
-it alone).
+previous version intact, never half a file.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import math
 import os
 import pickle
 import shutil
 import types
 import zipfile
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
+from omegaconf import DictConfig, OmegaConf
 
 from revgnn.config import ConfigError
 
@@ -30,10 +39,24 @@ __all__ = [
     "CHECKPOINT_KEYS",
     "RUN_FILES",
     "check_run_dir",
+    "RunState",
+    "save_checkpoint",
+    "restore",
+    "check_resume_config",
+    "RESUME_COMPARED",
+    "RESUME_FREE",
+    "Trained",
+    "load_trained",
 ]
+
+log = logging.getLogger("revgnn.train")
 
 #: The files of a finished (or stopped) run that a new run in the same directory would replace.
 RUN_FILES = ("last.pt", "best.pt", "metrics.csv", "summary.json")
+
+#: ``best.pt`` of the scheduled evaluations, set aside when an off-schedule evaluation of a run's last epoch
+#: improved on it (:class:`RunState`), so that resuming with more epochs continues as one longer run would.
+SCHEDULED_BEST = "scheduled_best.pt"
 
 #: The entries of every checkpoint the training loop writes (``last.pt``, ``best.pt``).
 CHECKPOINT_KEYS = ("model", "optimizer", "epoch", "history", "best", "config", "rng")
@@ -149,3 +172,216 @@ def atomic_write_text(text: str, path: str) -> None:
     with open(tmp, "w") as f:
         f.write(text)
     os.replace(tmp, path)
+
+
+@dataclasses.dataclass
+class RunState:
+    """What the loop carries from epoch to epoch, and a checkpoint holds besides the model, the
+    optimiser and the RNG: ``epoch`` complete epochs and ``step`` steps of the next (``partial``: that
+    epoch's loss sum, count and time so far), the metrics rows, the best evaluation
+    (``{epoch, train, valid, test}``) and the final test of ``best.pt`` (not checkpointed).
+
+    Evaluations run every ``trainer.eval_every`` epochs and at the run's last epoch. An evaluation of
+    the last epoch that is off that schedule is a *closing* one: ``closing_best`` keeps the best
+    before it, and :meth:`reopen` undoes it when a resumed run trains past that epoch — so ``N``
+    epochs and ``k`` + ``N - k`` epochs give the same history and ``best.pt`` for every ``k``."""
+
+    epoch: int = 0
+    step: int = 0
+    partial: Optional[Dict[str, float]] = None
+    history: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
+    best: Dict[str, Any] = dataclasses.field(
+        default_factory=lambda: {"epoch": 0, "train": math.nan, "valid": -math.inf, "test": math.nan}
+    )
+    closing_best: Optional[Dict[str, Any]] = None
+    checkpoint_test: Optional[Dict[str, Any]] = None
+
+    def reopen(self, run_dir: Optional[str]) -> None:
+        """Undoes a closing evaluation of the last epoch before training past it: its row loses its
+        scores, the best is the scheduled one again and (``run_dir``: the writer's run directory)
+        the scheduled ``best.pt`` is put back."""
+        if self.closing_best is None:
+            return
+        row = self.history[-1]
+        improved = self.best["epoch"] == row["epoch"]  # best.pt is the closing epoch's
+        row.update(evaluation="", train="", valid="", test="")
+        self.best, self.closing_best = self.closing_best, None
+        if run_dir is None or not improved:
+            return
+        scheduled, best = os.path.join(run_dir, SCHEDULED_BEST), os.path.join(run_dir, "best.pt")
+        if os.path.exists(scheduled):
+            os.replace(scheduled, best)
+        elif self.best["epoch"] == 0 and os.path.exists(best):  # no scheduled evaluation before it
+            os.remove(best)
+
+
+def save_checkpoint(
+    path: str,
+    state: RunState,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    flat,
+    rng: List[Dict[str, Any]],
+    num_parameters: int,
+    backend_identity: Dict[str, Any],
+    config: DictConfig,
+) -> None:
+    """Writes the checkpoint of ``state`` to ``path`` atomically: the model and optimiser state, every
+    worker's RNG state (``rng``, by rank), the loop state, the parameter layout of the flat optimiser
+    buffer (``flat``, or None), the backend's identity and the resolved config."""
+    # keep_vars: the parameters themselves rather than a detached alias of each (20k tensor objects at
+    # 1001 layers); atomic_save writes them detached, so the file is the same.
+    atomic_save(
+        {
+            "model": model.state_dict(keep_vars=True),
+            "optimizer": optimizer.state_dict(),
+            "epoch": state.epoch,
+            "step": state.step,
+            "partial": state.partial,
+            "history": state.history,
+            "best": state.best,
+            "closing_best": state.closing_best,
+            "num_parameters": num_parameters,
+            "flat_params": flat.layout if flat is not None else None,
+            "backend": backend_identity,
+            "config": OmegaConf.to_container(config, resolve=True, enum_to_str=True),
+            "rng": rng,
+        },
+        path,
+    )
+
+
+def restore(ckpt: Dict[str, Any], cfg: DictConfig, backend, model, optimizer, flat) -> RunState:
+    """Loads ``ckpt`` (read from ``cfg.ckpt_path`` by :func:`load_checkpoint`) into the model, the
+    optimiser and this worker's RNG; returns the loop state. Refuses a checkpoint of another backend,
+    world size or partitioning, model or parameter layout, or config (:func:`check_resume_config`)."""
+    path = cfg.ckpt_path
+    saved = ckpt.get("backend") or {"backend": "local", "world_size": 1}
+    now = backend.identity()
+    if saved != now:
+        diff = ", ".join(
+            f"{k} {saved.get(k)!r} -> {now.get(k)!r}"
+            for k in sorted(set(saved) | set(now))
+            if saved.get(k) != now.get(k)
+        )
+        raise RuntimeError(
+            f"checkpoint {path} was written by another run layout ({diff}): its workers' RNG streams and "
+            f"data do not continue in this one. Resume with the checkpoint's backend, world size and "
+            f"partition directory"
+        )
+    allowed = check_resume_config(ckpt.get("config") or {}, cfg, path)
+    try:
+        model.load_state_dict(ckpt["model"])
+    except RuntimeError as e:
+        raise RuntimeError(
+            f"checkpoint {path} does not fit model {cfg.model.name!r} as configured (was it trained with "
+            f"other model settings?): {e}"
+        ) from e
+    _restore_optimizer(ckpt, path, optimizer, flat, allowed)
+    rng = ckpt["rng"]
+    rng = rng[backend.rank] if isinstance(rng, list) else rng  # a list by rank since the one loop
+    torch.set_rng_state(rng["torch"])
+    if backend.device.type == "cuda" and rng.get("cuda") is not None:
+        torch.cuda.set_rng_state(rng["cuda"], backend.device)
+    step = ckpt.get("step", 0)
+    log.info("resumed from %s at epoch %d%s", path, ckpt["epoch"], f", step {step}" if step else "")
+    return RunState(
+        epoch=ckpt["epoch"],
+        step=step,
+        partial=ckpt.get("partial"),
+        history=ckpt["history"],
+        best=ckpt["best"],
+        closing_best=ckpt.get("closing_best"),
+    )
+
+
+def _restore_optimizer(ckpt: Dict[str, Any], path: str, optimizer, flat, allowed: Dict[str, tuple]) -> None:
+    saved_layout = ckpt.get("flat_params")  # FlatParameters.layout, or None for per-tensor state
+    if bool(saved_layout) != (flat is not None):
+        raise RuntimeError(
+            f"checkpoint {path} holds optimiser state for {'flat' if saved_layout else 'per-tensor'} "
+            f"parameters; resume with trainer.flat_params={str(bool(saved_layout)).lower()}"
+        )
+    if flat is not None and saved_layout != flat.layout:
+        raise RuntimeError(
+            f"checkpoint {path} holds flat optimiser state for another parameter layout (parameters, "
+            f"their order or the chunking differ); its moments cannot be matched to this model's parameters"
+        )
+    optimizer.load_state_dict(ckpt["optimizer"])
+    for key, (old, new) in allowed.items():  # an allowed optimiser change takes effect on the restored state
+        name = key[len("optim.") :]
+        if key.startswith("optim.") and all(name in g for g in optimizer.param_groups):
+            for group in optimizer.param_groups:
+                group[name] = new
+        log.info("resume: %s changed from %r to %r (resume_allow)", key, old, new)
+
+
+#: The sections (and ``seed``) a resume compares with the checkpoint's config.
+RESUME_COMPARED = ("model", "data", "optim", "trainer", "backend", "seed")
+#: Keys a resume may change freely: the schedule's length, where things are, how they are logged
+#: and run. Everything else under :data:`RESUME_COMPARED` changes the run.
+RESUME_FREE = (
+    "trainer.epochs",
+    "trainer.test_views",
+    "trainer.test_parts",
+    "data.root",
+    "data.allow_download",
+    "backend.num_threads",
+    "backend.timeout_s",
+    "backend.dist_backend",
+    "backend.partition_dir",
+)
+
+
+def check_resume_config(saved: Dict[str, Any], cfg: DictConfig, path: str) -> Dict[str, tuple]:
+    """Compares the checkpoint's config with this run's; returns the changed keys that
+    ``cfg.resume_allow`` names (``{key: (old, new)}``) and raises listing every other change."""
+    now = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+
+    def flat(d, prefix=""):
+        out = {}
+        for k, v in d.items():
+            if isinstance(v, dict) and v:
+                out.update(flat(v, f"{prefix}{k}."))
+            else:
+                out[f"{prefix}{k}"] = v
+        return out
+
+    old, new = (
+        flat({k: saved[k] for k in RESUME_COMPARED if k in saved}),
+        flat({k: now[k] for k in RESUME_COMPARED}),
+    )
+    keys = set(old) | set(new)
+    unknown = [k for k in cfg.resume_allow if k not in keys]
+    if unknown:
+        raise ValueError(f"resume_allow names {', '.join(unknown)}, which the configuration has no key for")
+    changed = {
+        k: (old.get(k), new.get(k))
+        for k in sorted(keys)
+        if k in old and old.get(k) != new.get(k) and k not in RESUME_FREE
+    }
+    refused = {k: v for k, v in changed.items() if k not in cfg.resume_allow}
+    if refused:
+        lines = "\n".join(f"  {k}: {a!r} (checkpoint) -> {b!r} (now)" for k, (a, b) in refused.items())
+        raise ValueError(
+            f"checkpoint {path} was trained with other settings:\n{lines}\nResume with the "
+            f"checkpoint's values, or name the keys you mean to change in resume_allow "
+            f"(e.g. resume_allow=[{next(iter(refused))}]); trainer.epochs may always grow."
+        )
+    return {k: v for k, v in changed.items() if k in cfg.resume_allow}
+
+
+@dataclasses.dataclass
+class Trained:
+    """A trained model as a checkpoint holds it, for inference: its run's config, the model's state
+    dict and the number of epochs it was trained."""
+
+    config: DictConfig
+    model_state: Dict[str, torch.Tensor]
+    epoch: int
+
+
+def load_trained(path: str) -> Trained:
+    """The model of the checkpoint at ``path`` (:func:`load_checkpoint`'s checks and errors)."""
+    ckpt = load_checkpoint(path)
+    return Trained(OmegaConf.create(ckpt["config"]), ckpt["model"], ckpt["epoch"])
