@@ -13,6 +13,7 @@ as extrapolated.
 
     python scripts/bench_step.py --model revgnn_deep --num-layers 20          # CPU, scaled
     python scripts/bench_step.py --model revgnn_deep --device cuda            # full 1001 layers
+    python scripts/bench_step.py --model revgnn_deep --device cuda --reversible pyg   # PyG's GroupAddRev
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from benchlib import median_after, proteins_subgraph, time_calls
+from benchlib import median_after, proteins_subgraph, time_calls, with_pyg_group_add_rev
 
 
 def main() -> None:
@@ -38,11 +39,19 @@ def main() -> None:
         "--quantize", type=int, default=None, help="GroupAddRev(quantize=q): exact coupling (e.g. 16)"
     )
     parser.add_argument(
+        "--reversible",
+        choices=("revgnn", "pyg"),
+        default="revgnn",
+        help="the reversible blocks' wrapper: ours, or PyG's GroupAddRev around the same groups",
+    )
+    parser.add_argument(
         "--per-tensor",
         action="store_true",
         help="Adam over each parameter tensor (default: one flat buffer, as revgnn-train)",
     )
     args = parser.parse_args()
+    if args.reversible == "pyg" and args.quantize is not None:
+        parser.error("--quantize is revgnn's GroupAddRev option; PyG's (--reversible pyg) has none")
 
     from revgnn.utils.launch import use_tcmalloc
 
@@ -58,7 +67,10 @@ def main() -> None:
     overrides = {} if args.num_layers is None else {"num_layers": args.num_layers}
     if args.quantize is not None:
         overrides["quantize"] = args.quantize
-    model = create_model(args.model, **overrides).to(device)
+    model = create_model(args.model, **overrides)
+    if args.reversible == "pyg" and not with_pyg_group_add_rev(model):
+        raise SystemExit(f"--reversible pyg: {args.model} has no reversible block")
+    model = model.to(device)
     with torch.device("meta"):  # the registered depth, without allocating the full model
         full_depth = getattr(create_model(args.model), "num_layers", None)
     x, edge_index, edge_attr, y = proteins_subgraph(args.nodes, args.edges, device)
@@ -90,6 +102,7 @@ def main() -> None:
         edges=args.edges,
         bf16=args.bf16,
         quantize=args.quantize,
+        reversible=args.reversible,
         flat_params=flat is not None,
         step_s=median_after(times),
         warmup_s=warmup,

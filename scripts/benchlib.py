@@ -34,6 +34,7 @@ __all__ = [
     "run_child",
     "ChildFailed",
     "markdown_table",
+    "with_pyg_group_add_rev",
 ]
 
 
@@ -72,6 +73,34 @@ def proteins_subgraph(nodes: int, edges: int, device, seed: int = 0):
     x = torch.cat([edge_sum, species], dim=-1)
     y = (torch.rand(nodes, 112, generator=g) < 0.2).float()
     return [t.to(device) for t in (x, edge_index, edge_attr, y)]
+
+
+def with_pyg_group_add_rev(model):
+    """Replaces every :class:`revgnn.nn.GroupAddRev` of ``model`` (in place) by PyG's
+    ``torch_geometric.nn.GroupAddRev`` around the same group modules, so a zoo model can be timed with
+    PyG's reversible wrapper instead of ours (same parameters, same blocks). PyG's wrapper knows no
+    :class:`~revgnn.nn.Shared` marker: an adapter hands the marked tensors over unwrapped (PyG shares
+    every argument whose width is not the node features'). Returns the number of blocks replaced."""
+    from torch import nn
+    from torch_geometric.nn import GroupAddRev as PyGGroupAddRev
+
+    from revgnn.nn import GroupAddRev, Shared
+
+    class PyGBlock(nn.Module):
+        def __init__(self, convs):
+            super().__init__()
+            self.rev = PyGGroupAddRev(convs, num_groups=len(convs))
+
+        def forward(self, x, *args):
+            return self.rev(x, *[a.value if isinstance(a, Shared) else a for a in args])
+
+    replaced = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, GroupAddRev):
+                setattr(parent, name, PyGBlock(child.convs))
+                replaced += 1
+    return replaced
 
 
 def time_calls(

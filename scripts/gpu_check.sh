@@ -4,7 +4,8 @@
 # RevGNN-Deep (1001 x 80) training step on a proteins-sized generated sub-graph
 # (13.2k nodes, 0.79M edges), fp32, bf16 autocast, and bf16 with the exact coupling
 # (quantize=16): peak max_memory_allocated and
-# step time, next to the paper's 2.86 GB / ~58 s per step on a V100.
+# step time, next to the paper's 2.86 GB / ~58 s per step on a V100; the same step with PyG's
+# GroupAddRev; one full-graph step (100 layers) on a generated graph of ogbn-proteins' size.
 # Writes JSON lines to ${OUT:-gpu_out}/gpu_check.jsonl.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,4 +38,12 @@ for kernels in 1 0; do
       | sed "s/^{/{\"revgnn_kernels\": $kernels, /" | tee -a "$OUT_DIR/gpu_check.jsonl"
   done
 done
+# the same step with PyG's GroupAddRev around the same groups (our kernels inside), side by side
+timeout 120 "$PY" scripts/bench_step.py --model revgnn_deep --device cuda --steps 1 --reversible pyg \
+  | tee -a "$OUT_DIR/gpu_check.jsonl"
+# one full-graph step on a generated graph of ogbn-proteins' size (132,534 nodes, 79,122,504 directed
+# edges, 8-d edge features) through the Triton kernels: 100 layers (memory is flat in depth; the
+# 1001-layer time is extrapolated from the per-layer time and says so)
+timeout 240 "$PY" scripts/bench_step.py --model revgnn_deep --device cuda --steps 1 --num-layers 100 \
+  --nodes 132534 --edges 79122504 | sed 's/^{/{"full_graph": true, /' | tee -a "$OUT_DIR/gpu_check.jsonl"
 echo "paper (V100, RevGNN-Deep): 2.86 GB peak, ~58 s per step"

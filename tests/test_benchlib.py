@@ -69,3 +69,34 @@ def test_run_child_returns_the_json_lines_and_raises_on_failure():
 def test_markdown_table():
     lines = benchlib.markdown_table(["a", "b", "c"], [[1, "x", ""], ["2", 3.5, "y"]], align="lr")
     assert lines == ["| a | b | c |", "|---|---:|---|", "| 1 | x | |", "| 2 | 3.5 | y |"]
+
+
+def test_pyg_group_add_rev_swap_computes_the_same_model():
+    """bench_step's ``--reversible pyg``: every block rewrapped in PyG's GroupAddRev around the same
+    groups computes our model's function and parameter gradients (float64, no dropout) — except the
+    shared edge encoder's: PyG's wrapper passes no gradient to tensor arguments (the edge embeddings),
+    so that encoder gets none through it (its cost in a step is one small linear layer)."""
+    from revgnn.models import create_model
+    from revgnn.nn import GroupAddRev
+
+    torch.manual_seed(0)
+    ours = create_model("revgnn_deep", num_layers=3, hidden_channels=8, dropout=0.0).double()
+    theirs = create_model("revgnn_deep", num_layers=3, hidden_channels=8, dropout=0.0).double()
+    theirs.load_state_dict(ours.state_dict())
+    assert benchlib.with_pyg_group_add_rev(theirs) == 3
+    assert not any(isinstance(m, GroupAddRev) for m in theirs.modules())
+    x, ei, ea, _ = benchlib.proteins_subgraph(40, 300, "cpu")
+    outs = [model(x.double(), ei, ea.double()) for model in (ours, theirs)]
+    for out in outs:
+        out.square().sum().backward()
+    scale = outs[0].detach().abs().max()
+    assert (outs[0] - outs[1]).detach().abs().max() <= 1e-12 * scale
+
+    def grads(model, edge_encoder: bool):
+        named = [(n, p) for n, p in model.named_parameters() if n.startswith("edge_encoder.") == edge_encoder]
+        return torch.cat([(torch.zeros_like(p) if p.grad is None else p.grad).flatten() for _, p in named])
+
+    a, b = grads(ours, False), grads(theirs, False)
+    assert (a - b).norm() <= 1e-10 * a.norm()
+    a, b = grads(ours, True), grads(theirs, True)
+    assert a.norm() > 0 and (b.norm() == 0 or (a - b).norm() <= 1e-10 * a.norm())
