@@ -148,7 +148,7 @@ PHASES = ("build_model", "forward", "backward", "clip", "optimizer step", "evalu
 
 
 def breakdown_child(args, depth: int) -> None:
-    """Runs :func:`revgnn.train.train` in this process (the loop the CLI runs, same overrides)
+    """Runs :func:`revgnn.cli.train.train` in this process (the loop the CLI runs, same overrides)
     with probes around its phases; prints one JSON line per phase call and a final summary."""
     import functools
 
@@ -159,7 +159,7 @@ def breakdown_child(args, depth: int) -> None:
     import revgnn.engine.checkpoint
     import revgnn.engine.loop
     import revgnn.engine.tasks
-    from revgnn.utils.launch import allocator
+    from revgnn.utils.allocator import allocator
     from revgnn.utils.memory import peak_rss_bytes
 
     def rss() -> float:
@@ -344,7 +344,7 @@ def main() -> None:
     parser.add_argument("--child-breakdown", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child_breakdown is not None:
-        from revgnn.utils.launch import use_tcmalloc
+        from revgnn.utils.allocator import use_tcmalloc
 
         if args.allocator != "system":
             use_tcmalloc()  # as the CLI does (re-executes this child once)
@@ -367,7 +367,7 @@ def main() -> None:
 
     import torch
 
-    from revgnn.utils.launch import find_tcmalloc
+    from revgnn.utils.allocator import find_tcmalloc
 
     alloc = (
         "glibc malloc (REVGNN_ALLOCATOR=system)"
@@ -394,7 +394,8 @@ def main() -> None:
         breakdown = "\n".join(
             [
                 "",
-                "Where it goes (`--breakdown`): the same loop, `revgnn.train.train` with the same overrides, "
+                "Where it goes (`--breakdown`): the same loop, `revgnn.cli.train.train` with the same "
+                "overrides, "
                 "run in one process per depth with probes around its phases (RSS growth: resident memory "
                 "the phase's first call left allocated or cached; peak raised: how far its calls pushed "
                 "ru_maxrss; phases in loop order, so a later phase raises the peak only by what earlier "

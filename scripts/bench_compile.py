@@ -27,7 +27,7 @@ GRAPHS = {"small": (2_000, 40_000), "proteins": (13_200, 790_000)}
 def measure(name: str, graph: str, reps: int, num_layers) -> dict:
     import torch
 
-    from revgnn.evaluate import as_edge_index
+    from revgnn.engine.inference import as_edge_index
     from revgnn.models import create_model, model_info
     from revgnn.nn.gen_max import sort_edges
 

@@ -14,7 +14,7 @@ Models:
 * ``deep``: RevGNN-Deep (80 channels, 2 groups) at ``--deep-layers`` layers on a proteins-sized
   generated sub-graph (13.2k nodes, 790k edges; ``scripts/bench_step.py``'s), median of
   ``--deep-steps`` steps after one warm-up, with the entry points' start-up
-  (``revgnn.utils.launch.use_tcmalloc``) and the backends' thread setting
+  (``revgnn.utils.allocator.use_tcmalloc``) and the backends' thread setting
   (``revgnn.utils.threads.configure_threads``).
 
 Configurations (``--configs``; ``--extra`` adds ``passive`` to ``fix_threads1``):
@@ -201,7 +201,7 @@ def measure(model: str, name: str, loaded: bool, args) -> Dict:
 
 
 def child(args) -> None:
-    from revgnn.utils.launch import use_tcmalloc
+    from revgnn.utils.allocator import use_tcmalloc
 
     use_tcmalloc()  # as every entry point: tcmalloc re-exec, OpenMP wait policy before torch
 

@@ -173,7 +173,7 @@ def main() -> None:
     parser.add_argument("--out", default="bench_out")
     args = parser.parse_args()
 
-    from revgnn.utils.launch import use_tcmalloc
+    from revgnn.utils.allocator import use_tcmalloc
 
     use_tcmalloc()
     import torch

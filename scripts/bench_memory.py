@@ -70,7 +70,7 @@ def child(args) -> None:
 
     from revgnn.nn import Shared, SharedDropout
     from revgnn.utils import SavedTensorBytes, peak_rss_bytes
-    from revgnn.utils.launch import allocator
+    from revgnn.utils.allocator import allocator
 
     edge_index, edge_attr = destination_sorted_graph(args.nodes, args.edges)
     stack = build_stack(args.impl, args.depth, args.channels)
@@ -241,7 +241,7 @@ def main() -> None:
     args = parser.parse_args()
     args.drift_depths = [int(d) for d in args.drift_depths.split(",") if d]
 
-    from revgnn.utils.launch import use_tcmalloc
+    from revgnn.utils.allocator import use_tcmalloc
 
     if os.environ.get("REVGNN_ALLOCATOR", "tcmalloc") != "system":
         use_tcmalloc()

@@ -29,7 +29,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
 
-    from revgnn.utils.launch import use_tcmalloc
+    from revgnn.utils.allocator import use_tcmalloc
 
     use_tcmalloc()
 

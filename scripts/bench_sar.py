@@ -25,7 +25,7 @@ binary tasks):
 
 The graph is partitioned at random for sar / naive (``--method``; random is
 the worst case for communication). Workers are spawned on this host with
-``revgnn.distributed.launch.run_workers`` (gloo), ``cores / workers``
+``revgnn.testing.workers.run_workers`` (gloo), ``cores / workers``
 intra-op threads each, with tcmalloc preloaded when Debian's
 ``libtcmalloc-minimal4`` is installed (glibc malloc fragments and inflates
 RSS with depth). Memory is each worker's peak RSS (``ru_maxrss``) and the
@@ -167,8 +167,8 @@ class FullGraphTask:
     ``SARTask`` does: what SAR at P = 1 computes, without SARGraph."""
 
     def __init__(self, ds):
+        from revgnn.engine.inference import as_edge_index
         from revgnn.engine.tasks import labelled_entries, shapes
-        from revgnn.evaluate import as_edge_index
 
         self.x, self.y = ds.x, ds.y
         self.mask = torch.zeros(ds.num_nodes, dtype=torch.bool)
@@ -267,7 +267,7 @@ def _sar_worker(rank, world_size, mode, part_dir, cfg):
     from revgnn.distributed.sar import SARGraph
     from revgnn.distributed.sar_partition import load_meta, load_partition
     from revgnn.engine.backends import DDPBackend
-    from revgnn.engine.sar import SARTask
+    from revgnn.engine.sar_backend import SARTask
 
     graph = SARGraph(load_partition(part_dir, rank, world_size), timeout_s=600)
     backend = DDPBackend(None)  # all_reduce / reduce_gradients over the group
@@ -414,8 +414,8 @@ def main(argv=None) -> int:
         p.set_defaults(**QUICK)
         args = p.parse_args(argv)
 
-    from revgnn.distributed.launch import run_workers
     from revgnn.distributed.sar_partition import partition_dataset
+    from revgnn.testing.workers import run_workers
 
     if os.path.exists(TCMALLOC) and "tcmalloc" not in os.environ.get("LD_PRELOAD", ""):
         os.environ["LD_PRELOAD"] = TCMALLOC  # inherited by spawned workers

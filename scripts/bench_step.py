@@ -53,7 +53,7 @@ def main() -> None:
     if args.reversible == "pyg" and args.quantize is not None:
         parser.error("--quantize is revgnn's GroupAddRev option; PyG's (--reversible pyg) has none")
 
-    from revgnn.utils.launch import use_tcmalloc
+    from revgnn.utils.allocator import use_tcmalloc
 
     use_tcmalloc()
 

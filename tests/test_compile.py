@@ -120,7 +120,7 @@ def test_trainer_compile_trains_through_the_one_loop(tmp_path):
 def test_trainer_compile_is_refused_by_sar():
     from conftest import compose
 
-    from revgnn.engine.sar import SARBackend
+    from revgnn.engine.sar_backend import SARBackend
 
     with pytest.raises(ValueError, match="trainer.compile=true is not supported with backend=sar"):
         SARBackend(compose(["backend=sar", "trainer.compile=true"]))

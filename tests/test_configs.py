@@ -12,9 +12,9 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 import revgnn.config  # noqa: F401
+from revgnn.engine.inference import as_edge_index
 from revgnn.engine.loop import build_model
 from revgnn.engine.tasks import make_task, shapes
-from revgnn.evaluate import as_edge_index
 from revgnn.testing.fake_ogb import write_fake_ogbg, write_fake_ogbn
 
 EXPERIMENTS = sorted(p.stem for p in Path(CONFIG_DIR, "experiment").glob("*.yaml"))

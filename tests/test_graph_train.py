@@ -8,8 +8,8 @@ import torch
 from hydra import compose, initialize_config_dir
 
 import revgnn.config
+from revgnn.cli.train import train
 from revgnn.engine.checkpoint import load_checkpoint
-from revgnn.train import train
 
 CONFIG_DIR = str(Path(revgnn.config.__file__).parent / "configs")
 TINY = [

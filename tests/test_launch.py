@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from revgnn.utils.launch import find_tcmalloc
+from revgnn.utils.allocator import find_tcmalloc
 
-CODE = "from revgnn.utils.launch import use_tcmalloc, allocator; use_tcmalloc(); print(allocator())"
+CODE = "from revgnn.utils.allocator import use_tcmalloc, allocator; use_tcmalloc(); print(allocator())"
 
 
 def run(env_extra):

@@ -156,7 +156,7 @@ def test_checks_of_whole_graph_tests():
     # SAR's trainer check applies it, and wants one part per test view (backend/sar.yaml sets them)
     from conftest import compose_train
 
-    from revgnn.engine.sar import SARTask
+    from revgnn.engine.sar_backend import SARTask
 
     cfg = compose_train("unused", "backend=sar", "backend.partition_dir=unused")
     SARTask.check_trainer(None, cfg.trainer)
@@ -183,7 +183,7 @@ OFFICIAL = [
 def fast_scores(monkeypatch):
     """OGB's ROC-AUC over 112 tasks costs seconds per evaluation here; these tests check which model
     and views are scored, not the metric, so a cheap score that every logit moves stands in."""
-    from revgnn.evaluate import Scorer
+    from revgnn.engine.inference import Scorer
 
     def score(self, y_true, logits):
         return float((logits.double() * (2 * y_true.double() - 1)).mean())
@@ -194,22 +194,22 @@ def fast_scores(monkeypatch):
 def _train(out_dir, *overrides):
     from conftest import compose_train
 
-    from revgnn.train import train
+    from revgnn.cli.train import train
 
     return train(compose_train(out_dir, *TINY_GRAPH, *OFFICIAL, *overrides))
 
 
 def test_selection_view_is_drawn_once_and_reused_every_epoch(tmp_path, monkeypatch, fast_scores):
-    import revgnn.evaluate
+    import revgnn.engine.inference
 
     seen = []
-    real = revgnn.evaluate.predict_views
+    real = revgnn.engine.inference.predict_views
 
     def spy(model, ds, views, *args, **kwargs):
         seen.append(views)
         return real(model, ds, views, *args, **kwargs)
 
-    monkeypatch.setattr(revgnn.evaluate, "predict_views", spy)
+    monkeypatch.setattr(revgnn.engine.inference, "predict_views", spy)
     _train(tmp_path, "trainer.epochs=3", "trainer.test_views=null")
     assert len(seen) == 3 and all(v is seen[0] for v in seen)
     (view,) = seen[0]  # 1 view x 5 parts
@@ -223,10 +223,10 @@ def test_final_test_scores_the_best_checkpoint_not_the_last_model(tmp_path, monk
     import json
 
     from revgnn.engine.checkpoint import load_checkpoint
+    from revgnn.engine.inference import Scorer, predict
     from revgnn.engine.loop import build_model
     from revgnn.engine.seeds import Stream, seed_stream
     from revgnn.engine.tasks import NodeTask
-    from revgnn.evaluate import Scorer, predict
 
     valid = iter([0.9, 0.5, 0.1])
     monkeypatch.setattr(

@@ -11,8 +11,8 @@ import pytest
 import torch
 from conftest import rel_err
 
-from revgnn.distributed.launch import run_workers
 from revgnn.distributed.sar_partition import build_partitions
+from revgnn.testing.workers import run_workers
 
 RTOL = 1e-9
 N, E, F_IN, F_EDGE = 48, 260, 8, 6
@@ -232,7 +232,7 @@ def _check_train_step(graph):
     from revgnn.distributed.convs import convert_to_sar
     from revgnn.engine.backends import DDPBackend, LocalBackend
     from revgnn.engine.loop import train_step
-    from revgnn.engine.sar import SARTask
+    from revgnn.engine.sar_backend import SARTask
     from revgnn.utils.flat import build_optimizer
 
     ei, x, ea = make_graph()

@@ -51,7 +51,7 @@ def test_torchrun_ranks_agree_on_rank_0s_run_directory(tmp_path):
 
     from torch.distributed import TCPStore
 
-    from revgnn.distributed.launch import free_port
+    from revgnn.testing.workers import free_port
 
     port = free_port()
     store = TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=120))  # the agent's

@@ -24,9 +24,9 @@ from torch_geometric.nn import SAGEConv
 
 from revgnn.distributed.comm import SARCommError
 from revgnn.distributed.convs import convert_to_sar
-from revgnn.distributed.launch import run_workers
 from revgnn.distributed.sar import SARGraph
 from revgnn.distributed.sar_partition import build_partitions
+from revgnn.testing.workers import run_workers
 
 N = 30
 TRANSFER_S = 3.0  # the SAR transfer timeout under test (the process group itself gets 60 s)

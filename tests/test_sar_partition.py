@@ -13,7 +13,6 @@ import pytest
 import torch
 from conftest import compose
 
-from revgnn.distributed.launch import run_workers
 from revgnn.distributed.sar_partition import (
     FORMAT_VERSION,
     PartitionMismatchError,
@@ -26,6 +25,7 @@ from revgnn.distributed.sar_partition import (
     register_partition_config,
     save_partitions,
 )
+from revgnn.testing.workers import run_workers
 
 
 def _graph(n=60, e=300, seed=0):

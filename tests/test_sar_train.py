@@ -10,8 +10,8 @@ import torch
 from conftest import compose_train
 from omegaconf import OmegaConf
 
-from revgnn.distributed.launch import run_workers
 from revgnn.engine.checkpoint import load_checkpoint
+from revgnn.testing.workers import run_workers
 
 DATA = dict(num_nodes=400, window=5, avg_degree=6, max_hops=2)
 DATA_OVERRIDES = [f"data.{k}={v}" for k, v in DATA.items()]
@@ -112,7 +112,7 @@ def test_sar_resume_is_bitwise_and_checks_the_layout(tmp_path, parts):
     # the data group must describe the partitioned graph
     for e in _run(_sar(tmp_path / "data", p2, "trainer.epochs=1", "data.num_nodes=500"), catch=True):
         assert "data.num_nodes: 400 in the partition, 500 here" in e, e
-    from revgnn.train import train
+    from revgnn.cli.train import train
 
     with pytest.raises(RuntimeError, match=r"world_size 2 -> 1"):
         train(compose_train(tmp_path / "one", *MODEL, *DATA_OVERRIDES, "trainer.epochs=4", ckpt))
@@ -207,7 +207,7 @@ def test_ddp_equals_one_process_accumulating_the_same_parts(tmp_path):
             compose_train(tmp_path / "ddp", "backend=ddp", "backend.timeout_s=60", *common), "float64"
         )
     )
-    from revgnn.train import train
+    from revgnn.cli.train import train
 
     train(_with_model(compose_train(tmp_path / "local", "trainer.parts_per_step=2", *common), "float64"))
     a, b = (

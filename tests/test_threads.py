@@ -120,7 +120,7 @@ def test_configure_threads_before_torch_sets_the_spin_count():
 
 def test_launcher_sets_the_spin_count_before_torch():
     code = (
-        "import os; from revgnn.utils.launch import use_tcmalloc; use_tcmalloc(); "
+        "import os; from revgnn.utils.allocator import use_tcmalloc; use_tcmalloc(); "
         "print(os.environ.get('GOMP_SPINCOUNT'), os.environ.get('LD_PRELOAD', ''))"
     )
     assert run_child(code).startswith("1000")  # also through the tcmalloc re-exec

@@ -10,9 +10,9 @@ from conftest import TINY_GRAPH, compose
 from omegaconf import OmegaConf
 from torch import nn
 
+from revgnn.cli.train import train
 from revgnn.engine.checkpoint import load_checkpoint
 from revgnn.models import register_model
-from revgnn.train import train
 
 TINY = [
     *TINY_GRAPH,

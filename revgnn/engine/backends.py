@@ -12,7 +12,7 @@ The loop (:func:`revgnn.engine.loop.train`) is the same for every backend; a bac
 
 Backends: ``local`` (:class:`LocalBackend`, one process), ``ddp`` (:class:`DDPBackend`, data-parallel over
 the parts of each epoch's partition, one ``torchrun`` process per worker) and ``sar``
-(:class:`revgnn.engine.sar.SARBackend`, full-graph over a partitioned graph).
+(:class:`revgnn.engine.sar_backend.SARBackend`, full-graph over a partitioned graph).
 """
 
 from __future__ import annotations
@@ -227,7 +227,7 @@ def make_backend(cfg) -> Backend:
     if name == "ddp":
         return DDPBackend(cfg)
     if name == "sar":
-        from revgnn.engine.sar import SARBackend
+        from revgnn.engine.sar_backend import SARBackend
 
         return SARBackend(cfg)
     raise ValueError(f"unknown backend {name!r}")

@@ -3,7 +3,7 @@
 Recipe (Li et al., ICML 2021, ogbn-proteins): every epoch draws a new random partition of the nodes into
 ``trainer.train_parts`` parts; a step takes ``trainer.parts_per_step`` of them (default one, or one per
 worker under ``backend=ddp``), with the loss on their training nodes. Adam, gradient-norm clipping.
-Evaluation is multi-view inference (:mod:`revgnn.evaluate`) scored by OGB's evaluator, every
+Evaluation is multi-view inference (:mod:`revgnn.engine.inference`) scored by OGB's evaluator, every
 ``trainer.eval_every`` epochs, on fresh or fixed views (``trainer.fixed_eval_views``); the best validation
 score selects ``best.pt`` and its epoch's test score is ``final_test``. With ``trainer.test_views`` set,
 the loop then loads ``best.pt`` and tests it on that many fresh views (``checkpoint_test``, the official

@@ -17,7 +17,7 @@ the step's loss and scores a model on every split with OGB's evaluator, so that
 * :class:`GraphTask` (a :class:`~revgnn.data.graph_dataset.GraphDataset`, e.g. ogbg-molhiv): every epoch the
   training graphs are shuffled into batches of ``data.batch_size``, one step each; the model is called
   as ``model(x, edge_index, edge_attr, batch, num_graphs)`` and returns one row per graph.
-* :class:`SARTask` (:mod:`revgnn.engine.sar`): one full-graph step per epoch on every SAR worker.
+* :class:`SARTask` (:mod:`revgnn.engine.sar_backend`): one full-graph step per epoch on every SAR worker.
 
 The loss of a step :math:`s` over its batches :math:`b` (on every worker) is the mean over all of its
 labelled entries,
@@ -118,7 +118,7 @@ class NodeTask:
     level = "node"
 
     def __init__(self, ds, trainer_cfg, rank: int = 0, world_size: int = 1):
-        from revgnn.evaluate import Scorer
+        from revgnn.engine.inference import Scorer
 
         self.ds, self.tc = ds, trainer_cfg
         self.rank, self.world_size = rank, world_size
@@ -175,7 +175,7 @@ class NodeTask:
         return list(range(num_parts))
 
     def _batch(self, sub, device) -> Batch:
-        from revgnn.evaluate import as_edge_index
+        from revgnn.engine.inference import as_edge_index
 
         ds = self.ds
         mask = self.train_mask[sub.node_idx]
@@ -192,7 +192,7 @@ class NodeTask:
     def fix_eval_views(self, generator: torch.Generator) -> None:
         """Draws the ``trainer.eval_views`` x ``trainer.eval_parts`` evaluation views now; every later
         :meth:`evaluate` scores on these same partitions (and ignores its generator)."""
-        from revgnn.evaluate import draw_views
+        from revgnn.engine.inference import draw_views
 
         self.eval_views = draw_views(
             self.ds, self.tc.eval_views, self.tc.eval_parts, generator, self.partition
@@ -204,7 +204,7 @@ class NodeTask:
         """Multi-view scores, on the fixed views if :meth:`fix_eval_views` drew them, else on fresh
         ones from ``generator``; with ``reduce`` (a sum over workers) each worker runs its share of
         the forwards and the summed logits are scored everywhere."""
-        from revgnn.evaluate import predict_views
+        from revgnn.engine.inference import predict_views
 
         if self.eval_views is not None:
             shard = (self.rank, self.world_size)
@@ -224,7 +224,7 @@ class NodeTask:
 
     def _predict(self, model, views: int, parts: int, generator, device, autocast) -> Tensor:
         """This worker's share of the logits summed over ``views`` fresh views of ``parts`` parts."""
-        from revgnn.evaluate import predict
+        from revgnn.engine.inference import predict
 
         shard = (self.rank, self.world_size)
         return predict(model, self.ds, views, parts, generator, device, autocast, shard, self.partition)

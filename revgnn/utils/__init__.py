@@ -1,6 +1,6 @@
 """Measurement, memory and launch helpers.
 
-``revgnn.utils.launch`` imports nothing heavy (entry points call it before torch is
+``revgnn.utils.allocator`` imports nothing heavy (entry points call it before torch is
 loaded); the memory helpers and ``FlatParameters`` are imported on first use.
 """
 

@@ -22,7 +22,7 @@ Two things make torch's defaults fall off a cliff when other processes share the
 
 OpenMP reads its environment once, when its runtime starts (``import torch``), so the spin count
 must be set before that: revgnn's entry points (``revgnn-train``, the scripts) set it in
-:func:`revgnn.utils.launch.use_tcmalloc`, their first call; :func:`configure_threads` sets it when
+:func:`revgnn.utils.allocator.use_tcmalloc`, their first call; :func:`configure_threads` sets it when
 torch is not imported yet. The thread count is applied by the training backends
 (``backend.num_threads``, default ``null``: :func:`default_num_threads`).
 

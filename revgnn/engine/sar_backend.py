@@ -52,7 +52,7 @@ class SARTask:
     level = "node"
 
     def __init__(self, graph, meta: Dict[str, Any], reduce, gather, device):
-        from revgnn.evaluate import Scorer
+        from revgnn.engine.inference import Scorer
 
         info = meta.get("dataset", {})
         nd = graph.node_data
