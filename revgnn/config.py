@@ -275,7 +275,7 @@ class TrainerConfig:
             rather than ~10 tensors per layer: the same update for element-wise optimisers (Adam,
             SGD, ...; others are refused), with a parameter that got no gradient treated as a zero
             gradient. On CPU that makes Adam's step at 1001 layers many times faster
-            (``scripts/bench_optimizer.py``; figures in ``docs/bench/in_code.md``).
+            (``benchmarks/optimizer.py``; figures in ``docs/bench/in_code.md``).
         compile: Compile the model's forward with :func:`torch.compile` (``nn.Module.compile``: the
             parameters, checkpoints and state dict stay the module's own) for training and evaluation,
             under ``backend=local`` and ``ddp``; ``backend=sar`` refuses it (its ring communication

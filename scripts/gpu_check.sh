@@ -34,16 +34,16 @@ REVGNN_KERNELS=0 "$PY" -m pytest tests/test_cuda.py tests/test_group_rev.py test
 timeout 300 "$PY" scripts/gpu_check_triton.py | tee -a "$OUT_DIR/gpu_check.jsonl"
 for kernels in 1 0; do
   for flags in "" "--bf16" "--bf16 --quantize 16"; do
-    REVGNN_KERNELS=$kernels timeout 120 "$PY" scripts/bench_step.py --model revgnn_deep --device cuda --steps 2 $flags \
+    REVGNN_KERNELS=$kernels timeout 120 "$PY" -m benchmarks.step --model revgnn_deep --device cuda --steps 2 $flags \
       | sed "s/^{/{\"revgnn_kernels\": $kernels, /" | tee -a "$OUT_DIR/gpu_check.jsonl"
   done
 done
 # the same step with PyG's GroupAddRev around the same groups (our kernels inside), side by side
-timeout 120 "$PY" scripts/bench_step.py --model revgnn_deep --device cuda --steps 1 --reversible pyg \
+timeout 120 "$PY" -m benchmarks.step --model revgnn_deep --device cuda --steps 1 --reversible pyg \
   | tee -a "$OUT_DIR/gpu_check.jsonl"
 # one full-graph step on a generated graph of ogbn-proteins' size (132,534 nodes, 79,122,504 directed
 # edges, 8-d edge features) through the Triton kernels: 100 layers (memory is flat in depth; the
 # 1001-layer time is extrapolated from the per-layer time and says so)
-timeout 240 "$PY" scripts/bench_step.py --model revgnn_deep --device cuda --steps 1 --num-layers 100 \
+timeout 240 "$PY" -m benchmarks.step --model revgnn_deep --device cuda --steps 1 --num-layers 100 \
   --nodes 132534 --edges 79122504 | sed 's/^{/{"full_graph": true, /' | tee -a "$OUT_DIR/gpu_check.jsonl"
 echo "paper (V100, RevGNN-Deep): 2.86 GB peak, ~58 s per step"

@@ -1,4 +1,4 @@
-"""The benchmark scripts' shared machinery (``scripts/benchlib.py``): the parts whose results do not
+"""The benchmark scripts' shared machinery (``benchmarks/common.py``): the parts whose results do not
 depend on timing."""
 
 import subprocess
@@ -6,10 +6,8 @@ import sys
 
 import pytest
 import torch
-from conftest import REPO
 
-sys.path.insert(0, str(REPO / "scripts"))
-import benchlib  # noqa: E402
+import benchmarks.common as benchlib
 
 
 def test_destination_sorted_graph_is_sorted_seeded_and_aligned():

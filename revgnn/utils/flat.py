@@ -2,7 +2,7 @@ r"""All of a model's parameters in one buffer, so the optimiser updates a few la
 
 A 1001-layer RevGNN has 20,030 parameter tensors. PyTorch's CPU optimisers loop over them in
 Python (``foreach`` kernels are CUDA-only by default), and keep two state tensors per parameter:
-at 1001 layers Adam's step is then mostly per-tensor overhead (``scripts/bench_optimizer.py``;
+at 1001 layers Adam's step is then mostly per-tensor overhead (``benchmarks/optimizer.py``;
 figures in ``docs/bench/in_code.md``), and its state is 40k small allocations.
 :class:`FlatParameters` re-homes every parameter as a view into one contiguous buffer
 :math:`\boldsymbol{\theta} \in \mathbb{R}^P` and every gradient as a view into a second one

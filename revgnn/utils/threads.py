@@ -35,7 +35,7 @@ Python API users::
 On a machine shared with heavy jobs, ``OMP_WAIT_POLICY=PASSIVE`` is the most robust setting (at
 some idle speed for small graphs); for graphs as small as the default ``proteins_like`` steps, one
 thread (``backend.num_threads=1``) is the fastest under load. The figures behind these choices are in
-``docs/bench/contention.md`` (``scripts/bench_contention.py``).
+``docs/bench/contention.md`` (``benchmarks/contention.py``).
 
 Environment: an explicit ``OMP_WAIT_POLICY``, ``GOMP_SPINCOUNT`` or ``OMP_NUM_THREADS`` is never
 overridden; ``REVGNN_THREADS=torch`` turns all of this off (torch's and OpenMP's defaults, as

@@ -19,8 +19,8 @@ the 80-wide shared edge embedding in factored form):
   (``aggr_max``/``aggr_max_torch``: ``max_j relu(x_j + W a_ji + b) + eps``
   with the factored 8-d edge features, no norm or MLP).
 
-    python scripts/bench_layers.py                       # both graphs, all blocks
-    python scripts/bench_layers.py --graphs small --reps 3
+    python -m benchmarks.layers                       # both graphs, all blocks
+    python -m benchmarks.layers --graphs small --reps 3
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import argparse
 import json
 from pathlib import Path
 
-from benchlib import destination_sorted_graph, markdown_table, median_after, time_calls
+from benchmarks.common import destination_sorted_graph, markdown_table, median_after, time_calls
 
 GRAPHS = {"proteins": (13_200, 790_000), "small": (2_000, 40_000)}
 BLOCKS = (

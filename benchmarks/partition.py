@@ -1,7 +1,7 @@
 """Times the per-epoch random partition of a proteins-sized graph into induced sub-graphs.
 
-    .venv/bin/python scripts/bench_partition.py                 # 132,534 nodes, 79,122,504 edges, 10 parts
-    .venv/bin/python scripts/bench_partition.py --edges 2000000 --repeats 5
+    .venv/bin/python -m benchmarks.partition                 # 132,534 nodes, 79,122,504 edges, 10 parts
+    .venv/bin/python -m benchmarks.partition --edges 2000000 --repeats 5
 
 The graph is random (ogbn-proteins' sizes, edges sorted by destination as the loader stores them, 8-d
 float edge features). One measurement = ``partition_graph`` (draw the partition, find the edges inside

@@ -25,15 +25,15 @@
 
 Examples::
 
-    .venv/bin/python scripts/bench_deq.py solvers --nodes 4000 --hidden 64 --seeds 3
-    .venv/bin/python scripts/bench_deq.py step --nodes 4000 --hidden 64 --steps 3
-    .venv/bin/python scripts/bench_deq.py peer --nodes 2000 --max-iter 100
-    .venv/bin/python scripts/bench_deq.py train --nodes 2000 --epochs 50 --seeds-list 0 1 \
+    .venv/bin/python -m benchmarks.deq solvers --nodes 4000 --hidden 64 --seeds 3
+    .venv/bin/python -m benchmarks.deq step --nodes 4000 --hidden 64 --steps 3
+    .venv/bin/python -m benchmarks.deq peer --nodes 2000 --max-iter 100
+    .venv/bin/python -m benchmarks.deq train --nodes 2000 --epochs 50 --seeds-list 0 1 \
         --arms none jac_reg_weight=0.1
-    .venv/bin/python scripts/bench_deq.py train --nodes 2000 --epochs 300 --max-iter 100 --seeds-list 0 1 \
+    .venv/bin/python -m benchmarks.deq train --nodes 2000 --epochs 300 --max-iter 100 --seeds-list 0 1 \
         --arms none spectral_reg_weight=10,spectral_reg_target=0.5 --pretrain-epochs 5 \
         --spectral-radius-every 0
-    .venv/bin/python scripts/bench_deq.py jacobian --out-dir RUNS --arms none jac_reg_weight=0.5 \
+    .venv/bin/python -m benchmarks.deq jacobian --out-dir RUNS --arms none jac_reg_weight=0.5 \
         --seeds-list 0 1 --seeds 2
 """
 
@@ -48,7 +48,7 @@ import subprocess
 import sys
 import time
 
-from benchlib import markdown_table
+from benchmarks.common import markdown_table
 
 
 def load_graph(nodes: int, seed: int = 0):
@@ -891,7 +891,8 @@ def bench_step(args) -> None:
     for name in args.models:
         cmd = [
             sys.executable,
-            __file__,
+            "-m",
+            __spec__.name,
             "one",
             "--one",
             name,

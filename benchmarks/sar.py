@@ -50,9 +50,9 @@ Output: a table (P: workers; last column: local edges of the largest part,
 or DDP parts per second) and the ratios on stdout, ``bench_sar.json`` and
 ``bench_sar.png`` in ``--out``.
 
-    python scripts/bench_sar.py                           # full measurement
-    python scripts/bench_sar.py --quick                   # tiny smoke run
-    python scripts/bench_sar.py --modes single sar --parts 1 4 --layers 32
+    python -m benchmarks.sar                           # full measurement
+    python -m benchmarks.sar --quick                   # tiny smoke run
+    python -m benchmarks.sar --modes single sar --parts 1 4 --layers 32
 """
 
 from __future__ import annotations
@@ -65,8 +65,6 @@ import time
 from types import SimpleNamespace
 
 import torch
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
 SHARED_CORES = (

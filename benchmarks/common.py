@@ -1,9 +1,6 @@
-"""What the benchmark scripts share: generated graphs, median timing, one child process per measured
-row, and markdown tables.
-
-Import it from a script in this directory (``from benchlib import median_after, time_calls``): Python
-puts a script's own directory on ``sys.path``. torch and PyG are imported inside the functions, so a
-script's ``--help`` stays fast.
+"""What the benchmarks share: generated graphs, median timing, one child process per measured row,
+and markdown tables (``from benchmarks.common import median_after, time_calls``). torch and PyG are
+imported inside the functions, so a benchmark's ``--help`` stays fast.
 
 * Graphs: :func:`destination_sorted_graph` (random edges sorted by destination, with 8-d edge features:
   the conv and reversible-stack benchmarks) and :func:`proteins_subgraph` (one step's sub-graph of the
@@ -163,7 +160,8 @@ def run_child(
     cwd: Optional[str] = None,
     timeout: Optional[float] = None,
 ) -> list:
-    """Runs ``cmd`` (e.g. ``[sys.executable, __file__, "--child", ...]``) to completion and returns the
+    """Runs ``cmd`` (e.g. ``[sys.executable, "-m", __spec__.name, "--child", ...]``) to completion and
+    returns the
     JSON values it printed: every stdout line that parses as a JSON object or array (log lines do
     not); a row's child prints its row last. Raises :class:`ChildFailed` on a non-zero exit and
     ``subprocess.TimeoutExpired`` after ``timeout`` seconds."""

@@ -12,7 +12,7 @@ Models:
   run through the real entry point (``python -m revgnn.train``); the figure is the median epoch
   time (2 steps) after the first epoch, from its ``metrics.csv``.
 * ``deep``: RevGNN-Deep (80 channels, 2 groups) at ``--deep-layers`` layers on a proteins-sized
-  generated sub-graph (13.2k nodes, 790k edges; ``scripts/bench_step.py``'s), median of
+  generated sub-graph (13.2k nodes, 790k edges; ``benchmarks/step.py``'s), median of
   ``--deep-steps`` steps after one warm-up, with the entry points' start-up
   (``revgnn.utils.allocator.use_tcmalloc``) and the backends' thread setting
   (``revgnn.utils.threads.configure_threads``).
@@ -33,9 +33,9 @@ Configurations (``--configs``; ``--extra`` adds ``passive`` to ``fix_threads1``)
 * ``glibc``, ``fix_glibc`` (only by name): ``before`` and ``fix`` with glibc's malloc
   (``REVGNN_ALLOCATOR=system``) instead of tcmalloc.
 
-    python scripts/bench_contention.py                       # both models, the 4 configurations
-    python scripts/bench_contention.py --quick               # small sizes, to check the script
-    python scripts/bench_contention.py --models deep --extra --out docs/bench/contention.md
+    python -m benchmarks.contention                       # both models, the 4 configurations
+    python -m benchmarks.contention --quick               # small sizes, to check the script
+    python -m benchmarks.contention --models deep --extra --out docs/bench/contention.md
 """
 
 from __future__ import annotations
@@ -52,7 +52,14 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
-from benchlib import child_env, markdown_table, median_after, proteins_subgraph, run_child, time_calls
+from benchmarks.common import (
+    child_env,
+    markdown_table,
+    median_after,
+    proteins_subgraph,
+    run_child,
+    time_calls,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 BEFORE = {"REVGNN_THREADS": "torch"}
@@ -164,7 +171,8 @@ def run_small(config: Dict, args, workdir: str) -> Dict:
 def run_deep(config: Dict, args, workdir: str) -> Dict:
     cmd = [
         sys.executable,
-        str(Path(__file__).resolve()),
+        "-m",
+        __spec__.name,
         "--child",
         "--deep-layers",
         str(args.deep_layers),

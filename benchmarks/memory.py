@@ -20,8 +20,8 @@ reconstruction drift of the input after inverting the whole stack, in float32 an
 under bf16 autocast, with and without ``GroupAddRev(quantize=16)``, and (up to
 ``--grad-depth-limit`` layers) the bf16 input-gradient error against stored activations.
 
-    python scripts/bench_memory.py                        # full run (~20-30 min on 2 cores)
-    python scripts/bench_memory.py --depths 8,64 --nodes 2000 --edges 20000   # quick look
+    python -m benchmarks.memory                        # full run (~20-30 min on 2 cores)
+    python -m benchmarks.memory --depths 8,64 --nodes 2000 --edges 20000   # quick look
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import os
 import sys
 from pathlib import Path
 
-from benchlib import (
+from benchmarks.common import (
     ChildFailed,
     child_env,
     destination_sorted_graph,
@@ -191,7 +191,8 @@ def _graph_args(args) -> list:
 def spawn(args, impl: str, depth: int, alloc: str) -> dict:
     cmd = [
         sys.executable,
-        __file__,
+        "-m",
+        __spec__.name,
         "--child",
         "--impl",
         impl,
@@ -271,7 +272,8 @@ def main() -> None:
         drift_rows = run_child(
             [
                 sys.executable,
-                __file__,
+                "-m",
+                __spec__.name,
                 "--drift",
                 *_graph_args(args),
                 "--drift-depths",

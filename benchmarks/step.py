@@ -11,9 +11,9 @@ copy of the model (e.g. on CPU, where 1001 layers take minutes per step); the
 per-layer time is printed so the full depth can be extrapolated, and is marked
 as extrapolated.
 
-    python scripts/bench_step.py --model revgnn_deep --num-layers 20          # CPU, scaled
-    python scripts/bench_step.py --model revgnn_deep --device cuda            # full 1001 layers
-    python scripts/bench_step.py --model revgnn_deep --device cuda --reversible pyg   # PyG's GroupAddRev
+    python -m benchmarks.step --model revgnn_deep --num-layers 20          # CPU, scaled
+    python -m benchmarks.step --model revgnn_deep --device cuda            # full 1001 layers
+    python -m benchmarks.step --model revgnn_deep --device cuda --reversible pyg   # PyG's GroupAddRev
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from benchlib import median_after, proteins_subgraph, time_calls, with_pyg_group_add_rev
+from benchmarks.common import median_after, proteins_subgraph, time_calls, with_pyg_group_add_rev
 
 
 def main() -> None:

@@ -8,8 +8,8 @@ eager, ...), so a change in the machine's load hits both; the compile itself is 
 reported separately. Prints a markdown table (median step times, compiled / eager) and, with
 ``--json``, one JSON line per model.
 
-    python scripts/bench_compile.py                                  # all models, both graphs
-    python scripts/bench_compile.py --graph small --models revgnn_proteins_like --reps 5
+    python -m benchmarks.compile                                  # all models, both graphs
+    python -m benchmarks.compile --graph small --models revgnn_proteins_like --reps 5
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import argparse
 import json
 import time
 
-from benchlib import markdown_table, median_after, proteins_subgraph
+from benchmarks.common import markdown_table, median_after, proteins_subgraph
 
 MODELS = ("revgnn_proteins_like", "revgnn_small", "wt_revgnn", "resgnn_small", "gnn_1layer", "mlp")
 GRAPHS = {"small": (2_000, 40_000), "proteins": (13_200, 790_000)}

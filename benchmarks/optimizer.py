@@ -1,14 +1,14 @@
 """Optimiser step over per-tensor parameters vs one flat buffer (FlatParameters), side by side.
 
 Builds a deep model (default: ``revgnn_small`` at 1001 layers x 32 channels, 2 groups, as in
-``scripts/bench_cli_memory.py``: 20,030 parameter tensors), gives every parameter a random
+``benchmarks/cli_memory.py``: 20,030 parameter tensors), gives every parameter a random
 gradient and times ``optimizer.step()`` (plus ``FlatParameters.sync()`` on the flat side, which
 ``revgnn-train`` runs before each step), median of ``--reps`` after one warm-up step. Also prints
 how many tensors the optimiser holds and checks that both sides end with bitwise equal
 parameters (element-wise optimisers update identically).
 
-    python scripts/bench_optimizer.py
-    python scripts/bench_optimizer.py --model revgnn_deep --num-layers 1001 --optim AdamW
+    python -m benchmarks.optimizer
+    python -m benchmarks.optimizer --model revgnn_deep --num-layers 1001 --optim AdamW
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from benchlib import median_after, time_calls
+from benchmarks.common import median_after, time_calls
 
 
 def main() -> None:

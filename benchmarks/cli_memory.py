@@ -24,9 +24,9 @@ The processes start through the CLI entry point, so they run under its default a
 (``OMP_NUM_THREADS``, ``backend.num_threads``): peak RSS does not depend on them, and the machine
 may be shared. The table goes to ``bench_out/cli_memory.md``.
 
-    python scripts/bench_cli_memory.py                         # depths 8 and 1001 (~1 min on 2 cores)
-    python scripts/bench_cli_memory.py --depths 8,112,1001 --epochs 3
-    python scripts/bench_cli_memory.py --nodes 2000            # smaller graph (data.num_nodes)
+    python -m benchmarks.cli_memory                         # depths 8 and 1001 (~1 min on 2 cores)
+    python -m benchmarks.cli_memory --depths 8,112,1001 --epochs 3
+    python -m benchmarks.cli_memory --nodes 2000            # smaller graph (data.num_nodes)
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import ChildFailed, child_env, markdown_table, run_child
+from benchmarks.common import ChildFailed, child_env, markdown_table, run_child
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -244,7 +244,8 @@ def breakdown_child(args, depth: int) -> None:
 def run_breakdown(args, depth: int) -> dict:
     cmd = [
         sys.executable,
-        __file__,
+        "-m",
+        __spec__.name,
         "--child-breakdown",
         str(depth),
         "--epochs",
@@ -423,7 +424,7 @@ def main() -> None:
             table(rows),
             breakdown,
             "",
-            "Reproduce: `python scripts/bench_cli_memory.py "
+            "Reproduce: `python -m benchmarks.cli_memory "
             f"{' '.join(shlex.quote(a) for a in sys.argv[1:])}`".replace(" `", "`"),
             "",
         ]

@@ -3,7 +3,7 @@
 
 On a generated proteins-sized graph (default: the paper's 10-part proteins
 sub-graph, 13.2k nodes and 0.79M edges, 8-d edge features, as
-``bench_layers.py``) one pre-activation GENBlock of width ``--channels`` (a
+``benchmarks.layers``) one pre-activation GENBlock of width ``--channels`` (a
 group of RevGNN-Deep: 40) with the shared 80-wide edge embedding in factored
 form runs forward + backward (gradients of the input and all parameters)
 
@@ -20,8 +20,8 @@ reported with its ratio to ``one_process``, side by side in one run; also the
 bytes each saves for backward (``SavedTensorBytes``). On a shared machine only
 these ratios mean something.
 
-    python scripts/bench_sar_kernel.py
-    python scripts/bench_sar_kernel.py --nodes 132534 --edges 4000000 --reps 3
+    python -m benchmarks.sar_kernel
+    python -m benchmarks.sar_kernel --nodes 132534 --edges 4000000 --reps 3
 """
 
 from __future__ import annotations
@@ -29,14 +29,9 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
 import statistics
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from benchlib import destination_sorted_graph, time_calls  # noqa: E402
+from benchmarks.common import destination_sorted_graph, time_calls
 
 VARIANTS = ("one_process", "sar_kernel", "sar_torch")
 
