@@ -44,7 +44,7 @@ from __future__ import annotations
 import inspect
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -338,6 +338,36 @@ def fixed_point(
 
 
 @torch.no_grad()
+def _anderson_coefficients(
+    prob, dX: Tensor, dG: Tensor, g: Tensor, k: Tensor, valid: Tensor, eye: Tensor, lam: float, stalled
+) -> Tuple[Tensor, Tensor]:
+    r""":func:`anderson`'s coefficients :math:`\boldsymbol{\gamma}_g` per graph (float64, zero where a
+    graph's system is unusable) and whether each graph's Type II system was usable. ``k``: the
+    differences each graph holds (columns ``valid``); ``stalled``: the graphs whose last step cut the
+    residual by less than 10 % (Type I coefficients where their system is usable), or None."""
+    mask = (valid[:, :, None] & valid[:, None, :]).double()
+    unused = eye * (~valid)[:, :, None]  # identity rows, zero right-hand side -> coefficient 0
+    tiny = torch.finfo(torch.float64).tiny
+    # Type II (minimal residual): ridge-regularised least squares on the residual differences.
+    gram = prob.graph_sum(torch.einsum("nri,nrj->nij", dG, dG)).double() * mask
+    rhs = prob.graph_sum(torch.einsum("nri,nr->ni", dG, g)).double() * valid
+    ridge = lam * gram.diagonal(dim1=1, dim2=2).sum(1) / k.clamp(min=1) + tiny
+    gamma, info = torch.linalg.solve_ex(gram + eye * ridge[:, None, None] * valid[:, :, None] + unused, rhs)
+    ok = (k > 0) & (info == 0) & torch.isfinite(gamma).all(1)
+    gamma = torch.where(ok[:, None], gamma, 0.0)
+    stalled = ok & stalled if stalled is not None else torch.zeros_like(ok)
+    if bool(stalled.any()):
+        cross = prob.graph_sum(torch.einsum("nri,nrj->nij", dX, dG)).double() * mask
+        rhs1 = prob.graph_sum(torch.einsum("nri,nr->ni", dX, g)).double() * valid
+        normal = cross.transpose(1, 2) @ cross
+        ridge1 = lam * normal.diagonal(dim1=1, dim2=2).sum(1) / k.clamp(min=1) + tiny
+        system1 = normal + eye * ridge1[:, None, None] * valid[:, :, None] + unused
+        gamma1, info1 = torch.linalg.solve_ex(system1, (cross.transpose(1, 2) @ rhs1[:, :, None])[..., 0])
+        use1 = stalled & (info1 == 0) & torch.isfinite(gamma1).all(1)
+        gamma = torch.where(use1[:, None], gamma1, gamma)
+    return gamma, ok
+
+
 def anderson(
     f: MapFn,
     z0: Tensor,
@@ -451,32 +481,8 @@ def anderson(
         ok = torch.zeros(G, dtype=torch.bool, device=dev)
         step = beta * g
         if bool((k > 0).any()):
-            mask = (valid[:, :, None] & valid[:, None, :]).double()
-            unused = eye * (~valid)[:, :, None]  # identity rows, zero right-hand side -> coefficient 0
-            tiny = torch.finfo(torch.float64).tiny
-            # Type II (minimal residual): ridge-regularised least squares on the residual differences.
-            gram = prob.graph_sum(torch.einsum("nri,nrj->nij", dG, dG)).double() * mask
-            rhs = prob.graph_sum(torch.einsum("nri,nr->ni", dG, g)).double() * valid
-            ridge = lam * gram.diagonal(dim1=1, dim2=2).sum(1) / k.clamp(min=1) + tiny
-            gamma, info = torch.linalg.solve_ex(
-                gram + eye * ridge[:, None, None] * valid[:, :, None] + unused, rhs
-            )
-            ok = (k > 0) & (info == 0) & torch.isfinite(gamma).all(1)
-            gamma = torch.where(ok[:, None], gamma, 0.0)
-            # Stagnation (the last step cut ||g|| by less than 10%) -> Type I coefficients instead,
-            # where their system is usable.
-            stalled = ok & (res > _STALL * res_prev) if res_prev is not None else torch.zeros_like(ok)
-            if bool(stalled.any()):
-                cross = prob.graph_sum(torch.einsum("nri,nrj->nij", dX, dG)).double() * mask
-                rhs1 = prob.graph_sum(torch.einsum("nri,nr->ni", dX, g)).double() * valid
-                normal = cross.transpose(1, 2) @ cross
-                ridge1 = lam * normal.diagonal(dim1=1, dim2=2).sum(1) / k.clamp(min=1) + tiny
-                system1 = normal + eye * ridge1[:, None, None] * valid[:, :, None] + unused
-                gamma1, info1 = torch.linalg.solve_ex(
-                    system1, (cross.transpose(1, 2) @ rhs1[:, :, None])[..., 0]
-                )
-                use1 = stalled & (info1 == 0) & torch.isfinite(gamma1).all(1)
-                gamma = torch.where(use1[:, None], gamma1, gamma)
+            stalled = None if res_prev is None else res > _STALL * res_prev
+            gamma, ok = _anderson_coefficients(prob, dX, dG, g, k, valid, eye, lam, stalled)
             gamma = gamma.to(x.dtype)
             accel = beta * g - torch.einsum("nrm,nm->nr", dX + beta * dG, prob.rows_of(gamma))
             ok = ok & ~prob.graph_sum((~torch.isfinite(accel)).any(1).to(torch.long)).bool()
