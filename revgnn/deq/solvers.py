@@ -368,6 +368,16 @@ def _anderson_coefficients(
     return gamma, ok
 
 
+def _check_anderson(m: int, lam: float, beta: float) -> int:
+    if int(m) < 1:
+        raise ValueError(f"anderson: m must be >= 1, got {m}")
+    if lam < 0:
+        raise ValueError(f"anderson: lam must be >= 0, got {lam}")
+    if not beta > 0:
+        raise ValueError(f"anderson: beta must be > 0, got {beta}")
+    return int(m)
+
+
 def anderson(
     f: MapFn,
     z0: Tensor,
@@ -446,13 +456,7 @@ def anderson(
         0.739085
     """
     _check_common("anderson", z0, max_iter, tol, stop_mode)
-    if int(m) < 1:
-        raise ValueError(f"anderson: m must be >= 1, got {m}")
-    if lam < 0:
-        raise ValueError(f"anderson: lam must be >= 0, got {lam}")
-    if not beta > 0:
-        raise ValueError(f"anderson: beta must be > 0, got {beta}")
-    m = int(m)
+    m = _check_anderson(m, lam, beta)
     prob = _Problem("anderson", z0, batch, tol, stop_mode, keep)
     F = _row_map(f, prob)
     x = prob.rows
