@@ -45,6 +45,7 @@ from revgnn.engine.checkpoint import (
     check_run_dir,
     load_checkpoint,
 )
+from revgnn.engine.divergence import NonFiniteError, diverged
 from revgnn.engine.interrupt import StopRequest, TrainingInterrupted
 
 __all__ = ["train", "train_step", "build_model", "resolve_output_dir", "seed_stream"]
@@ -229,12 +230,6 @@ def _train(cfg: DictConfig, backend: Backend) -> Dict[str, Any]:
             loss, stopping = train_step(
                 model, task, step, optimizer, flat, backend, autocast, tc.grad_clip, stop
             )
-            if not math.isfinite(loss):
-                raise FloatingPointError(
-                    f"loss is {loss} at epoch {epoch}, step {step.index}: training diverged (no update was "
-                    f"applied). Last good checkpoint: {_last_good(last_path, history)}. Try a lower optim.lr "
-                    f"or trainer.grad_clip."
-                )
             loss_sum, count = loss_sum + loss * step.total, count + step.total
             if stopping:
                 save_last(
@@ -317,14 +312,14 @@ def _train(cfg: DictConfig, backend: Backend) -> Dict[str, Any]:
                 log_warnings(epoch_warnings, epoch, writer)
                 bar.set_postfix(loss=f"{row['loss']:.4f}", valid=f"{state['best']['valid']:.4f}")
                 # a signal during evaluation or checkpointing: the epoch is saved, stop here
-                if float(backend.all_reduce(torch.tensor([float(stop.requested)], dtype=torch.float64))) > 0:
+                if stop.agree(backend.all_reduce(stop.flags(backend.rank, backend.world_size))):
                     raise _interrupted(cfg, backend, stop, last_path, epoch + 1, None)
     except TrainingInterrupted:
         write_summary("interrupted", peak_memory_mb(device))
         raise
-    except FloatingPointError:
+    except FloatingPointError as e:  # a loss, gradient norm, prediction or DEQ solve (all workers alike)
         write_summary("diverged", peak_memory_mb(device))
-        raise
+        raise diverged(e, epoch, _last_good(last_path, history)) from None
     except Exception as e:
         if history:  # what finished stays reported (no collective here: a peer may be gone)
             write_summary(f"failed at epoch {epoch}: {type(e).__name__}", peak_memory_mb(device))
@@ -379,10 +374,11 @@ def train_step(
     stop: Optional[StopRequest] = None,
 ):
     """One optimiser step over this worker's batches of ``step``: forward, loss share, backward for each
-    (gradients accumulate), then one all-reduce of ``[step loss, stop flag]`` over the workers (the flag:
-    ``stop`` received a signal by then). The
-    update is applied only when the step loss is finite (gradients reduced over the workers, clipped);
-    returns ``(step loss, whether any worker asked to stop)``."""
+    (gradients accumulate), then one all-reduce of ``[step loss, signal of each worker]`` over the
+    workers (:meth:`~revgnn.engine.interrupt.StopRequest.flags`: what ``stop`` received by then). The
+    update is applied only when the step loss and the gradient norm are finite (gradients reduced over
+    the workers, clipped), else :class:`~revgnn.engine.divergence.NonFiniteError` is raised on every
+    worker; returns ``(step loss, whether any worker asked to stop)``."""
     from revgnn.utils.flat import optimizer_step
 
     loss_sum = torch.zeros((), dtype=torch.float64)
@@ -395,19 +391,21 @@ def train_step(
             loss = loss + aux * (batch.count / step.total)
         loss.backward()
         loss_sum += loss.detach().to(loss_sum)
-    stop_flag = torch.tensor(float(stop is not None and stop.requested), dtype=torch.float64)
-    status = backend.all_reduce(torch.stack([loss_sum, stop_flag]))
-    loss_value = float(status[0])
+    stop = stop if stop is not None else StopRequest()  # no handlers: its flags stay 0
+    status = backend.all_reduce(torch.cat([loss_sum.view(1), stop.flags(backend.rank, backend.world_size)]))
+    loss_value, stopping = float(status[0]), stop.agree(status[1:])
     if not math.isfinite(loss_value):
         if flat is not None:
             flat.zero_grad()
         else:
             optimizer.zero_grad(set_to_none=True)
-        return loss_value, bool(status[1] > 0)
+        raise NonFiniteError(f"loss is {loss_value}", step.index)
     # clears the gradients after the update: freed (or zeroed in the flat buffer) here rather than
     # before the next backward, they stay out of evaluation and checkpointing
-    optimizer_step(optimizer, flat, grad_clip, backend.reduce_gradients)
-    return loss_value, bool(status[1] > 0)
+    norm = optimizer_step(optimizer, flat, grad_clip, backend.reduce_gradients)
+    if not math.isfinite(norm):  # the summed gradients' norm: the same on every worker
+        raise NonFiniteError(f"gradient norm is {norm}", step.index)
+    return loss_value, stopping
 
 
 def resume(cfg: DictConfig, backend: Backend, model, optimizer, flat, ckpt: Dict[str, Any]) -> Dict[str, Any]:
@@ -535,12 +533,10 @@ def _last_good(last_path: str, history) -> str:
 def _interrupted(
     cfg, backend: Backend, stop: StopRequest, last_path: str, epoch: int, step: Optional[int]
 ) -> TrainingInterrupted:
-    import signal
-
-    signum = stop.signum or signal.SIGTERM  # a peer's signal: this worker got none itself
+    signum, name = stop.reported(backend.rank)  # its own signal, else the peer's that stopped it
     where = f"in epoch {epoch} after {step + 1} step(s)" if step is not None else f"before epoch {epoch}"
     return TrainingInterrupted(
-        f"{signal.Signals(signum).name}: stopped {where}; saved {last_path}. "
+        f"{name}: stopped {where}; saved {last_path}. "
         f"Resume with:\n  {resume_command(cfg, backend, last_path)}",
         signum,
     )
