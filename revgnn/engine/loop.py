@@ -154,7 +154,8 @@ def _train(cfg: DictConfig, backend: Backend) -> Dict[str, Any]:
             {
                 "torch": torch.get_rng_state(),
                 "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-            }
+            },
+            "all_gather of the RNG states for last.pt",
         )
         if writer:
             # keep_vars: the parameters themselves rather than a detached alias of each (20k tensor
@@ -248,7 +249,9 @@ def _train(cfg: DictConfig, backend: Backend) -> Dict[str, Any]:
             "valid": "",
             "test": "",
             "epoch_time_s": round(epoch_time, 4),
-            "peak_memory_mb": round(max(backend.gather(peak_memory_mb(device))), 1),
+            "peak_memory_mb": round(
+                max(backend.gather(peak_memory_mb(device), "all_gather of peak memory")), 1
+            ),
             "lr": optimizer.param_groups[0]["lr"],
             **model_epoch_stats(model, backend),
         }
@@ -312,7 +315,8 @@ def _train(cfg: DictConfig, backend: Backend) -> Dict[str, Any]:
                 log_warnings(epoch_warnings, epoch, writer)
                 bar.set_postfix(loss=f"{row['loss']:.4f}", valid=f"{state['best']['valid']:.4f}")
                 # a signal during evaluation or checkpointing: the epoch is saved, stop here
-                if stop.agree(backend.all_reduce(stop.flags(backend.rank, backend.world_size))):
+                flags = stop.flags(backend.rank, backend.world_size)
+                if stop.agree(backend.all_reduce(flags, "all_reduce of the signals after an epoch")):
                     raise _interrupted(cfg, backend, stop, last_path, epoch + 1, None)
     except TrainingInterrupted:
         write_summary("interrupted", peak_memory_mb(device))
@@ -392,7 +396,10 @@ def train_step(
         loss.backward()
         loss_sum += loss.detach().to(loss_sum)
     stop = stop if stop is not None else StopRequest()  # no handlers: its flags stay 0
-    status = backend.all_reduce(torch.cat([loss_sum.view(1), stop.flags(backend.rank, backend.world_size)]))
+    flags = stop.flags(backend.rank, backend.world_size)
+    status = backend.all_reduce(
+        torch.cat([loss_sum.view(1), flags]), f"all_reduce of step {step.index}'s loss"
+    )
     loss_value, stopping = float(status[0]), stop.agree(status[1:])
     if not math.isfinite(loss_value):
         if flat is not None:
@@ -568,7 +575,7 @@ def model_epoch_stats(model, backend: Backend, gather: bool = True) -> Dict[str,
             stats.update({f"{prefix}_{k}": v for k, v in fn().items()})
     if not gather:
         return {}
-    every = backend.gather(stats)
+    every = backend.gather(stats, "all_gather of the model's epoch statistics")
     keys = sorted({k for s in every for k in s})
     return {
         k: (max if k.endswith("_max") else lambda v: sum(v) / len(v))([s[k] for s in every if k in s])
