@@ -61,6 +61,30 @@ def nan_at(name, at_call=None, only_rank=None, **kwargs):
     return _on_call(create_model(name, **kwargs), at_call, only_rank, post=lambda out: out * float("nan"))
 
 
+def nan_in_evaluation(name, only_rank=None, **kwargs):
+    """Trains as the zoo model does but returns NaN logits in evaluation (``model.eval()``) on
+    ``only_rank`` (every rank when :obj:`None`): a divergence first seen by an evaluation."""
+    _, only_rank = _params(0, only_rank)
+    model = create_model(name, **kwargs)
+
+    def poison(module, args, out):
+        if not module.training and (only_rank is None or _rank() == only_rank):
+            return out * float("nan")
+
+    model.register_forward_hook(poison)
+    return model
+
+
+def inf_gradient_at(name, at_call=None, only_rank=None, **kwargs):
+    """From its ``at_call``-th training forward on, the backward through its output is infinite
+    (the loss stays finite): a divergence first seen in the gradient norm."""
+
+    def blow_up(out):
+        out.register_hook(lambda g: g * float("inf"))
+
+    return _on_call(create_model(name, **kwargs), at_call, only_rank, post=blow_up)
+
+
 def fail_at(name, at_call=None, only_rank=None, **kwargs):
     """Raises ``RuntimeError`` at its ``at_call``-th training forward: a failure inside an epoch."""
 
@@ -102,4 +126,29 @@ def float64(name, **kwargs):
             a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args
         )
     )
+    return model
+
+
+class _StatsHook(nn.Module):
+    """Runs ``action`` at its ``at_call``-th ``epoch_stats`` call on ``only_rank`` (the loop calls a
+    submodule's ``epoch_stats`` once after an epoch's training and once after its evaluation, just
+    before ``last.pt`` is gathered and written)."""
+
+    def __init__(self, at_call, only_rank, action):
+        super().__init__()
+        self.calls, self.action = 0, action
+        self.at_call, self.only_rank = _params(at_call, only_rank)
+
+    def epoch_stats(self):
+        self.calls += 1
+        if self.calls == self.at_call and (self.only_rank is None or _rank() == self.only_rank):
+            self.action()
+        return {}
+
+
+def stop_in_epoch_stats(name, at_call=None, only_rank=None, **kwargs):
+    """Stops itself (SIGSTOP: alive, connections open, no progress) at the ``at_call``-th
+    ``epoch_stats`` call of a submodule: a worker that hangs while its peers gather for a checkpoint."""
+    model = create_model(name, **kwargs)
+    model.stats_hook = _StatsHook(at_call, only_rank, lambda: os.kill(os.getpid(), signal.SIGSTOP))
     return model

@@ -124,10 +124,54 @@ def test_sar_nan_stops_every_worker_at_the_same_step(tmp_path, parts):
     cfg = _with_model(_sar(tmp_path, parts / "p2", "trainer.epochs=4"), "nan_at", at_call=2, only_rank=1)
     errors = _run(cfg, catch=True)
     for e in errors:
-        assert e.startswith("FloatingPointError") and "epoch 2, step 0" in e and "last.pt (epoch 1)" in e, e
+        assert e.startswith("TrainingDiverged: loss is nan at epoch 2, step 0"), e
+        assert "last.pt (epoch 1)" in e, e
     ckpt = load_checkpoint(str(tmp_path / "last.pt"))
     assert ckpt["epoch"] == 1 and all(torch.isfinite(v).all() for v in ckpt["model"].values())
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "diverged"
+
+
+def test_sar_divergence_first_seen_in_an_evaluation_stops_every_worker(tmp_path, parts):
+    """optim.lr=1e30 with an evaluation every epoch (issue 24): epoch 1's one step is finite, its
+    update is not, and the evaluation's gathered predictions are NaN. Every worker stops there as
+    diverged (not inside OGB's evaluator, which raised scikit-learn's "Input contains NaN"),
+    summary.json is written and no checkpoint of the diverged epoch is."""
+    errors = _run(_sar(tmp_path, parts / "p2", "trainer.epochs=3", "optim.lr=1e30"), catch=True)
+    for e in errors:
+        assert e.startswith("TrainingDiverged: the evaluation's predictions are NaN or infinite (train "), e
+        assert "at epoch 1: training diverged. Last good checkpoint: none (no epoch finished)" in e, e
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "diverged" and summary["epochs"] == 0
+    assert not (tmp_path / "last.pt").exists()
+
+
+def test_ddp_divergence_on_one_worker_stops_every_worker_at_the_same_point(tmp_path):
+    """backend=ddp, a divergence on rank 1 alone: an infinite backward in epoch 2's first step (the
+    summed gradients' norm is not finite on either worker), or NaN evaluation logits (summed over the
+    workers before scoring). Both workers stop at the same point as diverged."""
+    common = [*MODEL, *DATA_OVERRIDES, "backend=ddp", "backend.timeout_s=60", "trainer.train_parts=2"]
+    common.append("trainer.eval_parts=2")  # one evaluation forward per worker
+    cfg = _with_model(
+        compose_train(tmp_path / "grad", *common, "trainer.epochs=3"),
+        "inf_gradient_at",
+        at_call=2,
+        only_rank=1,
+    )
+    for e in _run(cfg, catch=True):
+        assert e.startswith("TrainingDiverged: gradient norm is "), e
+        assert "at epoch 2, step 0: training diverged (no update was applied)" in e, e
+        assert "last.pt (epoch 1)" in e, e
+    ckpt = load_checkpoint(str(tmp_path / "grad" / "last.pt"))
+    assert ckpt["epoch"] == 1 and all(torch.isfinite(v).all() for v in ckpt["model"].values())
+    assert json.loads((tmp_path / "grad" / "summary.json").read_text())["status"] == "diverged"
+
+    cfg = _with_model(
+        compose_train(tmp_path / "eval", *common, "trainer.epochs=3"), "nan_in_evaluation", only_rank=1
+    )
+    for e in _run(cfg, catch=True):
+        assert e.startswith("TrainingDiverged: the evaluation's predictions are NaN or infinite"), e
+        assert "at epoch 1: training diverged" in e, e
+    assert json.loads((tmp_path / "eval" / "summary.json").read_text())["status"] == "diverged"
 
 
 def test_sar_sigterm_saves_a_checkpoint_that_resumes_exactly(tmp_path, parts):
@@ -153,6 +197,29 @@ def test_sar_sigterm_saves_a_checkpoint_that_resumes_exactly(tmp_path, parts):
         )
     )  # the same model, no signal
     _assert_same_run(tmp_path / "full", tmp_path / "cut")
+
+
+def _train_interrupted(rank, world_size, cfg):
+    from revgnn.engine.interrupt import TrainingInterrupted
+    from revgnn.engine.loop import train
+
+    try:
+        train(cfg)
+    except TrainingInterrupted as e:
+        return str(e), e.exit_code
+    return "no interruption", None
+
+
+def test_sigint_to_one_worker_is_reported_as_sigint_by_every_worker(tmp_path, parts):
+    """SIGINT (Ctrl-C) to rank 1 alone: rank 0 got no signal of its own, yet both stop at the same
+    step and exit with SIGINT's code 130 (not SIGTERM's 143), rank 0 naming the rank it was sent to."""
+    cfg = _sar(tmp_path, parts / "p2", "trainer.epochs=3")
+    cfg = _with_model(cfg, "signal_at", at_call=2, only_rank=1, signum=2)  # SIGINT
+    res = run_workers(_train_interrupted, 2, cfg, timeout_s=60, wall_s=600, threads=1)
+    (msg0, code0), (msg1, code1) = [r.value for r in res]
+    assert code0 == code1 == 130, (msg0, msg1)
+    assert msg0.startswith("SIGINT (sent to rank 1): stopped in epoch 2 after 1 step(s)"), msg0
+    assert msg1.startswith("SIGINT: stopped in epoch 2 after 1 step(s)"), msg1
 
 
 def test_sar_honours_precision_loggers_and_set_epoch(tmp_path, parts):

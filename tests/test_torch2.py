@@ -232,6 +232,7 @@ def test_process_group_backend_follows_the_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
     monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: chosen.append(backend))
+    monkeypatch.setattr(comm, "_exchange_workers", lambda: None)  # a collective of the joined group
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     comm.init_distributed(timeout_s=5)
     comm.init_distributed(timeout_s=5, device=torch.device("cpu"))

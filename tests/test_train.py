@@ -12,6 +12,7 @@ from torch import nn
 
 from revgnn.cli.train import train
 from revgnn.engine.checkpoint import load_checkpoint
+from revgnn.engine.divergence import TrainingDiverged
 from revgnn.models import register_model
 
 TINY = [
@@ -115,9 +116,47 @@ def test_nan_loss_stops_with_clear_error_and_keeps_last_good_checkpoint(tmp_path
     cfg.model = OmegaConf.create(
         {"_target_": "revgnn.models.create_model", "name": "test_nan_after", "bad_step": 3}
     )
-    with pytest.raises(FloatingPointError, match=r"epoch 2.*last\.pt \(epoch 1\)"):
+    with pytest.raises(TrainingDiverged, match=r"loss is nan at epoch 2.*last\.pt \(epoch 1\)"):
         train(cfg)
     assert load_checkpoint(str(tmp_path / "last.pt"))["epoch"] == 1
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "diverged"
+
+
+def test_an_infinite_gradient_norm_stops_without_an_update(tmp_path):
+    """A finite loss whose backward is infinite (epoch 2's first step, the 3rd training forward):
+    the step applies no update, the run stops as diverged naming the gradient norm, and last.pt of
+    epoch 1 holds finite weights."""
+    from conftest import compose_train
+    from test_sar_train import _with_model
+
+    cfg = _with_model(compose_train(tmp_path, *TINY, "trainer.epochs=3"), "inf_gradient_at", at_call=3)
+    with pytest.raises(
+        TrainingDiverged,
+        match=r"gradient norm is (nan|inf) at epoch 2, step 0: training "
+        r"diverged \(no update was applied\)\. Last good checkpoint: .*last\.pt \(epoch 1\)",
+    ):
+        train(cfg)
+    ckpt = load_checkpoint(str(tmp_path / "last.pt"))
+    assert ckpt["epoch"] == 1 and all(torch.isfinite(v).all() for v in ckpt["model"].values())
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "diverged"
+
+
+def test_non_finite_predictions_stop_as_diverged_not_in_the_scorer(tmp_path):
+    """NaN logits in evaluation only (training stays finite): epoch 1's evaluation stops the run as
+    diverged, naming the splits, before OGB's evaluator sees them (scikit-learn would raise "Input
+    contains NaN"); summary.json is written and no checkpoint of the diverged epoch is."""
+    from conftest import compose_train
+    from test_sar_train import _with_model
+
+    cfg = _with_model(compose_train(tmp_path, *TINY, "trainer.epochs=3"), "nan_in_evaluation")
+    with pytest.raises(TrainingDiverged) as info:
+        train(cfg)
+    msg = str(info.value)
+    assert msg.startswith("the evaluation's predictions are NaN or infinite (train "), msg
+    assert "at epoch 1: training diverged. Last good checkpoint: none (no epoch finished)" in msg, msg
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "diverged" and summary["epochs"] == 0
+    assert not (tmp_path / "last.pt").exists()
 
 
 def test_failure_summary_names_the_epoch_that_failed(tmp_path):

@@ -38,8 +38,12 @@ def main(cfg: DictConfig) -> float:
     """Hydra entry point; returns the best validation score for sweepers. On SIGINT / SIGTERM the
     loop saves ``last.pt`` and this exits with ``128 + signal`` after printing how to resume; a
     :class:`~revgnn.config.ConfigError` (bad input, refused before training) is printed alone and
-    exits with 2."""
+    exits with 2; a divergence (:class:`~revgnn.engine.divergence.TrainingDiverged`: ``summary.json``
+    says ``diverged``) or a failed operation between workers
+    (:class:`~revgnn.distributed.comm.SARCommError`, naming the peer) is printed alone and exits with 1."""
     from revgnn.config import ConfigError
+    from revgnn.distributed.comm import SARCommError
+    from revgnn.engine.divergence import TrainingDiverged
     from revgnn.engine.interrupt import TrainingInterrupted
 
     try:
@@ -47,6 +51,9 @@ def main(cfg: DictConfig) -> float:
     except TrainingInterrupted as e:
         log.error("%s", e)
         sys.exit(e.exit_code)
+    except (TrainingDiverged, SARCommError) as e:  # its message says all (no traceback per worker)
+        log.error("%s", e)
+        sys.exit(1)
     except ConfigError as e:
         log.error("%s", e)
         sys.exit(2)

@@ -6,6 +6,17 @@ whose sizes both sides already know from the setup exchange, so nothing is
 ever padded or gathered. Waits are bounded: a peer that died or never
 arrives turns into a :class:`SARCommError` naming the peer and the
 operation instead of a hang.
+
+A failed collective (all-reduce, all-gather, broadcast) does not say which
+peer failed it: gloo reports a timeout or a closed connection, no rank. So
+every worker learns where its peers run when it joins (host, process id,
+start time: :func:`init_distributed`), and a failed operation looks at the
+peers on its own host (:func:`peer_states`): one that has ended is named as
+such, and one that is *stopped* (SIGSTOP, a debugger) is named and ended
+with SIGKILL. A stopped process acts on no other signal, so without this
+``torchrun`` would send it SIGTERM after the first worker's error and wait
+its shutdown timeout (30 s) before killing it; this way the job ends when
+the first survivor's wait ends, within ``backend.timeout_s``.
 """
 
 from __future__ import annotations
@@ -13,8 +24,10 @@ from __future__ import annotations
 import datetime
 import os
 import re
+import signal
+import socket
 import time
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -27,6 +40,8 @@ __all__ = [
     "post_transfer",
     "all_reduce_sum",
     "all_gather_object_checked",
+    "barrier",
+    "peer_states",
     "broadcast_parameters",
     "all_reduce_gradients",
     "AllReduceSum",
@@ -36,6 +51,8 @@ DEFAULT_TIMEOUT_S = 300.0
 # The timeout the process group was created with by init_distributed (None if
 # it was created elsewhere): Transfer waits without their own timeout use it.
 _pg_timeout_s: Optional[float] = None
+# Every worker's (host, pid, start time), by rank, exchanged by init_distributed.
+_workers: Optional[List[Tuple[str, int, Optional[int]]]] = None
 
 
 class SARCommError(RuntimeError):
@@ -113,15 +130,100 @@ def init_distributed(
             f"{_cause(e)}"
         ) from e
     _pg_timeout_s = timeout.total_seconds()
+    _exchange_workers()
+
+
+def _proc_stat(pid: int) -> Optional[Tuple[str, int]]:
+    """``(state, start time in clock ticks)`` of process ``pid`` from ``/proc``, or :obj:`None` if
+    there is no such process (or no ``/proc``)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+    except (OSError, IndexError):
+        return None
+    return fields[0], int(fields[19])
+
+
+def _exchange_workers() -> None:
+    """Every worker's host, process id and start time (which tells a reused process id apart)."""
+    global _workers
+    pid = os.getpid()
+    stat = _proc_stat(pid)
+    me = (socket.gethostname(), pid, stat[1] if stat else None)
+    out: List = [None] * dist.get_world_size()
+    try:
+        dist.all_gather_object(out, me)
+    except Exception as e:
+        raise _wrap(e, "exchange of the workers' process ids after joining") from e
+    _workers = [tuple(w) for w in out]
+
+
+def peer_states() -> Dict[int, str]:
+    """What became of the other workers on this host, by rank: ``"ended"``
+    (the process is gone or a zombie) or ``"stopped"`` (SIGSTOP, a debugger). A stopped peer is
+    ended with SIGKILL, since it cannot act on any other signal and the job is over once one of its
+    operations failed (see the module docstring). Peers on other hosts, and peers still running,
+    are left out."""
+    if _workers is None or not dist.is_initialized():
+        return {}
+    me = dist.get_rank()
+    host = _workers[me][0]
+    states = {}
+    for rank, (peer_host, pid, start) in enumerate(_workers):
+        if rank == me or peer_host != host:
+            continue
+        stat = _proc_stat(pid)
+        if stat is None or stat[1] != start or stat[0] in ("Z", "X"):
+            states[rank] = "ended"
+        elif stat[0] in ("T", "t"):
+            try:
+                os.kill(pid, signal.SIGKILL)
+                states[rank] = "stopped"
+            except OSError:  # ended meanwhile
+                states[rank] = "ended"
+    return states
+
+
+def _describe_peers(states: Dict[int, str]) -> str:
+    """The sentence a failed operation's error says about its peers' :func:`peer_states`."""
+    parts = []
+    for rank, state in sorted(states.items()):
+        pid = _workers[rank][1]
+        if state == "stopped":
+            parts.append(
+                f"rank {rank} (pid {pid}) is stopped (SIGSTOP or a debugger): it could take part in "
+                f"nothing, and this worker ended it with SIGKILL so that the job ends now"
+            )
+        else:
+            parts.append(f"rank {rank} (pid {pid}) has ended: check rank {rank}'s log for its first error")
+    return "; ".join(parts)
 
 
 def _wrap(e: Exception, what: str) -> SARCommError:
-    return SARCommError(
-        f"[rank {dist.get_rank()}] {what} failed: a peer worker died, hung "
-        f"past the timeout, or runs a different model/partitioning; check "
-        f"the other workers' logs for the first error; if one is merely "
-        f"slow, raise backend.timeout_s. Cause: {_cause(e)}"
-    )
+    """The error of a failed collective ``what``, naming the peers on this host that ended or stopped."""
+    me = dist.get_rank() if dist.is_initialized() else "?"
+    states = peer_states()
+    if states:
+        why = f"{_describe_peers(states)}."
+    else:
+        remote = []
+        if _workers is not None and dist.is_initialized():
+            remote = [r for r, w in enumerate(_workers) if w[0] != _workers[dist.get_rank()][0]]
+        if _workers is None:  # a process group that init_distributed did not create
+            who = "a peer worker died, hung past the timeout,"
+        elif remote:
+            who = (
+                f"every other worker on this host is still running, so one of ranks "
+                f"{', '.join(map(str, remote))} (on other hosts) died or hung, or a worker is slower "
+                f"than the timeout,"
+            )
+        else:
+            who = "every other worker is still running: one is hung or slower than the timeout,"
+        why = (
+            f"{who} failed in another operation, or runs a different model/partitioning; check the "
+            f"other workers' logs for the first error; if one is merely slow, raise backend.timeout_s."
+        )
+    return SARCommError(f"[rank {me}] {what} failed: {why} Cause: {_cause(e)}")
 
 
 def _peer_error(
@@ -156,6 +258,12 @@ def _peer_error(
         )
     else:
         msg = f"{label} failed; check rank {peer}'s log."
+    # All peers, not only this one: a worker that gave up after a dead peer closes its connections
+    # too, so the first connection to close may be a bystander's; the peer that ended first is
+    # among those that have ended by now.
+    states = peer_states()
+    if states:
+        msg += f" On this host {_describe_peers(states)}."
     return SARCommError(f"[rank {me}] {what}: {msg} Cause: {cause}")
 
 
@@ -268,6 +376,14 @@ def all_gather_object_checked(obj, what: str) -> List:
     except Exception as e:
         raise _wrap(e, what) from e
     return out
+
+
+def barrier(what: str = "barrier") -> None:
+    """``dist.barrier`` with errors turned into :class:`SARCommError`."""
+    try:
+        dist.barrier()
+    except Exception as e:
+        raise _wrap(e, what) from e
 
 
 def broadcast_parameters(module: torch.nn.Module, src: int = 0) -> None:

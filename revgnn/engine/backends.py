@@ -64,12 +64,13 @@ class Backend:
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
         return model
 
-    def all_reduce(self, t: Tensor) -> Tensor:
-        """Sum over workers (in place where possible); returns the sum."""
+    def all_reduce(self, t: Tensor, what: str = "all_reduce") -> Tensor:
+        """Sum over workers (in place where possible); returns the sum. ``what`` names the operation
+        in a failure's error."""
         return t
 
-    def gather(self, obj: Any) -> List[Any]:
-        """``obj`` of every worker, by rank."""
+    def gather(self, obj: Any, what: str = "all_gather") -> List[Any]:
+        """``obj`` of every worker, by rank (``what`` as for :meth:`all_reduce`)."""
         return [obj]
 
     def reduce_gradients(self, grads: Union[Tensor, Sequence[torch.nn.Parameter]]) -> None:
@@ -142,14 +143,9 @@ class DistributedBackend(Backend):
         if not dist.is_initialized():
             return
         if ok:  # everyone done before rank 0's files count as final; never after a failure (it would hang)
-            from revgnn.distributed.comm import SARCommError
+            from revgnn.distributed.comm import barrier
 
-            try:
-                dist.barrier()
-            except Exception as e:
-                raise SARCommError(
-                    f"[rank {self.rank}] final barrier failed: a peer died after training"
-                ) from e
+            barrier("the final barrier after training")
         dist.destroy_process_group()
 
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -158,17 +154,17 @@ class DistributedBackend(Backend):
         broadcast_parameters(model)
         return model
 
-    def all_reduce(self, t: Tensor) -> Tensor:
+    def all_reduce(self, t: Tensor, what: str = "all_reduce") -> Tensor:
         from revgnn.distributed.comm import all_reduce_sum
 
         if self.device.type == "cuda" and t.device.type != "cuda":  # NCCL reduces CUDA tensors only
-            return all_reduce_sum(t.to(self.device), "all_reduce").to(t.device)
-        return all_reduce_sum(t, "all_reduce")
+            return all_reduce_sum(t.to(self.device), what).to(t.device)
+        return all_reduce_sum(t, what)
 
-    def gather(self, obj: Any) -> List[Any]:
+    def gather(self, obj: Any, what: str = "all_gather") -> List[Any]:
         from revgnn.distributed.comm import all_gather_object_checked
 
-        return all_gather_object_checked(obj, "all_gather")
+        return all_gather_object_checked(obj, what)
 
     def reduce_gradients(self, grads) -> None:
         from revgnn.distributed.comm import all_reduce_gradients, all_reduce_sum

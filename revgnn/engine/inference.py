@@ -154,7 +154,11 @@ class Scorer:
         return float(self.evaluator.eval({"y_true": y_true, "y_pred": pred})[self.metric])
 
     def __call__(self, logits: Tensor) -> Dict[str, float]:
-        """Returns ``{split: score}`` for ``train``, ``valid`` and ``test`` of the data set."""
+        """Returns ``{split: score}`` for ``train``, ``valid`` and ``test`` of the data set; NaN or
+        infinite logits are a :class:`~revgnn.engine.divergence.NonFiniteError`, not a score."""
+        from revgnn.engine.divergence import check_predictions
+
         if logits.shape[0] != self.ds.num_nodes:
             raise ValueError(f"logits have {logits.shape[0]} rows for {self.ds.num_nodes} nodes")
+        check_predictions({split: logits[idx] for split, idx in self.ds.split_idx.items()})
         return {split: self.score(self.ds.y[idx], logits[idx]) for split, idx in self.ds.split_idx.items()}

@@ -46,6 +46,7 @@ from revgnn.engine.checkpoint import (
     restore,
     save_checkpoint,
 )
+from revgnn.engine.divergence import NonFiniteError, diverged
 from revgnn.engine.interrupt import StopRequest, TrainingInterrupted
 from revgnn.engine.reports import FIELDS, Summary, plot_learning_curve, write_metrics
 from revgnn.engine.seeds import Stream, evaluation_seed, seed_stream, seed_worker
@@ -233,17 +234,15 @@ def _epochs(run: Run, state: RunState) -> None:
                 log_warnings(epoch_warnings, epoch, run.writer)
                 bar.set_postfix(loss=f"{row['loss']:.4f}", valid=f"{state.best['valid']:.4f}")
                 # a signal during evaluation or checkpointing: the epoch is saved, stop here
-                if (
-                    float(backend.all_reduce(torch.tensor([float(run.stop.requested)], dtype=torch.float64)))
-                    > 0
-                ):
+                flags = run.stop.flags(backend.rank, backend.world_size)
+                if run.stop.agree(backend.all_reduce(flags, "all_reduce of the signals after an epoch")):
                     raise _interrupted(run, epoch + 1, None)
     except TrainingInterrupted:
         _summary(run, state, "interrupted")
         raise
-    except FloatingPointError:
+    except FloatingPointError as e:  # a loss, gradient norm, prediction or DEQ solve (all workers alike)
         _summary(run, state, "diverged")
-        raise
+        raise diverged(e, epoch, _last_good(run, state)) from None
     except Exception as e:
         if state.history:  # what finished stays reported (no collective here: a peer may be gone)
             _summary(run, state, f"failed at epoch {epoch}: {type(e).__name__}")
@@ -268,7 +267,9 @@ def _run_epoch(run: Run, state: RunState, epoch: int) -> Dict[str, Any]:
         "valid": "",
         "test": "",
         "epoch_time_s": round(epoch_time, 4),
-        "peak_memory_mb": round(max(backend.gather(peak_memory_mb(backend.device))), 1),
+        "peak_memory_mb": round(
+            max(backend.gather(peak_memory_mb(backend.device), "all_gather of peak memory")), 1
+        ),
         "lr": run.optimizer.param_groups[0]["lr"],
         **model_epoch_stats(model, backend),
     }
@@ -319,12 +320,6 @@ def _train_epoch(run: Run, state: RunState, epoch: int) -> tuple:
             tc.grad_clip,
             run.stop,
         )
-        if not math.isfinite(loss):
-            raise FloatingPointError(
-                f"loss is {loss} at epoch {epoch}, step {step.index}: training diverged (no update was "
-                f"applied). Last good checkpoint: {_last_good(run, state)}. Try a lower optim.lr "
-                f"or trainer.grad_clip."
-            )
         loss_sum, count = loss_sum + loss * step.total, count + step.total
         if stopping:
             state.step = step.index + 1
@@ -367,7 +362,8 @@ def _save_last(run: Run, state: RunState) -> None:
         {
             "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-        }
+        },
+        "all_gather of the RNG states for last.pt",
     )
     if run.writer:
         save_checkpoint(
@@ -432,10 +428,11 @@ def train_step(
     stop: Optional[StopRequest] = None,
 ):
     """One optimiser step over this worker's batches of ``step``: forward, loss share, backward for each
-    (gradients accumulate), then one all-reduce of ``[step loss, stop flag]`` over the workers (the flag:
-    ``stop`` received a signal by then). The
-    update is applied only when the step loss is finite (gradients reduced over the workers, clipped);
-    returns ``(step loss, whether any worker asked to stop)``."""
+    (gradients accumulate), then one all-reduce of ``[step loss, signal of each worker]`` over the
+    workers (:meth:`~revgnn.engine.interrupt.StopRequest.flags`: what ``stop`` received by then). The
+    update is applied only when the step loss and the gradient norm are finite (gradients reduced over
+    the workers, clipped), else :class:`~revgnn.engine.divergence.NonFiniteError` is raised on every
+    worker; returns ``(step loss, whether any worker asked to stop)``."""
     from revgnn.utils.flat import optimizer_step
 
     loss_sum = torch.zeros((), dtype=torch.float64)
@@ -448,19 +445,24 @@ def train_step(
             loss = loss + aux * (batch.count / step.total)
         loss.backward()
         loss_sum += loss.detach().to(loss_sum)
-    stop_flag = torch.tensor(float(stop is not None and stop.requested), dtype=torch.float64)
-    status = backend.all_reduce(torch.stack([loss_sum, stop_flag]))
-    loss_value = float(status[0])
+    stop = stop if stop is not None else StopRequest()  # no handlers: its flags stay 0
+    flags = stop.flags(backend.rank, backend.world_size)
+    status = backend.all_reduce(
+        torch.cat([loss_sum.view(1), flags]), f"all_reduce of step {step.index}'s loss"
+    )
+    loss_value, stopping = float(status[0]), stop.agree(status[1:])
     if not math.isfinite(loss_value):
         if flat is not None:
             flat.zero_grad()
         else:
             optimizer.zero_grad(set_to_none=True)
-        return loss_value, bool(status[1] > 0)
+        raise NonFiniteError(f"loss is {loss_value}", step.index)
     # clears the gradients after the update: freed (or zeroed in the flat buffer) here rather than
     # before the next backward, they stay out of evaluation and checkpointing
-    optimizer_step(optimizer, flat, grad_clip, backend.reduce_gradients)
-    return loss_value, bool(status[1] > 0)
+    norm = optimizer_step(optimizer, flat, grad_clip, backend.reduce_gradients)
+    if not math.isfinite(norm):  # the summed gradients' norm: the same on every worker
+        raise NonFiniteError(f"gradient norm is {norm}", step.index)
+    return loss_value, stopping
 
 
 def _last_good(run: Run, state: RunState) -> str:
@@ -470,12 +472,10 @@ def _last_good(run: Run, state: RunState) -> str:
 
 
 def _interrupted(run: Run, epoch: int, step: Optional[int]) -> TrainingInterrupted:
-    import signal
-
-    signum = run.stop.signum or signal.SIGTERM  # a peer's signal: this worker got none itself
+    signum, name = run.stop.reported(run.backend.rank)  # its own signal, else the peer's that stopped it
     where = f"in epoch {epoch} after {step + 1} step(s)" if step is not None else f"before epoch {epoch}"
     return TrainingInterrupted(
-        f"{signal.Signals(signum).name}: stopped {where}; saved {run.last_path}. "
+        f"{name}: stopped {where}; saved {run.last_path}. "
         f"Resume with:\n  {resume_command(run.cfg, run.backend, run.last_path)}",
         signum,
     )
@@ -507,7 +507,7 @@ def model_epoch_stats(model, backend: Backend, gather: bool = True) -> Dict[str,
             stats.update({f"{prefix}_{k}": v for k, v in fn().items()})
     if not gather:
         return {}
-    every = backend.gather(stats)
+    every = backend.gather(stats, "all_gather of the model's epoch statistics")
     keys = sorted({k for s in every for k in s})
     return {
         k: (max if k.endswith("_max") else lambda v: sum(v) / len(v))([s[k] for s in every if k in s])

@@ -122,13 +122,12 @@ class SARTask:
             for s, m in self.masks.items()
             if s in ("train", "valid", "test")
         }
+        from revgnn.engine.divergence import check_predictions
+
         gathered = self.gather(pieces)
-        return {
-            s: self.scorer.score(
-                torch.cat([g[s][1] for g in gathered]), torch.cat([g[s][0] for g in gathered])
-            )
-            for s in pieces
-        }
+        pred = {s: torch.cat([g[s][0] for g in gathered]) for s in pieces}
+        check_predictions(pred)  # all of every split, the same on every worker
+        return {s: self.scorer.score(torch.cat([g[s][1] for g in gathered]), pred[s]) for s in pieces}
 
     def fix_eval_views(self, generator) -> None:
         """The full graph is scored deterministically: there is no random view to fix."""

@@ -301,11 +301,14 @@ class GraphTask:
     def evaluate(
         self, model: nn.Module, generator: Optional[torch.Generator], device, autocast=None, reduce=None
     ) -> Dict[str, float]:
+        from revgnn.engine.divergence import check_predictions
+
+        logits = {split: self.predict(model, split, device, autocast) for split in ("train", "valid", "test")}
+        check_predictions(logits)
         scores = {}
-        for split in ("train", "valid", "test"):
-            logits = self.predict(model, split, device, autocast)
+        for split, out in logits.items():
             y = self.ds.labels(split)
-            pred = logits.argmax(-1, keepdim=True) if self.ds.task == "multiclass" else logits
+            pred = out.argmax(-1, keepdim=True) if self.ds.task == "multiclass" else out
             scores[split] = float(self.evaluator.eval({"y_true": y, "y_pred": pred})[self.metric])
         return scores
 

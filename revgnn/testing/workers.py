@@ -64,7 +64,7 @@ def _entry(rank, world_size, port, timeout_s, backend, fn, args, q, threads, go,
     import torch
     import torch.distributed as dist
 
-    from .comm import init_distributed
+    from revgnn.distributed.comm import init_distributed
 
     # P workers on one host: oversubscribed intra-op threads spin-wait and
     # make small ops many times slower, so split the cores.

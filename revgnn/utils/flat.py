@@ -257,20 +257,29 @@ def optimizer_step(
     flat: Optional[FlatParameters],
     max_norm: float = 0.0,
     reduce_gradients: Optional[Callable[[object], None]] = None,
-) -> None:
+) -> float:
     """The end of a training step, after ``backward``: bring the gradients into the flat buffer
     (``flat``), sum them over workers (``reduce_gradients``, given the flat gradient or the
     parameters), clip their global norm to ``max_norm`` (when > 0), update, and clear the gradients
-    (zeroed in place with ``flat``; freed otherwise, so that they do not outlive the step)."""
+    (zeroed in place with ``flat``; freed otherwise, so that they do not outlive the step).
+
+    Returns the global gradient norm before clipping; when it is NaN or infinite no update is applied
+    (the gradients are only cleared). It is the norm of the summed gradients, the same bits on every
+    worker, so every worker skips the same step (:mod:`revgnn.engine.divergence`)."""
     params = [p for group in optimizer.param_groups for p in group["params"]]
     if flat is not None:
         flat.sync()
     if reduce_gradients is not None:
         reduce_gradients(flat.grad if flat is not None else params)
-    if max_norm > 0:
-        torch.nn.utils.clip_grad_norm_(params, max_norm)
-    optimizer.step()
+    # clip_grad_norm_ is exactly these two calls; the norm is taken whether or not it clips
+    norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+    finite = bool(norm.isfinite())
+    if finite and max_norm > 0:
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+    if finite:
+        optimizer.step()
     if flat is not None:
         flat.zero_grad()
     else:
         optimizer.zero_grad(set_to_none=True)
+    return float(norm)
