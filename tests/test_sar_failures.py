@@ -127,8 +127,9 @@ def test_hung_worker_times_out_and_is_ended_by_its_peers(world_size):
         assert f"{expect} timed out after {TRANSFER_S:g} s" in failed, msg
         assert "rank 2" not in failed.replace(f"[rank {rank}]", ""), msg
         assert "check rank 1's log" in failed and "raise backend.timeout_s" in failed, msg
-        # the first survivor to time out finds rank 1 stopped and ends it; another may find it ended
-        assert re.match(r"rank 1 \(pid \d+\) (is stopped \(SIGSTOP or a debugger\)|has ended)", peers), msg
+        # The first survivor to look finds rank 1 stopped and ends it. Another may find it stopped
+        # too, ended, or still dying (then neither, and it names no state).
+        assert not peers or re.match(r"rank 1 \(pid \d+\) (is stopped \(SIGSTOP or|has ended)", peers), msg
         stopped += "is stopped" in peers and "ended it with SIGKILL" in peers
     assert stopped >= 1
 

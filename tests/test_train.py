@@ -173,6 +173,29 @@ def test_failure_summary_names_the_epoch_that_failed(tmp_path):
     assert summary["epochs"] == 2 and load_checkpoint(str(tmp_path / "last.pt"))["epoch"] == 2
 
 
+def test_cli_divergence_is_one_message_and_exit_code_1(tmp_path):
+    """`python -m revgnn.train` whose evaluation diverges: one error line naming what was not finite
+    and the last good checkpoint, no traceback, exit code 1, summary.json written as diverged."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}", REVGNN_ALLOCATOR="system")
+    run = tmp_path / "run"
+    args = [*TINY, "trainer.epochs=2", "model._target_=loop_models.nan_in_evaluation", f"output_dir={run}"]
+    out = subprocess.run(
+        [sys.executable, "-m", "revgnn.train", *args], env=env, capture_output=True, text=True, timeout=600
+    )
+    text = out.stdout + out.stderr
+    assert out.returncode == 1, text[-3000:]
+    errors = [line for line in text.splitlines() if "[ERROR]" in line]
+    assert len(errors) == 1 and "Traceback" not in text, text[-3000:]
+    assert "predictions are NaN or infinite" in errors[0] and "Last good checkpoint: none" in errors[0]
+    assert json.loads((run / "summary.json").read_text())["status"] == "diverged"
+
+
 def test_missing_checkpoint_and_data_path_are_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.pt"):
         train(_cfg(tmp_path, "trainer.epochs=1", f"ckpt_path={tmp_path / 'nope.pt'}"))
