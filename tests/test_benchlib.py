@@ -69,3 +69,40 @@ def test_run_child_returns_the_json_lines_and_raises_on_failure():
 def test_markdown_table():
     lines = benchlib.markdown_table(["a", "b", "c"], [[1, "x", ""], ["2", 3.5, "y"]], align="lr")
     assert lines == ["| a | b | c |", "|---|---:|---|", "| 1 | x | |", "| 2 | 3.5 | y |"]
+
+
+def test_bench_memory_measures_drift_at_the_depths_it_is_given():
+    """``--depths 2`` measures the reconstruction drift at depth 2 too, not at the 1001 layers of the
+    full run; ``--drift-depths`` still chooses them ("" for none)."""
+    import bench_memory
+
+    assert bench_memory.parse_args(["--depths", "2"]).drift_depths == [2]
+    assert bench_memory.parse_args([]).drift_depths == [8, 64, 256, 1001]
+    assert bench_memory.parse_args(["--depths", "2", "--drift-depths", "10,100"]).drift_depths == [10, 100]
+    assert bench_memory.parse_args(["--drift-depths", ""]).drift_depths == []
+
+
+def test_bench_deq_peer_without_torchdeq_names_the_bench_extra(tmp_path):
+    """``bench_deq.py peer`` without torchdeq: one line saying it comes with the bench extra and how to
+    install it, not a ModuleNotFoundError traceback."""
+    import os
+
+    hide = "import runpy, sys; sys.modules['torchdeq'] = None; "  # as if not installed
+    script = REPO / "scripts" / "bench_deq.py"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"{hide}sys.argv = [{str(script)!r}, 'peer', '--nodes', '50']; "
+            f"runpy.run_path({str(script)!r}, run_name='__main__')",
+        ],
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'scripts'}"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    text = (proc.stdout + proc.stderr).strip()
+    assert proc.returncode == 1 and "Traceback" not in text and len(text.splitlines()) == 1, text
+    assert "torchdeq, which is not installed: it comes with revgnn's bench extra" in text, text
+    assert 'pip install -e ".[bench]"' in text, text
