@@ -472,8 +472,8 @@ def train_run(args, seed: int, arm: Arm, out_dir: str):
     from hydra import compose, initialize_config_dir
 
     import revgnn.config  # noqa: F401  (registers the schemas)
-    from revgnn.engine.checkpoint import load_checkpoint
-    from revgnn.engine.loop import check_resume_config, train
+    from revgnn.engine.checkpoint import check_resume_config, load_checkpoint
+    from revgnn.engine.loop import train
 
     config_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "revgnn", "configs")
     overrides = [

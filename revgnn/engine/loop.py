@@ -42,7 +42,7 @@ from revgnn.engine.checkpoint import (
     atomic_copy,
     atomic_save,
     atomic_write_text,
-    check_run_dir,
+    check_resume_config,
     load_checkpoint,
 )
 from revgnn.engine.interrupt import StopRequest, TrainingInterrupted
@@ -60,13 +60,9 @@ FIELDS = ["epoch", "evaluation", "loss", "train", "valid", "test", "epoch_time_s
 def train(cfg: DictConfig) -> Dict[str, Any]:
     """Runs one training job described by ``cfg`` (a composed ``train.yaml``) on its backend;
     returns the summary (the same on every worker)."""
-    from revgnn.config import check_keys, check_ranges
-    from revgnn.models import check_model_config
+    from revgnn.config import check_before_start
 
-    check_keys(cfg)  # no key the schema lacks (Hydra's +key=value adds any)
-    check_ranges(cfg)  # every value in the range its schema declares, before anything starts
-    check_model_config(cfg.model)  # every model key an argument of the variant's class, in range
-    check_run_dir(resolve_output_dir(cfg), cfg.ckpt_path, cfg.overwrite)  # no earlier run replaced
+    check_before_start(cfg, resolve_output_dir(cfg))  # settings, run directory, resume: before anything
     backend = make_backend(cfg)
     backend.start()
     try:
@@ -469,61 +465,6 @@ def resume(cfg: DictConfig, backend: Backend, model, optimizer, flat, ckpt: Dict
         "history": ckpt["history"],
         "best": ckpt["best"],
     }
-
-
-#: The sections (and ``seed``) a resume compares with the checkpoint's config.
-RESUME_COMPARED = ("model", "data", "optim", "trainer", "backend", "seed")
-#: Keys a resume may change freely: the schedule's length, where things are, how they are logged
-#: and run. Everything else under :data:`RESUME_COMPARED` changes the run.
-RESUME_FREE = (
-    "trainer.epochs",
-    "trainer.test_views",
-    "trainer.test_parts",
-    "data.root",
-    "data.allow_download",
-    "backend.num_threads",
-    "backend.timeout_s",
-    "backend.dist_backend",
-    "backend.partition_dir",
-)
-
-
-def check_resume_config(saved: Dict[str, Any], cfg: DictConfig, path: str) -> Dict[str, tuple]:
-    """Compares the checkpoint's config with this run's; returns the changed keys that
-    ``cfg.resume_allow`` names (``{key: (old, new)}``) and raises listing every other change."""
-    now = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-
-    def flat(d, prefix=""):
-        out = {}
-        for k, v in d.items():
-            if isinstance(v, dict) and v:
-                out.update(flat(v, f"{prefix}{k}."))
-            else:
-                out[f"{prefix}{k}"] = v
-        return out
-
-    old, new = (
-        flat({k: saved[k] for k in RESUME_COMPARED if k in saved}),
-        flat({k: now[k] for k in RESUME_COMPARED}),
-    )
-    keys = set(old) | set(new)
-    unknown = [k for k in cfg.resume_allow if k not in keys]
-    if unknown:
-        raise ValueError(f"resume_allow names {', '.join(unknown)}, which the configuration has no key for")
-    changed = {
-        k: (old.get(k), new.get(k))
-        for k in sorted(keys)
-        if k in old and old.get(k) != new.get(k) and k not in RESUME_FREE
-    }
-    refused = {k: v for k, v in changed.items() if k not in cfg.resume_allow}
-    if refused:
-        lines = "\n".join(f"  {k}: {a!r} (checkpoint) -> {b!r} (now)" for k, (a, b) in refused.items())
-        raise ValueError(
-            f"checkpoint {path} was trained with other settings:\n{lines}\nResume with the "
-            f"checkpoint's values, or name the keys you mean to change in resume_allow "
-            f"(e.g. resume_allow=[{next(iter(refused))}]); trainer.epochs may always grow."
-        )
-    return {k: v for k, v in changed.items() if k in cfg.resume_allow}
 
 
 def _last_good(last_path: str, history) -> str:
