@@ -349,7 +349,14 @@ def bench_peer(args) -> None:
     import warnings
 
     import torch
-    import torchdeq
+
+    try:
+        import torchdeq
+    except ImportError:
+        raise SystemExit(
+            "bench_deq.py peer compares revgnn with torchdeq, which is not installed: it comes with "
+            'revgnn\'s bench extra, pip install -e ".[bench]" (torchdeq==0.1.0)'
+        ) from None
 
     warnings.filterwarnings("ignore", message="Sparse")
     from revgnn.deq import DEQConvergenceWarning

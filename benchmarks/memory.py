@@ -15,13 +15,14 @@ stack and runs training steps (forward + backward), so that its peak RSS
 Ratios (ours / PyG, ours / plain, depth D / smallest depth) come from the same
 run. Every process is started through revgnn's launcher, which preloads
 tcmalloc when installed (the default of our entry points); ``--allocators
-system,tcmalloc`` adds glibc-malloc runs for comparison. Also measured: the
+system,tcmalloc`` adds glibc-malloc runs for comparison. Also measured, at the
+same depths (or ``--drift-depths``; the published table: ``10,100,1001``): the
 reconstruction drift of the input after inverting the whole stack, in float32 and
 under bf16 autocast, with and without ``GroupAddRev(quantize=16)``, and (up to
 ``--grad-depth-limit`` layers) the bf16 input-gradient error against stored activations.
 
     python -m benchmarks.memory                        # full run (~20-30 min on 2 cores)
-    python -m benchmarks.memory --depths 8,64 --nodes 2000 --edges 20000   # quick look
+    python -m benchmarks.memory --depths 8,64 --nodes 2000 --edges 20000   # quick look (drift too)
 """
 
 from __future__ import annotations
@@ -208,7 +209,8 @@ def spawn(args, impl: str, depth: int, alloc: str) -> dict:
         return dict(impl=impl, depth=depth, allocator=alloc, error=e.stderr.strip()[-300:])
 
 
-def main() -> None:
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line; ``drift_depths`` is a list of depths, ``--depths``' unless given."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--depths", default="8,64,256,1001")
     parser.add_argument("--impls", default=",".join(IMPLS))
@@ -227,7 +229,11 @@ def main() -> None:
         default=12.0,
         help="skip the plain stack where its projected saved bytes exceed this",
     )
-    parser.add_argument("--drift-depths", default="10,100,1001")
+    parser.add_argument(
+        "--drift-depths",
+        default=None,
+        help="depths of the reconstruction drift measurement (default: --depths; empty: none)",
+    )
     parser.add_argument(
         "--grad-depth-limit",
         type=int,
@@ -239,8 +245,14 @@ def main() -> None:
     parser.add_argument("--drift", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--impl", help=argparse.SUPPRESS)
     parser.add_argument("--depth", type=int, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    args.drift_depths = [int(d) for d in args.drift_depths.split(",") if d]
+    args = parser.parse_args(argv)
+    depths = args.depths if args.drift_depths is None else args.drift_depths
+    args.drift_depths = [int(d) for d in depths.split(",") if d]
+    return args
+
+
+def main() -> None:
+    args = parse_args()
 
     from revgnn.utils.allocator import use_tcmalloc
 

@@ -56,7 +56,13 @@ __all__ = [
     "check_ranges",
     "check_keys",
     "ConfigError",
-    "RefuseEarlierRun",
+    "ConfigTypeError",
+    "check_config",
+    "check_before_start",
+    "CheckBeforeStart",
+    "refuse",
+    "have_submitit",
+    "check_launcher",
 ]
 
 
@@ -64,6 +70,11 @@ class ConfigError(ValueError):
     """Bad input that a run refuses before it trains: a setting, a file it names, or how it was
     launched. The message says what was wrong and what to do; ``revgnn-train`` prints it alone (no
     traceback) and exits with status 2."""
+
+
+class ConfigTypeError(ConfigError, TypeError):
+    """A :class:`ConfigError` that is also a :class:`TypeError`: a key that is no argument of what it
+    configures (as Python says of an unexpected keyword argument)."""
 
 
 def ranged(
@@ -105,8 +116,8 @@ def check_keys(cfg: DictConfig, schema: Optional[type] = None, path: str = "") -
 
 
 def check_ranges(cfg: DictConfig, path: str = "") -> None:
-    """Raises ``ValueError`` naming the key for every value outside the range its schema declares
-    (:func:`ranged`); walks the whole config, whatever schema each node has."""
+    """Raises :class:`ConfigError` naming the key for every value outside the range its schema
+    declares (:func:`ranged`); walks the whole config, whatever schema each node has."""
     schema = OmegaConf.get_type(cfg)
     if dataclasses.is_dataclass(schema):
         for f in dataclasses.fields(schema):
@@ -115,7 +126,7 @@ def check_ranges(cfg: DictConfig, path: str = "") -> None:
             if value is None or OmegaConf.is_missing(cfg, f.name):
                 continue
             if not bounds.contains(value):
-                raise ValueError(f"{path}{f.name} must be {bounds.describe()}, got {value}")
+                raise ConfigError(f"{path}{f.name} must be {bounds.describe()}, got {value}")
     for key in cfg:
         if (
             isinstance(key, str)
@@ -374,21 +385,35 @@ def _stamp(default: str) -> str:
     return os.environ.get("REVGNN_RUN_STAMP") or default
 
 
-def _swept_keys(argv: List[str]) -> List[str]:
-    """Keys the command line sweeps (``k=a,b``, ``k=range(...)``, ``choice``, ``glob``, ``interval``)."""
-    keys = []
-    for arg in argv:
-        if arg.startswith("-") or "=" not in arg:
-            continue
-        key, value = arg.split("=", 1)
-        depth, top_comma = 0, False
-        for ch in value:
-            depth += ch in "[({"
-            depth -= ch in "])}"
-            top_comma |= ch == "," and depth == 0
-        if top_comma or value.startswith(("range(", "choice(", "glob(", "interval(")):
-            keys.append(key.lstrip("+~"))
-    return keys
+#: The keys the command line of a multirun sweeps, as JSON, set by :class:`CheckBeforeStart` in
+#: the process that launches the sweep: a job that a launcher runs in another process (submitit's,
+#: locally or on SLURM, which pass the environment on) has another command line.
+SWEPT_KEYS_ENV = "REVGNN_SWEPT_KEYS"
+
+
+def _swept_keys(overrides: List[str]) -> List[str]:
+    """Keys that ``overrides`` sweep (``k=a,b``, ``k=range(...)``, ``choice``, ``glob``,
+    ``interval``), as Hydra's override parser reads them; ``[]`` when they do not parse."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    given = [o for o in overrides if "=" in o and not o.startswith("-")]
+    try:
+        parsed = OverridesParser.create().parse_overrides(given)
+    except Exception:  # Hydra reports a bad override itself
+        return []
+    return [o.key_or_group for o in parsed if o.is_sweep_override()]
+
+
+def _job_swept_keys() -> List[str]:
+    """The keys this job's sweep sweeps: from :data:`SWEPT_KEYS_ENV`, else this process's command
+    line (a sweep started without the callback)."""
+    import json
+    import os
+    import sys
+
+    if SWEPT_KEYS_ENV in os.environ:
+        return list(json.loads(os.environ[SWEPT_KEYS_ENV]))
+    return _swept_keys(sys.argv[1:])
 
 
 def _job_dir(num: Any, overrides: Any) -> str:
@@ -396,10 +421,8 @@ def _job_dir(num: Any, overrides: Any) -> str:
     (``1_optim.lr=0.01``; all of the job's overrides when no sweep syntax is on the command line, e.g.
     a sweeper plugin), path separators replaced, so every job of a sweep over any key gets its own,
     readable directory (the job's full overrides are in its ``.hydra/overrides.yaml``)."""
-    import sys
-
     items = [str(o) for o in overrides]
-    swept = _swept_keys(sys.argv[1:])
+    swept = _job_swept_keys()
     chosen = [o for o in items if o.split("=", 1)[0].lstrip("+~") in swept] or items
     name = "_".join([str(num)] + ([",".join(chosen)] if chosen else [])).replace("/", "_")
     if len(name) > 120:  # file systems cap names at 255 bytes; keep it readable and unique
@@ -409,22 +432,107 @@ def _job_dir(num: Any, overrides: Any) -> str:
     return name
 
 
-class RefuseEarlierRun(Callback):
-    """Hydra callback (``hydra/default.yaml``): a run whose directory holds an earlier run's files
-    is refused (:func:`revgnn.engine.checkpoint.check_run_dir`) before Hydra writes its ``.hydra/``
-    files and ``train.log`` there, so the earlier run stays whole. The training loop checks again,
-    for the jobs of a sweep and for runs started without Hydra."""
+def check_config(cfg: DictConfig) -> None:
+    """Checks the settings of a composed ``train.yaml`` on their own: no unknown key
+    (:func:`check_keys`), every value in its range (:func:`check_ranges`), every model key an
+    argument of the variant's class (:func:`revgnn.models.check_model_config`). Raises
+    :class:`ConfigError` naming the key."""
+    from revgnn.models import check_model_config
+
+    check_keys(cfg)  # no key the schema lacks (Hydra's +key=value adds any)
+    check_ranges(cfg)
+    check_model_config(cfg.model)
+
+
+def check_before_start(cfg: DictConfig, out_dir: str) -> None:
+    """Everything a run refuses without loading data or building a model, in one place:
+    :func:`check_config`, an output directory holding an earlier run
+    (:func:`revgnn.engine.checkpoint.check_run_dir`) and a resume whose checkpoint was trained with
+    other settings (:func:`revgnn.engine.checkpoint.check_resume`). Raises :class:`ConfigError`."""
+    from revgnn.engine.checkpoint import check_resume, check_run_dir
+
+    check_config(cfg)
+    check_run_dir(out_dir, cfg.ckpt_path, cfg.overwrite)
+    check_resume(cfg)
+
+
+def refuse(error: ConfigError) -> None:
+    """Ends ``revgnn-train`` with the message alone (logging is not set up yet; :func:`revgnn.train.main`
+    logs it the same way later) and status 2."""
+    import sys
+
+    print(f"revgnn-train: {error}", file=sys.stderr)
+    sys.exit(2)
+
+
+#: ``hydra/launcher`` options that are Hydra's submitit plugin (revgnn's, in
+#: ``configs/hydra/launcher/``, and the plugin's own).
+SUBMITIT_LAUNCHERS = ("slurm", "local", "submitit_slurm", "submitit_local")
+#: How to get the plugin: the ``cluster`` extra (``pyproject.toml``).
+CLUSTER_EXTRA = 'pip install "revgnn[cluster]" (in a checkout: pip install ".[cluster]")'
+
+
+def have_submitit() -> bool:
+    """Whether Hydra's submitit launcher plugin (the ``cluster`` extra) is installed."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is not None
+    except (ImportError, ValueError):  # no hydra_plugins namespace at all
+        return False
+
+
+def check_launcher(overrides: List[str]) -> None:
+    """Raises :class:`ConfigError` saying how to install it when ``overrides`` select a submitit
+    launcher (``hydra/launcher=slurm``, ...) and the plugin is missing, where Hydra would only say
+    that it cannot load ``hydra/launcher/submitit_*``."""
+    for arg in overrides:
+        key, _, value = arg.partition("=")
+        if key.lstrip("+~") == "hydra/launcher" and value in SUBMITIT_LAUNCHERS and not have_submitit():
+            raise ConfigError(
+                f"hydra/launcher={value} is Hydra's submitit launcher, which is not installed: it comes "
+                f"with revgnn's cluster extra, {CLUSTER_EXTRA}"
+            )
+
+
+def _task_config(config: DictConfig) -> DictConfig:
+    """The job's config as the task function gets it (Hydra's ``run_job``): Hydra's node removed."""
+    import copy
+
+    from omegaconf import open_dict, read_write
+
+    task = copy.deepcopy(config)
+    with read_write(task), open_dict(task):
+        del task["hydra"]
+    return task
+
+
+class CheckBeforeStart(Callback):
+    """Hydra callback (``hydra/default.yaml``): a bad configuration (:func:`check_before_start`) is
+    refused in one message before Hydra creates the run directory or writes its ``.hydra/`` files
+    and ``train.log``, so a refused run leaves nothing behind and an earlier run in its directory
+    stays whole. A sweep's settings shared by every job are checked before any job starts (or is
+    submitted to a cluster); each job, with its swept values, is checked again by the training loop,
+    as is a run started without Hydra."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        import sys
-
-        from revgnn.engine.checkpoint import check_run_dir
-
         try:
-            check_run_dir(str(config.hydra.run.dir), config.get("ckpt_path"), bool(config.get("overwrite")))
-        except ConfigError as e:  # logging is not set up yet: the message alone, as main() prints it
-            print(f"revgnn-train: {e}", file=sys.stderr)
-            sys.exit(2)
+            check_before_start(_task_config(config), str(config.hydra.run.dir))
+        except ConfigError as e:
+            refuse(e)
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        import json
+        import os
+
+        try:  # the run directory and the resume are the jobs' own
+            check_config(_task_config(config))
+        except ConfigError as e:
+            refuse(e)
+        # every job's directory is named by its swept values (hydra.sweep.subdir), also in a job
+        # that a launcher starts in another process
+        overrides = [str(o) for o in config.hydra.overrides.task]
+        os.environ[SWEPT_KEYS_ENV] = json.dumps(_swept_keys(overrides))
 
 
 def register_configs() -> None:

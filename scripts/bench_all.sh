@@ -14,7 +14,7 @@ OUT=bench_out; mkdir -p "$OUT"
   echo; echo "## Conv blocks vs memory bandwidth (benchmarks/layers.py)"; echo
   "$PY" -m benchmarks.layers --out "$OUT" > "$OUT/layers.log" && cat "$OUT/layers.md"
   echo; echo "## Reversible stacks vs depth: revgnn vs PyG GroupAddRev vs plain (benchmarks/memory.py)"; echo
-  "$PY" -m benchmarks.memory --out "$OUT/memory" > "$OUT/memory.log" && cat "$OUT/memory/memory.md"
+  "$PY" -m benchmarks.memory --drift-depths 10,100,1001 --out "$OUT/memory" > "$OUT/memory.log" && cat "$OUT/memory/memory.md"
   echo; echo "glibc malloc instead of tcmalloc:"; echo
   "$PY" -m benchmarks.memory --allocators system --depths 8,64 --impls revgnn,pyg --drift-depths "" \
       --out "$OUT/memory_system" > "$OUT/memory_system.log" && cat "$OUT/memory_system/memory.md"

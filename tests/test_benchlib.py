@@ -6,6 +6,7 @@ import sys
 
 import pytest
 import torch
+from conftest import REPO
 
 import benchmarks.common as benchlib
 
@@ -98,3 +99,39 @@ def test_pyg_group_add_rev_swap_computes_the_same_model():
     assert (a - b).norm() <= 1e-10 * a.norm()
     a, b = grads(ours, True), grads(theirs, True)
     assert a.norm() > 0 and (b.norm() == 0 or (a - b).norm() <= 1e-10 * a.norm())
+
+
+def test_bench_memory_measures_drift_at_the_depths_it_is_given():
+    """``--depths 2`` measures the reconstruction drift at depth 2 too, not at the 1001 layers of the
+    full run; ``--drift-depths`` still chooses them ("" for none)."""
+    import benchmarks.memory as bench_memory
+
+    assert bench_memory.parse_args(["--depths", "2"]).drift_depths == [2]
+    assert bench_memory.parse_args([]).drift_depths == [8, 64, 256, 1001]
+    assert bench_memory.parse_args(["--depths", "2", "--drift-depths", "10,100"]).drift_depths == [10, 100]
+    assert bench_memory.parse_args(["--drift-depths", ""]).drift_depths == []
+
+
+def test_bench_deq_peer_without_torchdeq_names_the_bench_extra(tmp_path):
+    """``bench_deq.py peer`` without torchdeq: one line saying it comes with the bench extra and how to
+    install it, not a ModuleNotFoundError traceback."""
+    import os
+
+    hide = "import runpy, sys; sys.modules['torchdeq'] = None; "  # as if not installed
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"{hide}sys.argv = ['benchmarks.deq', 'peer', '--nodes', '50']; "
+            "runpy.run_module('benchmarks.deq', run_name='__main__', alter_sys=True)",
+        ],
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    text = (proc.stdout + proc.stderr).strip()
+    assert proc.returncode == 1 and "Traceback" not in text and len(text.splitlines()) == 1, text
+    assert "torchdeq, which is not installed: it comes with revgnn's bench extra" in text, text
+    assert 'pip install -e ".[bench]"' in text, text

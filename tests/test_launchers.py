@@ -15,9 +15,10 @@ from hydra.errors import ConfigCompositionException
 
 import revgnn.config  # noqa: F401  (registers the schemas)
 from revgnn.cli import reproduce
+from revgnn.config import have_submitit
 
 needs_submitit = pytest.mark.skipif(
-    not reproduce.have_submitit(),
+    not have_submitit(),
     reason="Hydra's submitit launcher: pip install '.[cluster]' (part of .[dev])",
 )
 
@@ -72,8 +73,12 @@ def test_two_seed_sweep_through_submitit_local(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Submitit 'local' sweep output dir" in proc.stdout + proc.stderr
-    summaries = sorted(sweep.rglob("summary.json"))  # whatever hydra.sweep.subdir names the job dirs
-    assert len(summaries) == 2 and summaries[0].parent != summaries[1].parent
+    # the jobs run in submitit's processes, yet their directories are named by the swept values
+    # alone, as under the basic launcher; no literal `%j` folder
+    assert sorted(p.name for p in sweep.iterdir()) == [".submitit", "0_seed=0", "1_seed=1", "multirun.yaml"]
+    assert not [p for p in sweep.rglob("*") if "%" in p.name]
+    summaries = sorted(sweep.rglob("summary.json"))
+    assert [p.parent.name for p in summaries] == ["0_seed=0", "1_seed=1"]
     seeds = set()
     for path in summaries:
         summary = json.loads(path.read_text())
@@ -84,7 +89,50 @@ def test_two_seed_sweep_through_submitit_local(tmp_path):
         assert (path.parent / "best.pt").exists() and (path.parent / ".hydra" / "config.yaml").exists()
         seeds.add(summary["seed"])
     assert seeds == {0, 1}
-    assert len(list((sweep / ".submitit").glob("*/*_log.out"))) == 2  # each job ran as a submitit job
+    assert len(list((sweep / ".submitit").glob("*_log.out"))) == 2  # each job ran as a submitit job
+
+
+def test_a_submitit_launcher_without_the_cluster_extra_says_how_to_install_it(tmp_path, monkeypatch, capsys):
+    """Without Hydra's submitit plugin, hydra/launcher=local|slurm (and the plugin's own names) is one
+    line naming the cluster extra and how to install it, before Hydra starts (no multirun/ left),
+    from revgnn-train and from revgnn-reproduce --launcher."""
+    hide = "import sys; sys.modules['hydra_plugins.hydra_submitit_launcher'] = None; "
+    for launcher in ("local", "slurm", "submitit_local"):
+        argv = ["revgnn-train", "-m", f"hydra/launcher={launcher}", "seed=0,1", "trainer.epochs=1"]
+        proc = subprocess.run(
+            [sys.executable, "-c", f"{hide}sys.argv = {argv!r}; from revgnn.train import cli; cli()"],
+            cwd=tmp_path,
+            env=dict(os.environ, PYTHONPATH=str(REPO), REVGNN_ALLOCATOR="system"),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        text = (proc.stdout + proc.stderr).strip()
+        assert proc.returncode == 2 and len(text.splitlines()) == 1, text
+        assert text.startswith(f"revgnn-train: hydra/launcher={launcher} is Hydra's submitit launcher"), text
+        assert "cluster extra" in text and 'pip install "revgnn[cluster]"' in text, text
+        assert list(tmp_path.iterdir()) == [], text
+
+    monkeypatch.setattr(revgnn.config, "have_submitit", lambda: False)
+    with pytest.raises(SystemExit) as e:
+        reproduce.main(["--out", str(tmp_path / "r"), "--launcher", "local"])
+    assert "--launcher local: hydra/launcher=local is Hydra's submitit launcher" in str(e.value)
+    assert 'cluster extra, pip install "revgnn[cluster]"' in str(e.value)
+
+
+def test_reproduce_offers_the_launchers_the_guide_names(capsys):
+    """--launcher takes revgnn's launcher options, slurm and local, as the guide and --help say."""
+    assert reproduce.LAUNCHERS == ("local", "slurm")
+    with pytest.raises(SystemExit):
+        reproduce.build_parser().parse_args(["--help"])
+    usage = " ".join(capsys.readouterr().out.split())
+    assert "--launcher {local,slurm}" in usage and "submitit_slurm" not in usage
+    with pytest.raises(SystemExit) as e:
+        reproduce.build_parser().parse_args(["--launcher", "submitit_slurm"])
+    assert e.value.code == 2
+    assert "invalid choice: 'submitit_slurm'" in capsys.readouterr().err
+    guide = (REPO / "docs" / "guides" / "training.md").read_text()
+    assert "`revgnn-reproduce --launcher slurm|local`" in guide
 
 
 def _summary(seed, epochs, valid=0.8, test=0.79):

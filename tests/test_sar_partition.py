@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -184,8 +185,84 @@ def test_old_format_asks_to_repartition(tmp_path):
     del meta["part_sha256"]
     with open(meta_path, "w") as f:
         json.dump(meta, f)
-    with pytest.raises(PartitionMismatchError, match="format 1.*reads format 2.*re-partition"):
+    with pytest.raises(
+        PartitionMismatchError, match=f"format 1.*reads format {FORMAT_VERSION}.*re-partition"
+    ):
         load_partition(root, 0, 2)
+
+
+def _edit_meta(root, edit):
+    meta_path = os.path.join(root, "meta.json")
+    with open(meta_path) as f:
+        meta = json.load(f)
+    edit(meta)
+    with open(meta_path, "w") as f:
+        json.dump(meta, f)
+    return meta_path
+
+
+def _set(path, value):
+    def edit(meta):
+        *head, last = path
+        node = meta
+        for key in head:
+            node = node[key]
+        node[last] = value
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    "edit,named",
+    [
+        (_set(["num_nodes"], 61), "num_nodes (edited)"),
+        (_set(["num_edges"], 299), "num_edges (edited)"),
+        (_set(["part_sizes"], [31, 29]), "part_sizes (edited)"),
+        (_set(["dataset", "num_classes"], 3), "dataset.num_classes (edited)"),
+        (_set(["dataset", "task"], "multiclass"), "dataset.task (edited)"),
+        (lambda meta: meta.pop("part_sha256"), "part_sha256 (removed)"),
+        (lambda meta: meta["part_sha256"].pop("part_1.pt"), "part_sha256.part_1.pt (removed)"),
+        (
+            lambda meta: meta["dataset"].clear(),
+            "dataset.evaluator (removed), dataset.name (removed), dataset.num_classes (removed), "
+            "dataset.task (removed)",
+        ),
+        (_set(["note"], "hand-made"), "note (added)"),
+    ],
+)
+def test_every_field_of_meta_json_is_checked(tmp_path, edit, named):
+    """meta.json's own fields are hashed (meta_sha256): an edited, removed or added one is refused on
+    load, naming the file and the field, not trusted (sizes) nor left to fail at the first step
+    (classes, task) or as a KeyError (part_sha256)."""
+    ei, n = _graph()
+    root = str(tmp_path / "p2")
+    dataset = {"name": "g", "task": "multilabel", "num_classes": 2, "evaluator": "ogbn-proteins"}
+    save_partitions(
+        build_partitions(ei, n, 2, "random", node_data={"x": torch.ones(n, 1)}), root, {"dataset": dataset}
+    )
+    load_partition(root, 1, 2)
+    meta_path = _edit_meta(root, edit)
+    for rank in (0, 1):
+        with pytest.raises(PartitionMismatchError) as e:
+            load_partition(root, rank, 2)
+        message = str(e.value)
+        assert message.startswith(f"{meta_path} is not as revgnn-partition wrote it: {named}. "), message
+        assert "revgnn-partition data=<data set> num_parts=2 out=" in message and "\n" not in message
+
+
+def test_meta_json_without_its_hashes_asks_to_rerun_revgnn_partition(tmp_path):
+    root, _ = _save_pair(tmp_path)
+    meta_path = _edit_meta(root, lambda meta: meta.pop("meta_sha256"))
+    with pytest.raises(PartitionMismatchError, match=re.escape(f"{meta_path} has no meta_sha256")) as e:
+        load_partition(root, 0, 2)
+    assert "re-run it: revgnn-partition data=<data set> num_parts=2 out=" in str(e.value)
+    # the layout of the file is not part of it: re-indented, the fields still check out
+    _save_pair(tmp_path)
+    with open(meta_path) as f:
+        meta = json.load(f)
+    with open(meta_path, "w") as f:
+        json.dump(dict(reversed(list(meta.items()))), f, indent=None)
+    load_partition(root, 0, 2)
 
 
 def test_checked_load_without_process_group(tmp_path):

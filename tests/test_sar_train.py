@@ -113,9 +113,15 @@ def test_sar_resume_is_bitwise_and_checks_the_layout(tmp_path, parts):
     for e in _run(_sar(tmp_path / "data", p2, "trainer.epochs=1", "data.num_nodes=500"), catch=True):
         assert "data.num_nodes: 400 in the partition, 500 here" in e, e
     from revgnn.cli.train import train
+    from revgnn.config import ConfigError
 
+    one = [*MODEL, *DATA_OVERRIDES, "trainer.epochs=4", ckpt]
+    # backend=local is another setting, refused before anything is built; allowed, the layout is not
+    with pytest.raises(ConfigError, match=r"backend\.name: 'sar' \(checkpoint\) -> 'local' \(now\)"):
+        train(compose_train(tmp_path / "one", *one))
+    allow = "resume_allow=[backend.name,backend.precision,trainer.parts_per_step,trainer.train_parts]"
     with pytest.raises(RuntimeError, match=r"world_size 2 -> 1"):
-        train(compose_train(tmp_path / "one", *MODEL, *DATA_OVERRIDES, "trainer.epochs=4", ckpt))
+        train(compose_train(tmp_path / "one", *one, allow))
 
 
 def test_sar_nan_stops_every_worker_at_the_same_step(tmp_path, parts):

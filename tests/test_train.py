@@ -253,8 +253,68 @@ def test_resume_refuses_changed_settings_unless_allowed(tmp_path):
     ],
 )
 def test_out_of_range_settings_are_named(tmp_path, override, message):
-    with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+    from revgnn.config import ConfigError
+
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
         train(_cfg(tmp_path, "trainer.epochs=1", override))
+
+
+def _refused(args, tmp_path):
+    """``python -m revgnn.train *args``: its exit status and whole output (stdout and stderr)."""
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "revgnn.train", *args],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, REVGNN_ALLOCATOR="system"),
+        cwd=tmp_path,
+        timeout=300,
+    )
+    return out.returncode, (out.stdout + out.stderr).strip()
+
+
+def test_configuration_errors_are_one_message_before_anything_starts(tmp_path, monkeypatch):
+    """A value out of range, a misspelt model key and a resume whose checkpoint was trained with
+    other settings: exit status 2, the message alone (no traceback) naming the key, and no run
+    directory left behind. The resume is refused before the backend builds the data and model."""
+    from revgnn.config import ConfigError
+    from revgnn.engine import loop
+
+    run = tmp_path / "run"
+    for override, message in (
+        ("optim.lr=-0.01", "revgnn-train: optim.lr must be > 0, got -0.01"),
+        ("model.hiden_channels=8", "RevGNN has no argument(s) 'model.hiden_channels'; valid overrides:"),
+        ("ckpt_path=nope.pt", "checkpoint 'nope.pt' does not exist: ckpt_path names no file"),
+    ):
+        rc, text = _refused([override, f"output_dir={run}"], tmp_path)
+        assert rc == 2 and message in text and "Traceback" not in text, text
+        assert len(text.splitlines()) == 1, text
+        assert not run.exists() and sorted(p.name for p in tmp_path.iterdir()) == [], text
+    # a sweep's shared settings: refused before any job starts, no sweep directory
+    rc, text = _refused(["-m", "optim.lr=-1", "seed=0,1", f"hydra.sweep.dir={run}"], tmp_path)
+    assert rc == 2 and text == "revgnn-train: optim.lr must be > 0, got -1.0" and not run.exists(), text
+
+    first = tmp_path / "first"
+    train(_cfg(first, "trainer.epochs=1"))
+    ckpt = first / "last.pt"
+    rc, text = _refused(
+        [*TINY, "logger.plot=false", "trainer.epochs=2", "seed=7", f"ckpt_path={ckpt}", f"output_dir={run}"],
+        tmp_path,
+    )
+    assert rc == 2 and "Traceback" not in text, text
+    assert text.startswith(f"revgnn-train: checkpoint {ckpt} was trained with other settings:"), text
+    assert "  seed: 0 (checkpoint) -> 7 (now)" in text and len(text.splitlines()) <= 4, text
+    assert not run.exists()
+
+    def no_backend(cfg):
+        raise AssertionError("the run built its backend although the resume is refused")
+
+    monkeypatch.setattr(loop, "make_backend", no_backend)
+    with pytest.raises(ConfigError, match=r"seed: 0 \(checkpoint\) -> 7"):
+        train(_cfg(run, "trainer.epochs=2", "seed=7", f"ckpt_path={ckpt}"))
 
 
 def test_unknown_keys_are_named(tmp_path):
@@ -281,7 +341,7 @@ def test_unknown_keys_are_named(tmp_path):
     text = (out.stdout + out.stderr).strip()
     assert out.returncode == 2 and "unknown key foo" in text, text
     assert len(text.splitlines()) <= 2 and "Traceback" not in text, text
-    assert not (tmp_path / "cli" / "last.pt").exists()
+    assert not (tmp_path / "cli").exists()  # refused before Hydra creates the run directory
 
 
 def test_cli_output_dir_holds_the_whole_run_and_sweeps_keep_every_job(tmp_path):

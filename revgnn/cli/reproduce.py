@@ -4,15 +4,16 @@ paper's numbers.
     revgnn-reproduce --experiment proteins_revgnn_deep --data-root data
     revgnn-reproduce --experiment proteins_wt_revgnn --seeds 10 model.hidden_channels=80
     revgnn-reproduce --smoke        # same pipeline, fake OGB graph, 1 epoch
-    revgnn-reproduce --launcher submitit_slurm --data-root /data hydra.launcher.partition=gpu   # on SLURM
+    revgnn-reproduce --launcher slurm --data-root /data hydra.launcher.partition=gpu   # on SLURM
 
 Without ``--launcher`` each seed is one ``python -m revgnn.train experiment=<name> seed=<s>`` process,
 one after the other, writing into ``<out>/seed_<s>`` (a second call with the same ``--out`` is refused
 by those runs, which never replace an earlier one: pass ``overwrite=true`` among the overrides to
-run again there). With ``--launcher L`` the seeds are one Hydra
-sweep, ``revgnn.train -m hydra/launcher=L seed=0,...,n-1`` into ``<out>/sweep/<time>/``: ``submitit_slurm``
-submits one SLURM job per seed (``hydra.launcher.*`` overrides set partition, GPUs, time limit...),
-``submitit_local`` runs them as local processes (both need ``pip install "revgnn[cluster]"``). Either way
+run again there). With ``--launcher slurm|local`` the seeds are one Hydra sweep,
+``revgnn.train -m hydra/launcher=slurm|local seed=0,...,n-1`` into ``<out>/sweep/<time>/``
+(``revgnn/configs/hydra/launcher/``): ``slurm`` submits one SLURM job per seed (``hydra.launcher.*``
+overrides set partition, GPUs, time limit...), ``local`` runs them as local processes (both are
+Hydra's submitit launcher: ``pip install "revgnn[cluster]"``). Either way
 each job's ``summary.json`` (best validation, the test score at that epoch and, for experiments with
 ``trainer.test_views``, the final multi-view test of ``best.pt``, the column the paper's number sits in)
 feeds the table: mean ± unbiased standard deviation over seeds, parameters, peak memory and time per epoch.
@@ -29,7 +30,6 @@ in a minute.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import statistics
 import subprocess
@@ -44,6 +44,8 @@ if TYPE_CHECKING:
     from revgnn.engine.reports import Summary
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+#: ``--launcher``'s choices: revgnn's ``hydra/launcher`` options (``configs/hydra/launcher/``).
+LAUNCHERS = tuple(sorted(p.stem for p in (CONFIG_DIR / "hydra" / "launcher").glob("*.yaml")))
 
 
 def reproducible_experiments() -> List[str]:
@@ -255,22 +257,15 @@ def _read_summary(path: Path) -> "Summary":
     return Summary.read(str(path))
 
 
-def have_submitit() -> bool:
-    """Whether Hydra's submitit launcher plugin (``revgnn[cluster]``) is installed."""
-    try:
-        return importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is not None
-    except ImportError:  # no hydra_plugins namespace at all
-        return False
-
-
 def _run_sweep(args, out: Path, seeds: int, overrides: List[str]) -> tuple:
     """All seeds as one Hydra multirun through ``--launcher``; the jobs' summaries, found by globbing
     the sweep directory (whatever ``hydra.sweep.subdir`` names the job directories)."""
-    if args.launcher != "basic" and not have_submitit():
-        raise SystemExit(
-            f"revgnn-reproduce: --launcher {args.launcher} needs Hydra's submitit launcher: "
-            'pip install "revgnn[cluster]" (or hydra-submitit-launcher)'
-        )
+    from revgnn.config import ConfigError, check_launcher
+
+    try:
+        check_launcher([f"hydra/launcher={args.launcher}"])
+    except ConfigError as e:
+        raise SystemExit(f"revgnn-reproduce: --launcher {args.launcher}: {e}") from None
     sweep_dir = (out / "sweep" / time.strftime("%Y-%m-%d_%H-%M-%S")).resolve()
     cmd = [
         sys.executable,
@@ -318,8 +313,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--launcher",
         default=None,
-        help="run the seeds as one Hydra sweep through hydra/launcher=LAUNCHER, e.g. "
-        "submitit_slurm or submitit_local (default: one process per seed, in turn)",
+        choices=LAUNCHERS,
+        help="run the seeds as one Hydra sweep through hydra/launcher=slurm (one SLURM job per seed) "
+        "or local (the same jobs as local processes); both need the cluster extra, "
+        'pip install "revgnn[cluster]" (default: one process per seed, in turn)',
     )
     parser.add_argument(
         "overrides",

@@ -64,9 +64,14 @@ def cli() -> None:
     RSS in depth, faster steps; ``REVGNN_ALLOCATOR=system`` opts out), then runs :func:`main`. Under
     ``torchrun`` the ranks first agree on one run directory and only rank 0 writes Hydra's files and
     ``train.log`` (:func:`revgnn.distributed.torchrun.worker_overrides`)."""
+    from revgnn.config import ConfigError, check_launcher, refuse
     from revgnn.distributed.torchrun import worker_overrides
     from revgnn.utils.allocator import use_tcmalloc
 
+    try:  # Hydra would only say it cannot load the launcher's config
+        check_launcher(sys.argv[1:])
+    except ConfigError as e:
+        refuse(e)
     use_tcmalloc()
     sys.argv += worker_overrides()
     main()

@@ -18,9 +18,13 @@ attributes. Parts are written one file per worker (``part_{p}.pt``: tensors,
 ints, strings and dicts only, read with ``torch.load(weights_only=True)``)
 plus a ``meta.json`` holding the data set's description, the sha256 of every
 part file and the partitioning's fingerprint (a hash of the node assignment
-and the edges). A worker reads only its own file, and checks its hash before
-unpickling it: a corrupted, truncated, renamed or foreign file is a
-:class:`PartitionMismatchError` naming it. :func:`load_partition_checked`
+and the edges). ``meta.json`` covers itself too: ``meta_sha256`` holds the
+sha256 of each of its other fields, so an edited, added or removed field
+(``num_nodes``, ``dataset.num_classes``, ``part_sha256``, ...) is a
+:class:`PartitionMismatchError` naming the file and the field, never a run on
+a description that no longer fits the part files. A worker reads only its own
+file, and checks its hash before unpickling it: a corrupted, truncated,
+renamed or foreign file is a :class:`PartitionMismatchError` naming it. :func:`load_partition_checked`
 then makes all workers compare fingerprints, so a host holding another
 partitioning's directory stops every worker before training.
 
@@ -62,6 +66,7 @@ __all__ = [
     "partition_fingerprint",
     "save_partitions",
     "load_meta",
+    "meta_digests",
     "load_partition",
     "load_partition_checked",
     "partition_dataset",
@@ -71,7 +76,8 @@ __all__ = [
 
 # 2: part files are checked against their sha256 in meta.json, the
 # fingerprint covers the node assignment and the edges, weights_only loading.
-FORMAT_VERSION = 2
+# 3: meta.json's own fields are hashed (meta_sha256).
+FORMAT_VERSION = 3
 
 
 class PartitionMismatchError(RuntimeError):
@@ -262,10 +268,68 @@ def _file_sha256(path: str) -> str:
     return h.hexdigest()
 
 
+def _meta_leaves(meta: Any, prefix: str = "") -> Dict[str, Any]:
+    """``{dotted path: value}`` of every leaf of ``meta`` (a JSON object); an
+    empty object is a leaf of its own, so removing all its entries is seen."""
+    if not isinstance(meta, dict) or not meta:
+        return {prefix.rstrip("."): meta}
+    out: Dict[str, Any] = {}
+    for key, value in meta.items():
+        if not prefix and key == "meta_sha256":
+            continue
+        out.update(_meta_leaves(value, f"{prefix}{key}."))
+    return out
+
+
+def meta_digests(meta: dict) -> Dict[str, str]:
+    """The sha256 (hex) of each field of ``meta`` (a ``meta.json`` as JSON
+    reads it back), by dotted path (``dataset.num_classes``), its own
+    ``meta_sha256`` left out: what ``meta_sha256`` holds. The value is hashed
+    as canonical JSON (sorted keys, no spaces), so the digests depend on the
+    contents only, not on how the file is laid out."""
+    return {
+        path: hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+        for path, value in _meta_leaves(meta).items()
+    }
+
+
+def _check_meta_digests(meta: dict, path: str, root: str) -> None:
+    """Raises :class:`PartitionMismatchError` naming ``path`` and every field
+    of ``meta`` that is not the one ``revgnn-partition`` wrote."""
+    saved = meta.get("meta_sha256")
+    num_parts = meta.get("num_parts", "<P>")
+    if not isinstance(saved, dict):
+        raise PartitionMismatchError(
+            f"{path} has no meta_sha256 (the hashes of its fields): it was edited, or written by an "
+            f"older revgnn-partition; {_repartition(root, num_parts, verb='re-run it')}"
+        )
+    now = meta_digests(meta)
+    saved_tops = {str(f).split(".", 1)[0] for f in saved}
+    changed: List[str] = []
+    for field in sorted(set(saved) | set(now)):
+        if saved.get(field) == now.get(field):
+            continue
+        what = "removed" if field not in now else "added" if field not in saved else "edited"
+        if what == "added" and any(str(f).startswith(f"{field}.") for f in saved):
+            continue  # a section emptied: its removed fields say so
+        top = field.split(".", 1)[0]
+        if (what == "removed" and top not in meta) or (what == "added" and top not in saved_tops):
+            field = top  # a whole section went or came: name it once
+        if f"{field} ({what})" not in changed:
+            changed.append(f"{field} ({what})")
+    if changed:
+        shown = ", ".join(changed[:6]) + (f" and {len(changed) - 6} more" if len(changed) > 6 else "")
+        raise PartitionMismatchError(
+            f"{path} is not as revgnn-partition wrote it: {shown}. It describes the part files "
+            f"and is never edited by hand; copy the directory again or {_repartition(root, num_parts)}"
+        )
+
+
 def save_partitions(parts: List[dict], root: str, extra_meta: Optional[dict] = None) -> None:
     """Writes ``part_{p}.pt`` for every worker, then ``meta.json`` with the
-    sizes, the fingerprint, each part file's sha256 and ``extra_meta`` (e.g.
-    the data set's description under ``"dataset"``).
+    sizes, the fingerprint, each part file's sha256, ``extra_meta`` (e.g.
+    the data set's description under ``"dataset"``) and ``meta_sha256``
+    (:func:`meta_digests` of all of that).
 
     An old ``meta.json`` in ``root`` is removed first, so an interrupted run
     leaves a directory that fails to load instead of one whose meta vouches
@@ -297,6 +361,8 @@ def save_partitions(parts: List[dict], root: str, extra_meta: Optional[dict] = N
         "edge_attr": first["edge_attr"] is not None,
         "part_sha256": digests,
     }
+    meta = json.loads(json.dumps(meta))  # hashed as it will be read back (tuples are lists, ...)
+    meta["meta_sha256"] = meta_digests(meta)
     tmp = f"{meta_path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:
         json.dump(meta, f, indent=2)
@@ -304,8 +370,10 @@ def save_partitions(parts: List[dict], root: str, extra_meta: Optional[dict] = N
 
 
 def load_meta(root: str) -> dict:
-    """Reads ``root/meta.json`` and checks it is of this format; raises
-    :class:`PartitionMismatchError` saying to (re-)partition if not."""
+    """Reads ``root/meta.json`` and checks it is of this format and that
+    every field is the one ``revgnn-partition`` wrote (``meta_sha256``);
+    raises :class:`PartitionMismatchError` naming the file (and the fields)
+    and saying to (re-)partition if not."""
     path = os.path.join(root, "meta.json")
     if not os.path.isfile(path):
         raise PartitionMismatchError(
@@ -317,12 +385,15 @@ def load_meta(root: str) -> dict:
             meta = json.load(f)
     except (OSError, ValueError) as e:
         raise PartitionMismatchError(f"{path} cannot be read ({e}); {_repartition(root)}") from e
+    if not isinstance(meta, dict):
+        raise PartitionMismatchError(f"{path} holds no JSON object; {_repartition(root)}")
     if meta.get("format_version") != FORMAT_VERSION:
         raise PartitionMismatchError(
             f"{path} is partition format {meta.get('format_version')}, but "
-            f"this revgnn reads format {FORMAT_VERSION} (with part file "
-            f"hashes); {_repartition(root, meta.get('num_parts', '<P>'))}"
+            f"this revgnn reads format {FORMAT_VERSION} (part files and "
+            f"meta.json's own fields hashed); {_repartition(root, meta.get('num_parts', '<P>'))}"
         )
+    _check_meta_digests(meta, path, root)
     return meta
 
 

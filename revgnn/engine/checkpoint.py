@@ -6,7 +6,8 @@ run's config and what it was trained on. :func:`save_checkpoint` is its one writ
 its one reader, used by the resume (:func:`restore`, which refuses a checkpoint of another layout or config),
 ``revgnn-evaluate`` and the benchmarks (:func:`load_trained`). A file that is not a checkpoint of the training
 loop, or a truncated or corrupt one, is a :class:`CheckpointError` naming the file (``revgnn-train``'s resume
-and ``revgnn-evaluate`` print it alone).
+and ``revgnn-evaluate`` print it alone). The checks a run makes before it starts of its directory
+(:func:`check_run_dir`) and of the checkpoint it resumes (:func:`check_resume`) are here too.
 
 Every file of a run is written to a temporary file in the same directory and renamed over its target
 (:func:`os.replace` is atomic on POSIX): a crash, a ``kill -9`` or a full disk mid-write leaves the
@@ -36,6 +37,7 @@ __all__ = [
     "atomic_write_text",
     "load_checkpoint",
     "CheckpointError",
+    "CheckpointNotFoundError",
     "CHECKPOINT_KEYS",
     "RUN_FILES",
     "check_run_dir",
@@ -43,6 +45,7 @@ __all__ = [
     "save_checkpoint",
     "restore",
     "check_resume_config",
+    "check_resume",
     "RESUME_COMPARED",
     "RESUME_FREE",
     "Trained",
@@ -65,6 +68,10 @@ CHECKPOINT_KEYS = ("model", "optimizer", "epoch", "history", "best", "config", "
 class CheckpointError(ConfigError):
     """A file given as a checkpoint that is not one of the training loop's, or is truncated or
     corrupt; the message names the file."""
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """A checkpoint path that names no file."""
 
 
 def atomic_save(obj: Any, path: str) -> None:
@@ -114,22 +121,25 @@ def atomic_copy(src: str, dst: str) -> None:
     os.replace(tmp, dst)
 
 
-def load_checkpoint(path: str) -> Dict[str, Any]:
-    """Loads a checkpoint written by the training loop (tensors and plain Python values only).
+def load_checkpoint(path: str, mmap: bool = False) -> Dict[str, Any]:
+    """Loads a checkpoint written by the training loop (tensors and plain Python values only);
+    ``mmap=True`` maps the tensors' bytes instead of reading them (``torch.load(mmap=True)``), for
+    a look at its small entries (``config``, ``epoch``) that does not read a large file.
 
-    Raises :class:`FileNotFoundError` when ``path`` is no file, and :class:`CheckpointError` with
+    Raises :class:`CheckpointNotFoundError` (a :class:`FileNotFoundError`) when ``path`` is no
+    file, and :class:`CheckpointError` with
     ``not a revgnn checkpoint: <path>`` for a file that is not one (not written by ``torch.save``,
     objects other than tensors and plain values, or entries missing from :data:`CHECKPOINT_KEYS`)
     and ``truncated or corrupt checkpoint: <path>`` for a ``torch.save`` archive that cannot be read.
     """
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"checkpoint {path!r} does not exist")
+        raise CheckpointNotFoundError(f"checkpoint {path!r} does not exist: ckpt_path names no file")
     what = "pass the last.pt or best.pt of a revgnn-train run"
     with open(path, "rb") as f:
         if f.read(4) != b"PK\x03\x04":  # torch.save writes a zip archive
             raise CheckpointError(f"not a revgnn checkpoint: {path} (not written by torch.save); {what}")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as e:
         cause = (str(e).strip().splitlines() or [""])[0]
         if zipfile.is_zipfile(path):
@@ -164,6 +174,71 @@ def check_run_dir(out_dir: str, ckpt_path: Optional[str] = None, overwrite: bool
         f"to replace it, resume it with ckpt_path={os.path.join(out_dir, 'last.pt')}, or choose "
         f"another output_dir"
     )
+
+
+#: The sections (and ``seed``) a resume compares with the checkpoint's config.
+RESUME_COMPARED = ("model", "data", "optim", "trainer", "backend", "seed")
+#: Keys a resume may change freely: the schedule's length, where things are, how they are logged
+#: and run. Everything else under :data:`RESUME_COMPARED` changes the run.
+RESUME_FREE = (
+    "trainer.epochs",
+    "trainer.test_views",
+    "trainer.test_parts",
+    "data.root",
+    "data.allow_download",
+    "backend.num_threads",
+    "backend.timeout_s",
+    "backend.dist_backend",
+    "backend.partition_dir",
+)
+
+
+def check_resume_config(saved: Dict[str, Any], cfg: DictConfig, path: str) -> Dict[str, tuple]:
+    """Compares the checkpoint's config with this run's; returns the changed keys that
+    ``cfg.resume_allow`` names (``{key: (old, new)}``) and raises :class:`ConfigError` listing
+    every other change."""
+    now = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+
+    def flat(d, prefix=""):
+        out = {}
+        for k, v in d.items():
+            if isinstance(v, dict) and v:
+                out.update(flat(v, f"{prefix}{k}."))
+            else:
+                out[f"{prefix}{k}"] = v
+        return out
+
+    old, new = (
+        flat({k: saved[k] for k in RESUME_COMPARED if k in saved}),
+        flat({k: now[k] for k in RESUME_COMPARED}),
+    )
+    keys = set(old) | set(new)
+    unknown = [k for k in cfg.resume_allow if k not in keys]
+    if unknown:
+        raise ConfigError(f"resume_allow names {', '.join(unknown)}, which the configuration has no key for")
+    changed = {
+        k: (old.get(k), new.get(k))
+        for k in sorted(keys)
+        if k in old and old.get(k) != new.get(k) and k not in RESUME_FREE
+    }
+    refused = {k: v for k, v in changed.items() if k not in cfg.resume_allow}
+    if refused:
+        lines = "\n".join(f"  {k}: {a!r} (checkpoint) -> {b!r} (now)" for k, (a, b) in refused.items())
+        raise ConfigError(
+            f"checkpoint {path} was trained with other settings:\n{lines}\nResume with the "
+            f"checkpoint's values, or name the keys you mean to change in resume_allow "
+            f"(e.g. resume_allow=[{next(iter(refused))}]); trainer.epochs may always grow."
+        )
+    return {k: v for k, v in changed.items() if k in cfg.resume_allow}
+
+
+def check_resume(cfg: DictConfig) -> None:
+    """Refuses, before anything is built, a resume (``cfg.ckpt_path``) from a file that is no
+    checkpoint of the loop (:func:`load_checkpoint`) or whose run had other settings
+    (:func:`check_resume_config`). Reads the checkpoint memory-mapped: its tensors are not read."""
+    if cfg.ckpt_path:
+        saved = load_checkpoint(cfg.ckpt_path, mmap=True)["config"] or {}
+        check_resume_config(saved, cfg, cfg.ckpt_path)
 
 
 def atomic_write_text(text: str, path: str) -> None:
@@ -314,61 +389,6 @@ def _restore_optimizer(ckpt: Dict[str, Any], path: str, optimizer, flat, allowed
             for group in optimizer.param_groups:
                 group[name] = new
         log.info("resume: %s changed from %r to %r (resume_allow)", key, old, new)
-
-
-#: The sections (and ``seed``) a resume compares with the checkpoint's config.
-RESUME_COMPARED = ("model", "data", "optim", "trainer", "backend", "seed")
-#: Keys a resume may change freely: the schedule's length, where things are, how they are logged
-#: and run. Everything else under :data:`RESUME_COMPARED` changes the run.
-RESUME_FREE = (
-    "trainer.epochs",
-    "trainer.test_views",
-    "trainer.test_parts",
-    "data.root",
-    "data.allow_download",
-    "backend.num_threads",
-    "backend.timeout_s",
-    "backend.dist_backend",
-    "backend.partition_dir",
-)
-
-
-def check_resume_config(saved: Dict[str, Any], cfg: DictConfig, path: str) -> Dict[str, tuple]:
-    """Compares the checkpoint's config with this run's; returns the changed keys that
-    ``cfg.resume_allow`` names (``{key: (old, new)}``) and raises listing every other change."""
-    now = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-
-    def flat(d, prefix=""):
-        out = {}
-        for k, v in d.items():
-            if isinstance(v, dict) and v:
-                out.update(flat(v, f"{prefix}{k}."))
-            else:
-                out[f"{prefix}{k}"] = v
-        return out
-
-    old, new = (
-        flat({k: saved[k] for k in RESUME_COMPARED if k in saved}),
-        flat({k: now[k] for k in RESUME_COMPARED}),
-    )
-    keys = set(old) | set(new)
-    unknown = [k for k in cfg.resume_allow if k not in keys]
-    if unknown:
-        raise ValueError(f"resume_allow names {', '.join(unknown)}, which the configuration has no key for")
-    changed = {
-        k: (old.get(k), new.get(k))
-        for k in sorted(keys)
-        if k in old and old.get(k) != new.get(k) and k not in RESUME_FREE
-    }
-    refused = {k: v for k, v in changed.items() if k not in cfg.resume_allow}
-    if refused:
-        lines = "\n".join(f"  {k}: {a!r} (checkpoint) -> {b!r} (now)" for k, (a, b) in refused.items())
-        raise ValueError(
-            f"checkpoint {path} was trained with other settings:\n{lines}\nResume with the "
-            f"checkpoint's values, or name the keys you mean to change in resume_allow "
-            f"(e.g. resume_allow=[{next(iter(refused))}]); trainer.epochs may always grow."
-        )
-    return {k: v for k, v in changed.items() if k in cfg.resume_allow}
 
 
 @dataclasses.dataclass

@@ -40,7 +40,6 @@ from revgnn.engine.checkpoint import (
     SCHEDULED_BEST,
     RunState,
     atomic_copy,
-    check_run_dir,
     load_checkpoint,
     load_trained,
     restore,
@@ -60,13 +59,9 @@ def train(cfg: DictConfig) -> Dict[str, Any]:
     """Runs one training job described by ``cfg`` (a composed ``train.yaml``) on its backend;
     returns the summary (:class:`~revgnn.engine.reports.Summary` as a dict: the content of
     ``summary.json``, the same on every worker)."""
-    from revgnn.config import check_keys, check_ranges
-    from revgnn.models import check_model_config
+    from revgnn.config import check_before_start
 
-    check_keys(cfg)  # no key the schema lacks (Hydra's +key=value adds any)
-    check_ranges(cfg)  # every value in the range its schema declares, before anything starts
-    check_model_config(cfg.model)  # every model key an argument of the variant's class, in range
-    check_run_dir(resolve_output_dir(cfg), cfg.ckpt_path, cfg.overwrite)  # no earlier run replaced
+    check_before_start(cfg, resolve_output_dir(cfg))  # settings, run directory, resume: before anything
     backend = make_backend(cfg)
     backend.start()
     try:

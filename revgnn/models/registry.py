@@ -32,6 +32,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from torch import nn
 
+from revgnn.config import ConfigError, ConfigTypeError
 from revgnn.utils.ranges import Range
 
 __all__ = [
@@ -246,14 +247,14 @@ def _check_arguments(
     )
     unknown = [] if takes_any else sorted(set(arguments) - set(allowed))
     if unknown:
-        raise TypeError(
+        raise ConfigTypeError(
             f"{owner}{cls.__name__} has no argument(s) {', '.join(repr(prefix + k) for k in unknown)}; "
             f"valid overrides: {', '.join(allowed)}"
         )
     for key, value in arguments.items():
         bounds = ARGUMENT_RANGES.get(key)
         if bounds is not None and isinstance(value, (int, float)) and not bounds.contains(value):
-            raise ValueError(f"{owner}{prefix}{key} must be {bounds.describe()}, got {value}")
+            raise ConfigError(f"{owner}{prefix}{key} must be {bounds.describe()}, got {value}")
 
 
 def check_model_config(model_cfg: Mapping[str, Any], prefix: str = "model.") -> None:
@@ -264,10 +265,10 @@ def check_model_config(model_cfg: Mapping[str, Any], prefix: str = "model.") -> 
     if model_cfg.get("_target_") != CONFIG_TARGET:
         return
     if "name" not in model_cfg:
-        raise ValueError(f"{prefix}name is missing: choose one of {', '.join(list_models())}")
+        raise ConfigError(f"{prefix}name is missing: choose one of {', '.join(list_models())}")
     name = model_cfg["name"]
     if name not in _MODELS:
-        raise ValueError(f"{prefix}name: {_unknown(name)}")
+        raise ConfigError(f"{prefix}name: {_unknown(name)}")
     overrides = {k: v for k, v in model_cfg.items() if k not in ("_target_", "name")}
     _check_arguments(_INFO[name].cls, overrides, prefix, owner=f"{name!r}: ")
 
