@@ -51,7 +51,7 @@ def user_conv():
             return self.conv(h, edge_index)
 
     yield GraphBlock
-    del CONVS["graph_test"]
+    CONVS.unregister("graph_test")
 
 
 def test_options_are_read_off_the_constructor():
@@ -64,7 +64,7 @@ def test_options_are_read_off_the_constructor():
     assert make_block("sage", 8, aggr="max").conv.aggr == "max"
     with pytest.raises(ValueError, match=r"conv='sage' has no option\(s\) heads; it accepts aggr"):
         make_block("sage", 8, heads=2)
-    with pytest.raises(ValueError, match="unknown conv 'sag'.*Did you mean 'sage'"):
+    with pytest.raises(ValueError, match=r"unknown conv 'sag' \(did you mean 'sage'"):
         make_block("sag", 8)
 
 

@@ -51,29 +51,30 @@ class Registry(Generic[T]):
 
     Args:
         kind (str): What an entry is, for messages (``"conv"``, ``"model"``).
-        entry (callable, optional): ``entry(name, obj) -> stored``, called by :meth:`register`; it
-            raises if ``obj`` does not fit and returns what the registry stores for ``name``
-            (default: ``obj`` itself).
+        entry (callable, optional): ``entry(name, obj, **details) -> stored``, called by
+            :meth:`register`; it raises if ``obj`` does not fit and returns what the registry
+            stores for ``name`` (default: ``obj`` itself).
         how_to_add (str, optional): How a user adds an entry, appended to the message of an
             unknown name, e.g. ``"add your own with register_solver"``. (default: :obj:`""`)
     """
 
-    def __init__(self, kind: str, entry: Optional[Callable[[str, Any], T]] = None, how_to_add: str = ""):
+    def __init__(self, kind: str, entry: Optional[Callable[..., T]] = None, how_to_add: str = ""):
         self.kind = kind
         self.how_to_add = how_to_add
         self._entry = entry
         self._entries: Dict[str, T] = {}
         self._sources: Dict[str, Any] = {}  # what was registered, to tell a re-import from a clash
 
-    def register(self, name: Optional[str] = None, obj: Any = None) -> Any:
+    def register(self, name: Optional[str] = None, obj: Any = None, **details: Any) -> Any:
         """Adds ``obj`` under ``name`` and returns ``obj``; without ``obj`` it is a decorator
         (``@REGISTRY.register("name")``; ``@REGISTRY.register()`` takes the object's ``__name__``).
+        ``details`` go to the registry's ``entry`` function (e.g. a conv's ``factored_edges``).
 
         Registering the same class or function again (its module re-imported) replaces the entry;
         another object under a taken name is a :class:`ValueError` naming both.
         """
         if obj is None:
-            return lambda target: self.register(name, target)
+            return lambda target: self.register(name, target, **details)
         key = obj.__name__ if name is None else name
         if not isinstance(key, str) or not key:
             raise ValueError(f"a {self.kind} needs a non-empty string as its name, got {key!r}")
@@ -83,7 +84,9 @@ class Registry(Generic[T]):
                 f"a {self.kind} named {key!r} is already registered ({_origin(old)}); "
                 f"register {_origin(obj)} under another name"
             )
-        stored = obj if self._entry is None else self._entry(key, obj)
+        if details and self._entry is None:
+            raise TypeError(f"the {self.kind} registry takes no details, got {', '.join(details)}")
+        stored = obj if self._entry is None else self._entry(key, obj, **details)
         self._entries[key], self._sources[key] = stored, obj
         return obj
 
