@@ -19,7 +19,7 @@ def spy():
 
     register_solver("spy", mine)
     yield calls
-    SOLVERS.pop("spy")
+    SOLVERS.unregister("spy")
 
 
 def test_register_solver_and_separate_stop_modes_and_eval_budget(spy):
@@ -65,7 +65,7 @@ def test_register_solver_validates_the_signature(spy):
         register_solver("b", three)
     with pytest.raises(TypeError, match=r"\*\*kwargs"):
         register_solver("c", loose)
-    with pytest.raises(ValueError, match="exists already"):
+    with pytest.raises(ValueError, match="already registered"):
         register_solver("anderson", fixed_point)
     with pytest.raises(TypeError, match="callable"):
         register_solver("d", 3)
