@@ -49,13 +49,13 @@ __all__ = [
     "data_schemas",
     "AdamConfig",
     "Device",
-    "BackendName",
     "Precision",
     "PartitionMode",
     "register_configs",
     "check_ranges",
     "check_keys",
     "ConfigError",
+    "import_modules",
     "RefuseEarlierRun",
 ]
 
@@ -64,6 +64,30 @@ class ConfigError(ValueError):
     """Bad input that a run refuses before it trains: a setting, a file it names, or how it was
     launched. The message says what was wrong and what to do; ``revgnn-train`` prints it alone (no
     traceback) and exits with status 2."""
+
+
+def import_modules(names: Any, key: str = "imports") -> None:
+    """Imports the modules ``names`` (the config's ``imports``, e.g. ``[my_pkg.my_models]``), so that
+    what they register (:func:`~revgnn.models.register_model`, :func:`~revgnn.nn.register_conv`,
+    :func:`~revgnn.deq.register_solver`, :func:`~revgnn.engine.backends.register_backend`) can be
+    named by the config (``model.name=my_model``, ``model.conv=my_conv``, ...). A module is looked up
+    on ``sys.path`` and then in the working directory (as ``python -m`` does); one that is not found
+    is a :class:`ConfigError` naming it (an error inside the module is its own traceback)."""
+    import os
+    import sys
+
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    for i, name in enumerate(names or ()):
+        try:
+            importlib.import_module(str(name))
+        except ModuleNotFoundError as e:
+            if e.name is None or not (name == e.name or str(name).startswith(e.name + ".")):
+                raise  # the module was found and failed importing something else
+            raise ConfigError(
+                f"{key}[{i}]={name}: no module named {e.name!r} on the Python path or in the working "
+                f"directory {os.getcwd()}; add its directory to PYTHONPATH"
+            ) from None
 
 
 def ranged(
@@ -313,24 +337,18 @@ class LoggerConfig:
     progress_bar: bool = True
 
 
-class BackendName(str, Enum):
-    """``local``: one process. ``ddp``: data-parallel over the parts of each epoch's partition, one
-    process per worker started by ``torchrun``. ``sar``: distributed full-graph training (SAR), one
-    process per worker started by ``torchrun``, on a graph partitioned by ``revgnn-partition``."""
-
-    local = "local"
-    ddp = "ddp"
-    sar = "sar"
-
-
 @dataclass
 class BackendConfig:
-    """Execution backend (:mod:`revgnn.engine.backends`): device, numeric precision, CPU threads
-    (``null``: the CPU affinity mask and cgroup quota, revgnn.utils.threads); for ``ddp`` and ``sar``
-    the peer timeout (every wait is bounded by it) and the torch.distributed backend (``null``: gloo
-    on CPU, NCCL on CUDA); for ``sar`` the partition directory."""
+    """Execution backend (:mod:`revgnn.engine.backends`), by ``name``: ``local`` (one process), ``ddp``
+    (data-parallel over the parts of each epoch's partition, one process per worker started by
+    ``torchrun``), ``sar`` (distributed full-graph training, one process per worker started by
+    ``torchrun``, on a graph partitioned by ``revgnn-partition``) or a backend that a module named in
+    ``imports`` registers (checked against the registry when the run starts); device, numeric
+    precision, CPU threads (``null``: the CPU affinity mask and cgroup quota, revgnn.utils.threads);
+    for ``ddp`` and ``sar`` the peer timeout (every wait is bounded by it) and the torch.distributed
+    backend (``null``: gloo on CPU, NCCL on CUDA); for ``sar`` the partition directory."""
 
-    name: BackendName = BackendName.local
+    name: str = "local"
     device: Device = Device.auto
     precision: Precision = Precision.auto
     num_threads: Optional[int] = ranged(None, 1)
@@ -344,7 +362,9 @@ class TrainConfig:
     """The whole job. ``model``, ``data`` and ``optim`` are typed by their options' own schemas.
     ``overwrite``: let a run replace the files of an earlier one in its output directory, which is
     refused otherwise, unless the run resumes from a checkpoint there
-    (:func:`revgnn.engine.checkpoint.check_run_dir`)."""
+    (:func:`revgnn.engine.checkpoint.check_run_dir`). ``imports``: modules imported before anything
+    is built (:func:`import_modules`), so that a model, conv, DEQ solver or backend they register can
+    be named in the config."""
 
     model: Any = MISSING
     data: Any = MISSING
@@ -358,6 +378,7 @@ class TrainConfig:
     resume_allow: List[str] = field(default_factory=list)
     output_dir: Optional[str] = None
     overwrite: bool = False
+    imports: List[str] = field(default_factory=list)
 
 
 def _run_dir(output_dir: Optional[str], default: str) -> str:

@@ -62,3 +62,72 @@ def test_taken_names_bad_names_and_failed_checks_register_nothing():
     assert reg.names() == ["alpha"] and reg.get("alpha") == ("entry", min)
     with pytest.raises(TypeError):
         reg["beta"] = max  # read-only: every entry goes through register and its checks
+
+
+def _imports_below(path, module):
+    """Every module ``path`` imports (at the top or inside functions) that lies under ``module``."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse(Path(path).read_text())
+    names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    names += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
+    return [n for n in names if n == module or n.startswith(module + ".")]
+
+
+def test_no_registry_imports_what_registers_into_it():
+    """The registries do not import the modules that register the built-ins (the circles
+    blocks <-> conv_registry and backends <-> sar): the packages' ``__init__`` do."""
+    from conftest import REPO
+
+    assert _imports_below(REPO / "revgnn/nn/conv_registry.py", "revgnn.nn.blocks") == []
+    assert _imports_below(REPO / "revgnn/engine/backends.py", "revgnn.engine.sar") == []
+
+
+def test_backends_by_name_and_unknown_names_are_config_errors():
+    from conftest import compose
+
+    from revgnn.config import ConfigError
+    from revgnn.engine.backends import BACKENDS, LocalBackend, make_backend
+    from revgnn.engine.sar import SARBackend
+
+    assert BACKENDS.names() == ["ddp", "local", "sar"] and BACKENDS.get("sar") is SARBackend
+    assert type(make_backend(compose([]))) is LocalBackend and SARBackend.name == "sar"
+    with pytest.raises(ConfigError, match=r"^backend\.name: unknown backend 'lcal' \(did you mean 'local'"):
+        make_backend(compose(["backend.name=lcal"]))
+
+
+def test_a_user_module_in_imports_registers_a_backend(tmp_path, monkeypatch):
+    """``imports=[my_pkg.mod]`` imports a user's module before anything is built, so that what it
+    registers can be named in the config; a module that is not there is an error naming it."""
+    import sys
+    import textwrap
+
+    from conftest import compose
+
+    from revgnn.config import ConfigError, import_modules
+    from revgnn.engine.backends import BACKENDS, make_backend
+
+    (tmp_path / "my_backends.py").write_text(
+        textwrap.dedent(
+            """
+            from revgnn.engine.backends import LocalBackend, register_backend
+
+            @register_backend("mine")
+            class MyBackend(LocalBackend):
+                pass
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = compose(["imports=[my_backends]", "backend.name=mine"])
+    try:
+        import_modules(cfg.imports)
+        backend = make_backend(cfg)
+        assert type(backend).__name__ == "MyBackend" and backend.identity()["backend"] == "mine"
+    finally:
+        if "mine" in BACKENDS:
+            BACKENDS.unregister("mine")
+        sys.modules.pop("my_backends", None)
+    with pytest.raises(ConfigError, match=r"^imports\[1\]=no_such_mod: no module named 'no_such_mod'"):
+        import_modules(["json", "no_such_mod"])

@@ -51,7 +51,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from revgnn.config import ConfigError
+    from revgnn.config import ConfigError, import_modules
     from revgnn.engine.backends import resolve_device
     from revgnn.engine.checkpoint import load_checkpoint
     from revgnn.engine.loop import build_model, seed_stream
@@ -60,9 +60,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     try:
         device = resolve_device(args.device, "--device")
         ckpt = load_checkpoint(args.checkpoint)
+        cfg = OmegaConf.create(ckpt["config"])
+        import_modules(cfg.get("imports"))  # what registered the run's own model, conv, ...
     except (ConfigError, FileNotFoundError) as e:  # the machine or the file: no usage text
         parser.exit(2, f"{parser.prog}: error: {e}\n")
-    cfg = OmegaConf.create(ckpt["config"])
     if args.data_root is not None:
         if "root" not in cfg.data:
             parser.error(

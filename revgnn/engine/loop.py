@@ -60,9 +60,10 @@ FIELDS = ["epoch", "evaluation", "loss", "train", "valid", "test", "epoch_time_s
 def train(cfg: DictConfig) -> Dict[str, Any]:
     """Runs one training job described by ``cfg`` (a composed ``train.yaml``) on its backend;
     returns the summary (the same on every worker)."""
-    from revgnn.config import check_keys, check_ranges
+    from revgnn.config import check_keys, check_ranges, import_modules
     from revgnn.models import check_model_config
 
+    import_modules(cfg.get("imports"))  # what a user's modules register (models, convs, backends)
     check_keys(cfg)  # no key the schema lacks (Hydra's +key=value adds any)
     check_ranges(cfg)  # every value in the range its schema declares, before anything starts
     check_model_config(cfg.model)  # every model key an argument of the variant's class, in range
