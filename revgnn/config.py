@@ -13,11 +13,15 @@ fails at composition time with an error that names the key, instead of being sil
   with ``defaults: [/schema/data@_here_: proteins_like, _self_]``. A new data set is therefore its loader
   plus one YAML file; every ``_target_`` in ``revgnn/configs/data`` gets its schema at import.
 * The ``optim`` group has one schema per option.
-* A ``model`` option (``revgnn/configs/model/<name>.yaml``) is the name of a registered variant;
-  :class:`ModelConfig` types only ``_target_`` and ``name`` and leaves the node open, so every argument
-  of the variant's model class can be set (``model.learn_t=true``). The keys are checked against that
-  class's signature by :func:`revgnn.models.check_model_config` when a run starts, before any data is
-  loaded: a key that is no argument is an error naming it and listing those that are.
+* A ``model`` option (``model=<name>``) is the name of a registered variant, and every variant is one:
+  the options are stored in Hydra's ConfigStore (:func:`store_model_config`), not written as files,
+  for the variants of this package when this module is imported (their names read from the
+  ``@register_model`` decorators in ``revgnn/models/*.py``, :func:`builtin_model_names`, so that torch
+  is not imported) and for any other when it registers. :class:`ModelConfig` types only ``_target_``
+  and ``name`` and leaves the node open, so every argument of the variant's model class can be set
+  (``model.learn_t=true``). The keys are checked against that class's signature by
+  :func:`revgnn.models.check_model_config` when a run starts, before any data is loaded: a key that is
+  no argument is an error naming it and listing those that are.
 
 This module imports neither torch nor PyG (nor do the loader modules it reads signatures from), so
 ``revgnn-train --help`` and ``--cfg job`` stay fast.
@@ -25,6 +29,7 @@ This module imports neither torch nor PyG (nor do the loader modules it reads si
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import importlib
 import inspect
@@ -45,6 +50,8 @@ __all__ = [
     "LoggerConfig",
     "BackendConfig",
     "ModelConfig",
+    "store_model_config",
+    "builtin_model_names",
     "data_schema",
     "data_schemas",
     "AdamConfig",
@@ -184,6 +191,31 @@ class ModelConfig:
 
     _target_: str = "revgnn.models.create_model"
     name: str = MISSING
+
+
+def store_model_config(name: str) -> None:
+    """Stores the Hydra option ``model=<name>`` for the registered variant ``name``: the open model
+    schema (:class:`ModelConfig`) with the name, which is all a model option holds (the variant's
+    arguments are the registry's, :func:`revgnn.models.model_info`)."""
+    node = {"defaults": [{"/schema/model@_here_": "model"}, "_self_"], "name": name}
+    ConfigStore.instance().store(group="model", name=name, node=node)
+
+
+def builtin_model_names(models_dir: Optional[Path] = None) -> List[str]:
+    """The names the ``@register_model`` decorators in ``models_dir`` (default: ``revgnn/models``)
+    register, read from the source so that the ``model`` options exist without importing torch (the
+    decorator's ``name=`` when given, else the function's name); ``tests/test_zoo.py`` checks them
+    against the registry."""
+    names = []
+    for path in sorted((models_dir or Path(__file__).parent / "models").glob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            for dec in getattr(node, "decorator_list", ()):
+                func = dec.func if isinstance(dec, ast.Call) else dec
+                if getattr(func, "id", getattr(func, "attr", None)) != "register_model":
+                    continue
+                given = [k.value for k in getattr(dec, "keywords", ()) if k.arg == "name"]
+                names.append(ast.literal_eval(given[0]) if given else node.name)
+    return sorted(names)
 
 
 _DATA_CONFIGS = Path(__file__).parent / "configs" / "data"
@@ -459,6 +491,8 @@ def register_configs() -> None:
     cs.store(
         group="schema/model", name="model", node=OmegaConf.structured(ModelConfig, flags={"struct": False})
     )
+    for name in builtin_model_names():
+        store_model_config(name)
     for name, schema in data_schemas().items():
         cs.store(group="schema/data", name=name, node=schema)
     cs.store(group="schema/optim", name="adam", node=AdamConfig)

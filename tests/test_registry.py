@@ -131,3 +131,80 @@ def test_a_user_module_in_imports_registers_a_backend(tmp_path, monkeypatch):
         sys.modules.pop("my_backends", None)
     with pytest.raises(ConfigError, match=r"^imports\[1\]=no_such_mod: no module named 'no_such_mod'"):
         import_modules(["json", "no_such_mod"])
+
+
+USER_MODULE = '''
+from revgnn.deq import fixed_point, register_solver
+from revgnn.models import RevGNN, register_model
+from revgnn.models.revgnn import PROTEINS
+from revgnn.nn import PreActBlock, register_conv
+from torch_geometric.nn import GraphConv
+
+
+@register_conv("user_graph")
+class UserGraphBlock(PreActBlock):
+    def __init__(self, channels, aggr="add", norm="layer", preact=True):
+        super().__init__(channels, norm, preact)
+        self.conv = GraphConv(channels, channels, aggr=aggr)
+
+    def conv_forward(self, h, edge_index, edge_attr):
+        return self.conv(h, edge_index)
+
+
+@register_model(RevGNN, dataset="proteins_like", num_parameters=0)
+def user_revgnn():
+    """A user's variant."""
+    return dict(PROTEINS, num_layers=2, hidden_channels=8, conv="user_graph")
+
+
+def user_solver(f, z0, *, max_iter=50, tol=1e-4, stop_mode="rel"):
+    return fixed_point(f, z0, max_iter=max_iter, tol=tol, stop_mode=stop_mode)
+
+
+register_solver("user_solver", user_solver)
+'''
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch):
+    """A user's module, ``user_zoo``, registering a conv, a model variant and a DEQ solver; the
+    registrations are undone afterwards."""
+    import sys
+
+    from revgnn.deq import SOLVERS
+    from revgnn.models.registry import MODELS
+    from revgnn.nn import CONVS
+
+    (tmp_path / "user_zoo.py").write_text(USER_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "user_zoo"
+    for registry, name in ((MODELS, "user_revgnn"), (CONVS, "user_graph"), (SOLVERS, "user_solver")):
+        if name in registry:
+            registry.unregister(name)
+    sys.modules.pop("user_zoo", None)
+
+
+def test_a_user_module_in_imports_registers_a_model_a_conv_and_a_solver(user_module):
+    from conftest import compose
+
+    from revgnn.config import import_modules
+    from revgnn.engine.loop import build_model
+    from revgnn.models import check_model_config
+
+    cfg = compose([f"imports=[{user_module}]", "model.name=user_revgnn", "model.aggr=mean"])
+    import_modules(cfg.imports)
+    check_model_config(cfg.model)
+    shapes = dict(in_channels=16, out_channels=112, edge_channels=8, species_channels=8)
+    model = build_model(cfg.model, shapes)
+    assert type(model.layers[0].convs[0]).__name__ == "UserGraphBlock"
+    assert model.layers[0].convs[0].conv.aggr == "mean"
+    assert "user_revgnn" in {n.removesuffix(".yaml") for n in _stored_models()}  # model=user_revgnn too
+    cfg = compose(["model=deq_gnn", "model.solver=user_solver"])
+    check_model_config(cfg.model)
+    assert build_model(cfg.model, shapes).deq.solver == "user_solver"
+
+
+def _stored_models():
+    from hydra.core.config_store import ConfigStore
+
+    return ConfigStore.instance().list("model")

@@ -13,17 +13,21 @@ count at those shapes and the scores a paper reports for it (:class:`Reported`):
         return dict(PROTEINS, num_layers=1001, hidden_channels=80, ...)
 
 The decorator returns the factory ``revgnn_deep(**overrides) -> RevGNN``; ``create_model(name,
-**overrides)`` calls it by name. Every override must be an argument of the model class and lie in
-its range (:data:`ARGUMENT_RANGES`), so a typo is an error that lists what exists, never silently
-ignored. The README's zoo table, the paper column of ``revgnn-reproduce`` and the model configs
-(``revgnn/configs/model/<name>.yaml``, which hold the name only) all come from this registry:
+**overrides)`` calls it by name (:data:`MODELS`, a :class:`~revgnn.utils.registry.Registry`). Every
+override must be an argument of the model class and lie in its range (:data:`ARGUMENT_RANGES`), so a
+typo is an error that lists what exists, never silently ignored. The README's zoo table, the paper
+column of ``revgnn-reproduce`` and the model configs all come from this registry: every variant is the
+Hydra option ``model=<name>``, stored in Hydra's ConfigStore when it registers
+(:func:`revgnn.config.store_model_config`; a node holding the name only), and
 ``python -m revgnn.models --markdown`` prints the table, ``--update-readme README.md`` writes it.
+
+A variant registered by a user's module is chosen with ``model=<name>`` when the module is imported
+before Hydra composes the config, and with ``imports=[my_pkg.my_models] model.name=<name>`` on any
+``revgnn-train`` command line (:func:`revgnn.config.import_modules`).
 """
 
 from __future__ import annotations
 
-import difflib
-import fnmatch
 import inspect
 import re
 import types
@@ -33,9 +37,11 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from torch import nn
 
 from revgnn.utils.ranges import Range
+from revgnn.utils.registry import Registry
 
 __all__ = [
     "ARGUMENT_RANGES",
+    "MODELS",
     "ModelInfo",
     "Reported",
     "register_model",
@@ -66,7 +72,7 @@ ARGUMENT_RANGES: Dict[str, Range] = {
     "contraction": Range(0, 1, low_open=True, high_open=True),
 }
 
-#: The target of every model config (``revgnn/configs/model/*.yaml``).
+#: The target of every model config (``model=<name>``, :class:`revgnn.config.ModelConfig`).
 CONFIG_TARGET = "revgnn.models.create_model"
 
 #: Arguments of every model that come from the data set (``revgnn.engine.tasks.shapes``).
@@ -132,8 +138,10 @@ class ModelInfo:
         return self.num_parameters if result.num_parameters is None else result.num_parameters
 
 
-_MODELS: Dict[str, Callable[..., nn.Module]] = {}
-_INFO: Dict[str, ModelInfo] = {}
+#: name -> factory of every registered variant (its :class:`ModelInfo` is the factory's ``info``).
+MODELS: Registry[Callable[..., nn.Module]] = Registry(
+    "model", how_to_add="add your own with register_model, its module named in imports"
+)
 
 
 def register_model(
@@ -163,9 +171,11 @@ def register_model(
     """
 
     def wrap(arguments: Callable[[], Dict[str, Any]]) -> Callable[..., nn.Module]:
+        from revgnn.config import store_model_config
+
         key = name or arguments.__name__
-        if key in _MODELS:
-            raise ValueError(f"a model named {key!r} is already registered ({_MODELS[key].__module__})")
+        if key in MODELS:
+            raise ValueError(f"a model named {key!r} is already registered ({MODELS[key].__module__})")
         defaults = types.MappingProxyType(dict(arguments()))
         _check_arguments(cls, defaults, owner=f"the defaults of {key!r}: ")
         for result in reported:
@@ -186,28 +196,21 @@ def register_model(
         factory.__module__ = arguments.__module__
         factory.__doc__ = arguments.__doc__
         factory.info = info
-        _MODELS[key], _INFO[key] = factory, info
+        MODELS.register(key, factory)
+        store_model_config(key)
         return factory
 
     return wrap
 
 
-def _unknown(name: str) -> ValueError:
-    close = difflib.get_close_matches(name, _MODELS, n=3)
-    hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
-    return ValueError(f"unknown model {name!r}.{hint} Available: {', '.join(list_models())}")
-
-
 def list_models(pattern: str = "*") -> List[str]:
     """Registered model names matching the shell-style ``pattern``, sorted."""
-    return sorted(n for n in _MODELS if fnmatch.fnmatch(n, pattern))
+    return MODELS.names(pattern)
 
 
 def model_info(name: str) -> ModelInfo:
     """The registry's entry for ``name``: class, defaults, data set, parameter count, scores."""
-    if name not in _INFO:
-        raise _unknown(name)
-    return _INFO[name]
+    return MODELS.get(name).info
 
 
 def create_model(name: str, **overrides: Any) -> nn.Module:
@@ -218,9 +221,7 @@ def create_model(name: str, **overrides: Any) -> nn.Module:
             outside its range.
         TypeError: an override is not an argument of the model (the message lists the arguments).
     """
-    if name not in _MODELS:
-        raise _unknown(name)
-    return _MODELS[name](**overrides)
+    return MODELS.get(name)(**overrides)
 
 
 def model_arguments(model: Any) -> List[str]:
@@ -257,7 +258,7 @@ def _check_arguments(
 
 
 def check_model_config(model_cfg: Mapping[str, Any], prefix: str = "model.") -> None:
-    """Checks a model config (``revgnn/configs/model/*.yaml`` plus overrides) against the signature
+    """Checks a model config (``model=<name>`` plus overrides) against the signature
     of its model class before anything is built: the name is registered, every other key is an
     argument of the class and lies in its range. A config with another ``_target_`` (a user's own
     factory) is left to that factory."""
@@ -266,15 +267,15 @@ def check_model_config(model_cfg: Mapping[str, Any], prefix: str = "model.") -> 
     if "name" not in model_cfg:
         raise ValueError(f"{prefix}name is missing: choose one of {', '.join(list_models())}")
     name = model_cfg["name"]
-    if name not in _MODELS:
-        raise ValueError(f"{prefix}name: {_unknown(name)}")
+    if name not in MODELS:
+        raise MODELS.unknown(name, prefix=f"{prefix}name: ")
     overrides = {k: v for k, v in model_cfg.items() if k not in ("_target_", "name")}
-    _check_arguments(_INFO[name].cls, overrides, prefix, owner=f"{name!r}: ")
+    _check_arguments(model_info(name).cls, overrides, prefix, owner=f"{name!r}: ")
 
 
 def paper_result(experiment: str) -> Optional[Tuple[ModelInfo, Reported]]:
     """The variant and the published score that ``experiment`` reproduces, or :obj:`None`."""
-    found = [(i, r) for i in _INFO.values() for r in i.reported if r.experiment == experiment]
+    found = [(f.info, r) for f in MODELS.values() for r in f.info.reported if r.experiment == experiment]
     if len(found) > 1:
         raise ValueError(
             f"experiment {experiment!r} is named by several reported scores: "
@@ -320,7 +321,7 @@ def zoo_table(pattern: str = "*") -> str:
         "|---|---|---|---|---|---|",
     ]
     for name in list_models(pattern):
-        info = _INFO[name]
+        info = model_info(name)
         if not info.cls.__module__.startswith("revgnn."):
             continue  # registered by a user or a test
         experiments = ", ".join(f"`{r.experiment}`" for r in info.reported if r.experiment) or "—"
