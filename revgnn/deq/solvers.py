@@ -619,9 +619,7 @@ def _check_solver(name: str, solver: Callable[..., SolverResult]) -> Callable[..
 
 
 #: name -> solver of every registered solver (:func:`register_solver` adds one).
-SOLVERS: Registry[Callable[..., SolverResult]] = Registry(
-    "solver", _check_solver, how_to_add="add your own with register_solver"
-)
+SOLVERS: Registry = Registry("solver", _check_solver, how_to_add="add your own with register_solver")
 SOLVERS.register("fixed_point", fixed_point)
 SOLVERS.register("anderson", anderson)
 SOLVERS.register("broyden", broyden)

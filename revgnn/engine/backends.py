@@ -111,9 +111,7 @@ def _check_backend(name: str, cls: type) -> type:
 
 
 #: name -> :class:`Backend` subclass of every registered backend (``backend.name``).
-BACKENDS: Registry[type] = Registry(
-    "backend", _check_backend, how_to_add="add your own with register_backend"
-)
+BACKENDS: Registry = Registry("backend", _check_backend, how_to_add="add your own with register_backend")
 
 
 def register_backend(name: str):

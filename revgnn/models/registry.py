@@ -28,6 +28,7 @@ before Hydra composes the config, and with ``imports=[my_pkg.my_models] model.na
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import re
 import types
@@ -38,6 +39,7 @@ from torch import nn
 
 from revgnn.utils.ranges import Range
 from revgnn.utils.registry import Registry
+from revgnn.utils.signature import check_types, keyword_parameters, takes_options
 
 __all__ = [
     "ARGUMENT_RANGES",
@@ -139,7 +141,7 @@ class ModelInfo:
 
 
 #: name -> factory of every registered variant (its :class:`ModelInfo` is the factory's ``info``).
-MODELS: Registry[Callable[..., nn.Module]] = Registry(
+MODELS: Registry = Registry(
     "model", how_to_add="add your own with register_model, its module named in imports"
 )
 
@@ -189,7 +191,7 @@ def register_model(
         info = ModelInfo(key, cls, defaults, summary, dataset, num_parameters, paper, tuple(reported))
 
         def factory(**overrides: Any) -> nn.Module:
-            _check_arguments(cls, overrides, owner=f"{key!r}: ")
+            _check_arguments(cls, overrides, owner=f"{key!r}: ", defaults=defaults)
             return cls(**{**defaults, **overrides})
 
         factory.__name__ = factory.__qualname__ = key
@@ -225,32 +227,55 @@ def create_model(name: str, **overrides: Any) -> nn.Module:
 
 
 def model_arguments(model: Any) -> List[str]:
-    """The keyword arguments of a model class or of the class of the registered variant ``model``."""
-    cls = model_info(model).cls if isinstance(model, str) else model
-    params = inspect.signature(cls.__init__).parameters
-    return [
-        p
-        for p in params
-        if p != "self"
-        and params[p].kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    ]
+    """The keyword arguments of a model class or of the registered variant ``model``: the class's
+    own, then the options its ``**options`` forward (:func:`forwarded_options`; for a variant those
+    of its own conv, for a class those of its default conv)."""
+    info = model_info(model) if isinstance(model, str) else None
+    cls = model if info is None else info.cls
+    forwarded, _ = forwarded_options(cls, {} if info is None else info.defaults)
+    return [*keyword_parameters(cls), *forwarded]
+
+
+def forwarded_options(
+    cls: Type[nn.Module], arguments: Mapping[str, Any], prefix: str = ""
+) -> Tuple[Dict[str, inspect.Parameter], str]:
+    """The parameters a model class's ``**options`` take for the constructor ``arguments`` and whose
+    they are (a conv's block, the DEQ), from the class's ``forwarded_options``; none for a class
+    without ``**options``."""
+    if not takes_options(cls):
+        return {}, ""
+    if not hasattr(cls, "forwarded_options"):
+        raise TypeError(
+            f"{cls.__name__}.__init__ takes **kwargs but {cls.__name__} has no forwarded_options "
+            "classmethod saying where they go, so they cannot be checked"
+        )
+    return cls.forwarded_options(arguments, prefix)
 
 
 def _check_arguments(
-    cls: Type[nn.Module], arguments: Mapping[str, Any], prefix: str = "", owner: str = ""
+    cls: Type[nn.Module],
+    arguments: Mapping[str, Any],
+    prefix: str = "",
+    owner: str = "",
+    defaults: Mapping[str, Any] = types.MappingProxyType({}),
 ) -> None:
-    """Every key of ``arguments`` is an argument of ``cls`` and lies in its range; ``prefix`` goes
-    before every key an error names (``"model."``), ``owner`` says whose arguments they are."""
-    allowed = model_arguments(cls)
-    takes_any = any(
-        p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(cls.__init__).parameters.values()
-    )
-    unknown = [] if takes_any else sorted(set(arguments) - set(allowed))
+    """Every key of ``arguments`` is an argument of ``cls`` or an option its ``**options`` forward
+    (:func:`forwarded_options`, for ``defaults`` updated by ``arguments``), of the type its
+    annotation says, and in its range; ``prefix`` goes before every key an error names
+    (``"model."``), ``owner`` says whose arguments they are."""
+    params = keyword_parameters(cls)
+    forwarded, whose = forwarded_options(cls, {**defaults, **arguments}, prefix)
+    unknown = sorted(k for k in arguments if k not in params and k not in forwarded)
     if unknown:
+        close = difflib.get_close_matches(unknown[0], [*params, *forwarded], n=1)
+        hint = f" (did you mean {prefix}{close[0]}?)" if close else ""
+        also = f", and the options of {whose}: {', '.join(forwarded)}" if forwarded else ""
+        also = also or (f"; {whose} takes no options" if whose else "")
         raise TypeError(
-            f"{owner}{cls.__name__} has no argument(s) {', '.join(repr(prefix + k) for k in unknown)}; "
-            f"valid overrides: {', '.join(allowed)}"
+            f"{owner}{cls.__name__} has no argument(s) {', '.join(repr(prefix + k) for k in unknown)}"
+            f"{hint}; valid overrides: {', '.join(params)}{also}"
         )
+    check_types({**forwarded, **params}, arguments, prefix)
     for key, value in arguments.items():
         bounds = ARGUMENT_RANGES.get(key)
         if bounds is not None and isinstance(value, (int, float)) and not bounds.contains(value):
@@ -258,19 +283,27 @@ def _check_arguments(
 
 
 def check_model_config(model_cfg: Mapping[str, Any], prefix: str = "model.") -> None:
-    """Checks a model config (``model=<name>`` plus overrides) against the signature
-    of its model class before anything is built: the name is registered, every other key is an
-    argument of the class and lies in its range. A config with another ``_target_`` (a user's own
-    factory) is left to that factory."""
+    """Checks a model config (``model=<name>`` plus overrides) against the signature of its model
+    class before anything is built: the name is registered, every other key is an argument of the
+    class or an option it forwards (a conv's, the DEQ's), of the annotated type and choices, and in
+    its range. Raises :class:`~revgnn.config.ConfigError` (one message naming the key, no
+    traceback from ``revgnn-train``). A config with another ``_target_`` (a user's own factory) is
+    left to that factory."""
+    from revgnn.config import ConfigError
+
     if model_cfg.get("_target_") != CONFIG_TARGET:
         return
     if "name" not in model_cfg:
-        raise ValueError(f"{prefix}name is missing: choose one of {', '.join(list_models())}")
+        raise ConfigError(f"{prefix}name is missing: choose one of {', '.join(list_models())}")
     name = model_cfg["name"]
     if name not in MODELS:
-        raise MODELS.unknown(name, prefix=f"{prefix}name: ")
+        raise ConfigError(str(MODELS.unknown(name, prefix=f"{prefix}name: ")))
     overrides = {k: v for k, v in model_cfg.items() if k not in ("_target_", "name")}
-    _check_arguments(model_info(name).cls, overrides, prefix, owner=f"{name!r}: ")
+    info = model_info(name)
+    try:
+        _check_arguments(info.cls, overrides, prefix, owner=f"{name!r}: ", defaults=info.defaults)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(str(e)) from None
 
 
 def paper_result(experiment: str) -> Optional[Tuple[ModelInfo, Reported]]:
@@ -286,7 +319,7 @@ def paper_result(experiment: str) -> Optional[Tuple[ModelInfo, Reported]]:
 
 def _size(info: ModelInfo) -> str:
     d = info.defaults
-    depth = d.get("num_layers", "equilibrium" if "max_iter" in model_arguments(info.cls) else "")
+    depth = d.get("num_layers", "equilibrium" if "max_iter" in model_arguments(info.name) else "")
     return f"{depth} × {d.get('hidden_channels', '')}"
 
 

@@ -39,6 +39,7 @@ from typing import Any, Callable, Dict, List, Tuple, Type
 from torch import nn
 
 from revgnn.utils.registry import Registry
+from revgnn.utils.signature import check_types, keyword_parameters
 
 #: Constructor parameters every conv block has, set by the model rather than chosen per conv.
 STRUCTURAL = ("channels", "norm", "preact")
@@ -73,7 +74,8 @@ class ConvSpec:
         return (*STRUCTURAL[1:], *(("edge_channels",) if self.uses_edges else ()), *self.options)
 
     def check_options(self, options: Dict[str, Any]) -> None:
-        """Raises if ``options`` holds a keyword the block does not have."""
+        """Raises if ``options`` holds a keyword the block does not have (:class:`ValueError`) or
+        a value its annotation does not allow (:func:`~revgnn.utils.signature.check_types`)."""
         bad = [k for k in options if k not in self.parameters]
         if bad:
             raise ValueError(
@@ -81,6 +83,7 @@ class ConvSpec:
                 f"{', '.join(self.options) or 'no options'} (besides {', '.join(self.parameters[:2])}"
                 f"{', edge_channels' if self.uses_edges else ''}; see {self.block.__name__})"
             )
+        check_types(keyword_parameters(self.block), options)
 
 
 def _spec(name: str, cls: type, factored_edges: bool = False) -> ConvSpec:
@@ -117,7 +120,7 @@ def _spec(name: str, cls: type, factored_edges: bool = False) -> ConvSpec:
 
 #: name -> :class:`ConvSpec` of every registered conv type. The built-in convs are registered by
 #: :mod:`revgnn.nn.blocks`, which the package ``revgnn.nn`` imports before anything can read this.
-CONVS: Registry[ConvSpec] = Registry("conv", _spec, how_to_add="add your own with register_conv")
+CONVS: Registry = Registry("conv", _spec, how_to_add="add your own with register_conv")
 
 
 def register_conv(name: str, *, factored_edges: bool = False) -> Callable[[type], type]:

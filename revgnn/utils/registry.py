@@ -25,11 +25,9 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
-from typing import Any, Callable, Dict, Generic, Iterator, List, Optional, Tuple, TypeVar
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 __all__ = ["Registry", "UnknownName"]
-
-T = TypeVar("T")
 
 
 class UnknownName(KeyError, ValueError):
@@ -46,7 +44,7 @@ def _origin(obj: Any) -> str:
     return f"{obj.__module__}.{qualname}" if qualname else type(obj).__name__
 
 
-class Registry(Generic[T]):
+class Registry:
     """Names to entries, each added by :meth:`register` and found by :meth:`get`.
 
     Args:
@@ -58,11 +56,11 @@ class Registry(Generic[T]):
             unknown name, e.g. ``"add your own with register_solver"``. (default: :obj:`""`)
     """
 
-    def __init__(self, kind: str, entry: Optional[Callable[..., T]] = None, how_to_add: str = ""):
+    def __init__(self, kind: str, entry: Optional[Callable[..., Any]] = None, how_to_add: str = ""):
         self.kind = kind
         self.how_to_add = how_to_add
         self._entry = entry
-        self._entries: Dict[str, T] = {}
+        self._entries: Dict[str, Any] = {}
         self._sources: Dict[str, Any] = {}  # what was registered, to tell a re-import from a clash
 
     def register(self, name: Optional[str] = None, obj: Any = None, **details: Any) -> Any:
@@ -90,13 +88,13 @@ class Registry(Generic[T]):
         self._entries[key], self._sources[key] = stored, obj
         return obj
 
-    def unregister(self, name: str) -> T:
+    def unregister(self, name: str) -> Any:
         """Removes ``name`` and returns its entry."""
         entry = self.get(name)
         del self._entries[name], self._sources[name]
         return entry
 
-    def get(self, name: str) -> T:
+    def get(self, name: str) -> Any:
         """The entry of ``name``; :class:`UnknownName` (listing the names) if there is none."""
         try:
             return self._entries[name]
@@ -117,11 +115,11 @@ class Registry(Generic[T]):
         """The registered names matching the shell-style ``pattern``, sorted."""
         return sorted(n for n in self._entries if fnmatch.fnmatchcase(n, pattern))
 
-    def items(self) -> List[Tuple[str, T]]:
+    def items(self) -> List[Tuple[str, Any]]:
         """``(name, entry)`` pairs, sorted by name."""
         return [(n, self._entries[n]) for n in self.names()]
 
-    def values(self) -> List[T]:
+    def values(self) -> List[Any]:
         """The entries, sorted by name."""
         return [self._entries[n] for n in self.names()]
 
