@@ -233,22 +233,20 @@ def model_arguments(model: Any) -> List[str]:
     info = model_info(model) if isinstance(model, str) else None
     cls = model if info is None else info.cls
     forwarded, _ = forwarded_options(cls, {} if info is None else info.defaults)
-    return [*keyword_parameters(cls), *forwarded]
+    return [*keyword_parameters(cls), *(forwarded or {})]
 
 
 def forwarded_options(
     cls: Type[nn.Module], arguments: Mapping[str, Any], prefix: str = ""
-) -> Tuple[Dict[str, inspect.Parameter], str]:
+) -> Tuple[Optional[Dict[str, inspect.Parameter]], str]:
     """The parameters a model class's ``**options`` take for the constructor ``arguments`` and whose
-    they are (a conv's block, the DEQ), from the class's ``forwarded_options``; none for a class
-    without ``**options``."""
+    they are (a conv's block, the DEQ), from the class's ``forwarded_options`` classmethod; none
+    for a class without ``**options``, :obj:`None` (anything goes, unchecked) for a class that takes
+    ``**options`` without saying where they go."""
     if not takes_options(cls):
         return {}, ""
     if not hasattr(cls, "forwarded_options"):
-        raise TypeError(
-            f"{cls.__name__}.__init__ takes **kwargs but {cls.__name__} has no forwarded_options "
-            "classmethod saying where they go, so they cannot be checked"
-        )
+        return None, ""
     return cls.forwarded_options(arguments, prefix)
 
 
@@ -265,6 +263,8 @@ def _check_arguments(
     (``"model."``), ``owner`` says whose arguments they are."""
     params = keyword_parameters(cls)
     forwarded, whose = forwarded_options(cls, {**defaults, **arguments}, prefix)
+    if forwarded is None:  # the class takes any keyword and checks none: neither can this
+        forwarded = {k: inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY) for k in arguments}
     unknown = sorted(k for k in arguments if k not in params and k not in forwarded)
     if unknown:
         close = difflib.get_close_matches(unknown[0], [*params, *forwarded], n=1)
