@@ -13,11 +13,15 @@ fails at composition time with an error that names the key, instead of being sil
   with ``defaults: [/schema/data@_here_: proteins_like, _self_]``. A new data set is therefore its loader
   plus one YAML file; every ``_target_`` in ``revgnn/configs/data`` gets its schema at import.
 * The ``optim`` group has one schema per option.
-* A ``model`` option (``revgnn/configs/model/<name>.yaml``) is the name of a registered variant;
-  :class:`ModelConfig` types only ``_target_`` and ``name`` and leaves the node open, so every argument
-  of the variant's model class can be set (``model.learn_t=true``). The keys are checked against that
-  class's signature by :func:`revgnn.models.check_model_config` when a run starts, before any data is
-  loaded: a key that is no argument is an error naming it and listing those that are.
+* A ``model`` option (``model=<name>``) is the name of a registered variant, and every variant is one:
+  the options are stored in Hydra's ConfigStore (:func:`store_model_config`), not written as files,
+  for the variants of this package when this module is imported (their names read from the
+  ``@register_model`` decorators in ``revgnn/models/*.py``, :func:`builtin_model_names`, so that torch
+  is not imported) and for any other when it registers. :class:`ModelConfig` types only ``_target_``
+  and ``name`` and leaves the node open, so every argument of the variant's model class can be set
+  (``model.learn_t=true``). The keys are checked against that class's signature by
+  :func:`revgnn.models.check_model_config` when a run starts, before any data is loaded: a key that is
+  no argument is an error naming it and listing those that are.
 
 This module imports neither torch nor PyG (nor do the loader modules it reads signatures from), so
 ``revgnn-train --help`` and ``--cfg job`` stay fast.
@@ -25,6 +29,7 @@ This module imports neither torch nor PyG (nor do the loader modules it reads si
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import importlib
 import inspect
@@ -34,7 +39,6 @@ from pathlib import Path
 from typing import Annotated, Any, Dict, List, Optional, get_args, get_origin
 
 from hydra.core.config_store import ConfigStore
-from hydra.experimental.callback import Callback
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from revgnn.utils.ranges import Range
@@ -45,11 +49,12 @@ __all__ = [
     "LoggerConfig",
     "BackendConfig",
     "ModelConfig",
+    "store_model_config",
+    "builtin_model_names",
     "data_schema",
     "data_schemas",
     "AdamConfig",
     "Device",
-    "BackendName",
     "Precision",
     "PartitionMode",
     "register_configs",
@@ -57,12 +62,10 @@ __all__ = [
     "check_keys",
     "ConfigError",
     "ConfigTypeError",
-    "check_config",
-    "check_before_start",
-    "CheckBeforeStart",
     "refuse",
     "have_submitit",
     "check_launcher",
+    "import_modules",
 ]
 
 
@@ -75,6 +78,30 @@ class ConfigError(ValueError):
 class ConfigTypeError(ConfigError, TypeError):
     """A :class:`ConfigError` that is also a :class:`TypeError`: a key that is no argument of what it
     configures (as Python says of an unexpected keyword argument)."""
+
+
+def import_modules(names: Any, key: str = "imports") -> None:
+    """Imports the modules ``names`` (the config's ``imports``, e.g. ``[my_pkg.my_models]``), so that
+    what they register (:func:`~revgnn.models.register_model`, :func:`~revgnn.nn.register_conv`,
+    :func:`~revgnn.deq.register_solver`, :func:`~revgnn.engine.backends.register_backend`) can be
+    named by the config (``model.name=my_model``, ``model.conv=my_conv``, ...). A module is looked up
+    on ``sys.path`` and then in the working directory (as ``python -m`` does); one that is not found
+    is a :class:`ConfigError` naming it (an error inside the module is its own traceback)."""
+    import os
+    import sys
+
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    for i, name in enumerate(names or ()):
+        try:
+            importlib.import_module(str(name))
+        except ModuleNotFoundError as e:
+            if e.name is None or not (name == e.name or str(name).startswith(e.name + ".")):
+                raise  # the module was found and failed importing something else
+            raise ConfigError(
+                f"{key}[{i}]={name}: no module named {e.name!r} on the Python path or in the working "
+                f"directory {os.getcwd()}; add its directory to PYTHONPATH"
+            ) from None
 
 
 def ranged(
@@ -171,6 +198,31 @@ class ModelConfig:
 
     _target_: str = "revgnn.models.create_model"
     name: str = MISSING
+
+
+def store_model_config(name: str) -> None:
+    """Stores the Hydra option ``model=<name>`` for the registered variant ``name``: the open model
+    schema (:class:`ModelConfig`) with the name, which is all a model option holds (the variant's
+    arguments are the registry's, :func:`revgnn.models.model_info`)."""
+    node = {"defaults": [{"/schema/model@_here_": "model"}, "_self_"], "name": name}
+    ConfigStore.instance().store(group="model", name=name, node=node)
+
+
+def builtin_model_names(models_dir: Optional[Path] = None) -> List[str]:
+    """The names the ``@register_model`` decorators in ``models_dir`` (default: ``revgnn/models``)
+    register, read from the source so that the ``model`` options exist without importing torch (the
+    decorator's ``name=`` when given, else the function's name); ``tests/test_zoo.py`` checks them
+    against the registry."""
+    names = []
+    for path in sorted((models_dir or Path(__file__).parent / "models").glob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            for dec in getattr(node, "decorator_list", ()):
+                func = dec.func if isinstance(dec, ast.Call) else dec
+                if getattr(func, "id", getattr(func, "attr", None)) != "register_model":
+                    continue
+                given = [k.value for k in getattr(dec, "keywords", ()) if k.arg == "name"]
+                names.append(ast.literal_eval(given[0]) if given else node.name)
+    return sorted(names)
 
 
 _DATA_CONFIGS = Path(__file__).parent / "configs" / "data"
@@ -324,24 +376,18 @@ class LoggerConfig:
     progress_bar: bool = True
 
 
-class BackendName(str, Enum):
-    """``local``: one process. ``ddp``: data-parallel over the parts of each epoch's partition, one
-    process per worker started by ``torchrun``. ``sar``: distributed full-graph training (SAR), one
-    process per worker started by ``torchrun``, on a graph partitioned by ``revgnn-partition``."""
-
-    local = "local"
-    ddp = "ddp"
-    sar = "sar"
-
-
 @dataclass
 class BackendConfig:
-    """Execution backend (:mod:`revgnn.engine.backends`): device, numeric precision, CPU threads
-    (``null``: the CPU affinity mask and cgroup quota, revgnn.utils.threads); for ``ddp`` and ``sar``
-    the peer timeout (every wait is bounded by it) and the torch.distributed backend (``null``: gloo
-    on CPU, NCCL on CUDA); for ``sar`` the partition directory."""
+    """Execution backend (:mod:`revgnn.engine.backends`), by ``name``: ``local`` (one process), ``ddp``
+    (data-parallel over the parts of each epoch's partition, one process per worker started by
+    ``torchrun``), ``sar`` (distributed full-graph training, one process per worker started by
+    ``torchrun``, on a graph partitioned by ``revgnn-partition``) or a backend that a module named in
+    ``imports`` registers (checked against the registry when the run starts); device, numeric
+    precision, CPU threads (``null``: the CPU affinity mask and cgroup quota, revgnn.utils.threads);
+    for ``ddp`` and ``sar`` the peer timeout (every wait is bounded by it) and the torch.distributed
+    backend (``null``: gloo on CPU, NCCL on CUDA); for ``sar`` the partition directory."""
 
-    name: BackendName = BackendName.local
+    name: str = "local"
     device: Device = Device.auto
     precision: Precision = Precision.auto
     num_threads: Optional[int] = ranged(None, 1)
@@ -355,7 +401,9 @@ class TrainConfig:
     """The whole job. ``model``, ``data`` and ``optim`` are typed by their options' own schemas.
     ``overwrite``: let a run replace the files of an earlier one in its output directory, which is
     refused otherwise, unless the run resumes from a checkpoint there
-    (:func:`revgnn.engine.checkpoint.check_run_dir`)."""
+    (:func:`revgnn.engine.checkpoint.check_run_dir`). ``imports``: modules imported before anything
+    is built (:func:`import_modules`), so that a model, conv, DEQ solver or backend they register can
+    be named in the config."""
 
     model: Any = MISSING
     data: Any = MISSING
@@ -369,6 +417,7 @@ class TrainConfig:
     resume_allow: List[str] = field(default_factory=list)
     output_dir: Optional[str] = None
     overwrite: bool = False
+    imports: List[str] = field(default_factory=list)
 
 
 def _run_dir(output_dir: Optional[str], default: str) -> str:
@@ -432,30 +481,6 @@ def _job_dir(num: Any, overrides: Any) -> str:
     return name
 
 
-def check_config(cfg: DictConfig) -> None:
-    """Checks the settings of a composed ``train.yaml`` on their own: no unknown key
-    (:func:`check_keys`), every value in its range (:func:`check_ranges`), every model key an
-    argument of the variant's class (:func:`revgnn.models.check_model_config`). Raises
-    :class:`ConfigError` naming the key."""
-    from revgnn.models import check_model_config
-
-    check_keys(cfg)  # no key the schema lacks (Hydra's +key=value adds any)
-    check_ranges(cfg)
-    check_model_config(cfg.model)
-
-
-def check_before_start(cfg: DictConfig, out_dir: str) -> None:
-    """Everything a run refuses without loading data or building a model, in one place:
-    :func:`check_config`, an output directory holding an earlier run
-    (:func:`revgnn.engine.checkpoint.check_run_dir`) and a resume whose checkpoint was trained with
-    other settings (:func:`revgnn.engine.checkpoint.check_resume`). Raises :class:`ConfigError`."""
-    from revgnn.engine.checkpoint import check_resume, check_run_dir
-
-    check_config(cfg)
-    check_run_dir(out_dir, cfg.ckpt_path, cfg.overwrite)
-    check_resume(cfg)
-
-
 def refuse(error: ConfigError) -> None:
     """Ends ``revgnn-train`` with the message alone (logging is not set up yet; :func:`revgnn.train.main`
     logs it the same way later) and status 2."""
@@ -495,46 +520,6 @@ def check_launcher(overrides: List[str]) -> None:
             )
 
 
-def _task_config(config: DictConfig) -> DictConfig:
-    """The job's config as the task function gets it (Hydra's ``run_job``): Hydra's node removed."""
-    import copy
-
-    from omegaconf import open_dict, read_write
-
-    task = copy.deepcopy(config)
-    with read_write(task), open_dict(task):
-        del task["hydra"]
-    return task
-
-
-class CheckBeforeStart(Callback):
-    """Hydra callback (``hydra/default.yaml``): a bad configuration (:func:`check_before_start`) is
-    refused in one message before Hydra creates the run directory or writes its ``.hydra/`` files
-    and ``train.log``, so a refused run leaves nothing behind and an earlier run in its directory
-    stays whole. A sweep's settings shared by every job are checked before any job starts (or is
-    submitted to a cluster); each job, with its swept values, is checked again by the training loop,
-    as is a run started without Hydra."""
-
-    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        try:
-            check_before_start(_task_config(config), str(config.hydra.run.dir))
-        except ConfigError as e:
-            refuse(e)
-
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        import json
-        import os
-
-        try:  # the run directory and the resume are the jobs' own
-            check_config(_task_config(config))
-        except ConfigError as e:
-            refuse(e)
-        # every job's directory is named by its swept values (hydra.sweep.subdir), also in a job
-        # that a launcher starts in another process
-        overrides = [str(o) for o in config.hydra.overrides.task]
-        os.environ[SWEPT_KEYS_ENV] = json.dumps(_swept_keys(overrides))
-
-
 def register_configs() -> None:
     """Stores the schemas in Hydra's ConfigStore and the run-directory resolvers (idempotent)."""
     for name, fn in (("revgnn.run_dir", _run_dir), ("revgnn.job_dir", _job_dir), ("revgnn.stamp", _stamp)):
@@ -546,6 +531,8 @@ def register_configs() -> None:
     cs.store(
         group="schema/model", name="model", node=OmegaConf.structured(ModelConfig, flags={"struct": False})
     )
+    for name in builtin_model_names():
+        store_model_config(name)
     for name, schema in data_schemas().items():
         cs.store(group="schema/data", name=name, node=schema)
     cs.store(group="schema/optim", name="adam", node=AdamConfig)

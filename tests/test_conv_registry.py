@@ -4,6 +4,7 @@ import pytest
 import torch
 from conftest import rel_err
 from torch_geometric.nn import GraphConv
+from torch_geometric.nn import Linear as PygLinear
 
 from revgnn.distributed.convs import SAR_CONVS, convert_to_sar, sar_unsupported
 from revgnn.distributed.sar import SARGraph
@@ -51,7 +52,7 @@ def user_conv():
             return self.conv(h, edge_index)
 
     yield GraphBlock
-    del CONVS["graph_test"]
+    CONVS.unregister("graph_test")
 
 
 def test_options_are_read_off_the_constructor():
@@ -64,7 +65,7 @@ def test_options_are_read_off_the_constructor():
     assert make_block("sage", 8, aggr="max").conv.aggr == "max"
     with pytest.raises(ValueError, match=r"conv='sage' has no option\(s\) heads; it accepts aggr"):
         make_block("sage", 8, heads=2)
-    with pytest.raises(ValueError, match="unknown conv 'sag'.*Did you mean 'sage'"):
+    with pytest.raises(ValueError, match=r"unknown conv 'sag' \(did you mean 'sage'"):
         make_block("sag", 8)
 
 
@@ -78,7 +79,20 @@ def test_models_take_every_registered_option_and_reject_others(graph, user_conv)
         RevGNN(C, 8, 2, num_layers=2, conv="gcn", heads=2)
     with pytest.raises(ValueError, match=r"conv='graph_test' has no option\(s\) learn_t"):
         RevGNN(C, 8, 2, num_layers=2, conv="graph_test", learn_t=True)
-    RevGNN(C, 8, 2, num_layers=2, conv="gcn", heads=1)  # a model default is not an option set
+    with pytest.raises(ValueError, match=r"aggr must be one of 'mean', 'max', 'add', 'sum', got 'lstn'"):
+        RevGNN(C, 8, 2, num_layers=2, conv="sage", aggr="lstn")
+
+
+def test_a_conv_s_own_options_are_set_through_the_model():
+    """Options the model does not know (GENBlock's t, mlp_layers) reach every block, by name."""
+    from revgnn.models import ResGNN
+
+    for cls in (RevGNN, ResGNN):
+        model = cls(C, 8, 2, num_layers=2, conv="gen", aggr="softmax", t=0.5, mlp_layers=1)
+        block = model.layers[0].convs[0] if cls is RevGNN else model.layers[0]
+        linears = [m for m in block.conv.mlp if isinstance(m, PygLinear)]
+        assert block.conv.aggr_module.t == 0.5 and len(linears) == 1, cls
+    assert RevGNN(C, 8, 2, num_layers=1, conv="gat", heads=2).layers[0].convs[0].conv.heads == 2
 
 
 def test_edge_embedding_factored_only_for_convs_registered_so(graph):

@@ -19,7 +19,7 @@ def spy():
 
     register_solver("spy", mine)
     yield calls
-    SOLVERS.pop("spy")
+    SOLVERS.unregister("spy")
 
 
 def test_register_solver_and_separate_stop_modes_and_eval_budget(spy):
@@ -65,7 +65,7 @@ def test_register_solver_validates_the_signature(spy):
         register_solver("b", three)
     with pytest.raises(TypeError, match=r"\*\*kwargs"):
         register_solver("c", loose)
-    with pytest.raises(ValueError, match="exists already"):
+    with pytest.raises(ValueError, match="already registered"):
         register_solver("anderson", fixed_point)
     with pytest.raises(TypeError, match="callable"):
         register_solver("d", 3)
@@ -131,3 +131,27 @@ def test_deq_gnn_fixed_point_correction_through_auxiliary_loss():
     expected = jac + sum(w * loss(model.head(z)).item() for w, z in states)
     assert aux.item() == pytest.approx(expected, rel=1e-5)
     assert model_auxiliary_loss(model, loss) is None
+
+
+def test_deqgnn_forwards_every_deq_option_and_checks_them_against_deq():
+    """DEQGNN copies none of DEQ's options: its ``**deq_options`` are DEQ.__init__'s parameters
+    (but the map and unroll_steps, which the model sets), checked by name and type before DEQ
+    is built."""
+    from revgnn.models import DEQGNN
+    from revgnn.utils.signature import keyword_parameters
+
+    assert list(DEQGNN.forwarded_options({})[0]) == list(keyword_parameters(DEQ, skip=("f", "unroll_steps")))
+    model = DEQGNN(6, 8, 3, solver="broyden", backward_solver="anderson", backward_solver_options={"m": 3})
+    assert (model.deq.solver, model.deq.backward_solver) == ("broyden", "anderson")
+    assert model.deq.backward_solver_options == {"m": 3}  # an option DEQGNN never listed
+    assert DEQGNN(6, 8, 3, pretrain_depth=3).deq.unroll_steps == 3
+    with pytest.raises(
+        TypeError, match=r"DEQGNN's DEQ has no option\(s\) max_iters \(did you mean max_iter\?\)"
+    ):
+        DEQGNN(6, 8, 3, max_iters=3)
+    with pytest.raises(TypeError, match=r"has no option\(s\) unroll_steps.*; it takes solver, max_iter"):
+        DEQGNN(6, 8, 3, unroll_steps=2)
+    with pytest.raises(TypeError, match="^max_iter must be an int, got '3'$"):
+        DEQGNN(6, 8, 3, max_iter="3")
+    with pytest.raises(ValueError, match="^solver must be one of the registered solvers anderson, broyden"):
+        DEQGNN(6, 8, 3, solver="newton")

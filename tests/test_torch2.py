@@ -11,10 +11,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch_geometric import EdgeIndex
 
 from revgnn.models import create_model, list_models, model_info
-from revgnn.models.registry import _MODELS
+from revgnn.models.registry import MODELS
 from revgnn.nn import ops
 
-ZOO = [name for name in list_models() if _MODELS[name].__module__.startswith("revgnn.")]
+ZOO = [name for name in list_models() if MODELS[name].__module__.startswith("revgnn.")]
 DEQ_MODELS = [name for name in ZOO if name.startswith("deq_")]
 
 
@@ -33,7 +33,7 @@ def zoo_case(name, dtype=torch.float64, n=40, e=160, seed=0):
     else:
         x = torch.rand(n, d.get("in_channels", 16), generator=g, dtype=dtype)
         edge_attr = torch.rand(e, d.get("edge_channels", 8), generator=g, dtype=dtype)
-    if _MODELS[name].__module__ == "revgnn.models.graph_revgnn":
+    if MODELS[name].__module__ == "revgnn.models.graph_revgnn":
         return model, (x, edge_index, edge_attr, torch.arange(n) * 3 // n, 3)
     return model, (x, edge_index, edge_attr)
 

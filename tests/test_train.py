@@ -286,7 +286,10 @@ def test_configuration_errors_are_one_message_before_anything_starts(tmp_path, m
     run = tmp_path / "run"
     for override, message in (
         ("optim.lr=-0.01", "revgnn-train: optim.lr must be > 0, got -0.01"),
-        ("model.hiden_channels=8", "RevGNN has no argument(s) 'model.hiden_channels'; valid overrides:"),
+        (
+            "model.hiden_channels=8",
+            "RevGNN has no argument(s) 'model.hiden_channels' (did you mean model.hidden_channels?); valid",
+        ),
         ("ckpt_path=nope.pt", "checkpoint 'nope.pt' does not exist: ckpt_path names no file"),
     ):
         rc, text = _refused([override, f"output_dir={run}"], tmp_path)

@@ -50,7 +50,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     import torch
     from hydra.utils import instantiate
 
-    from revgnn.config import ConfigError
+    from revgnn.config import ConfigError, import_modules
     from revgnn.engine.backends import resolve_device
     from revgnn.engine.checkpoint import load_trained
     from revgnn.engine.loop import build_model
@@ -60,9 +60,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     try:
         device = resolve_device(args.device, "--device")
         trained = load_trained(args.checkpoint)
+        cfg = trained.config
+        import_modules(cfg.get("imports"))  # what registered the run's own model, conv, ...
     except (ConfigError, FileNotFoundError) as e:  # the machine or the file: no usage text
         parser.exit(2, f"{parser.prog}: error: {e}\n")
-    cfg = trained.config
     if args.data_root is not None:
         if "root" not in cfg.data:
             parser.error(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Annotated, Any, Dict, List, Literal, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -13,7 +13,14 @@ from revgnn.utils.functional import transforms_active
 
 from .implicit import implicit_equilibrium, phantom_grad, unroll
 from .regularize import jacobian_frobenius, spectral_radius, spectral_radius_penalty
-from .solvers import SolverDivergenceError, SolverResult, check_solver_options, get_solver, solver_options
+from .solvers import (
+    SOLVERS,
+    SolverDivergenceError,
+    SolverResult,
+    check_solver_options,
+    get_solver,
+    solver_options,
+)
 
 #: Solver arguments the DEQ sets itself (from its own arguments); not allowed in ``solver_options``.
 _MANAGED = ("max_iter", "tol", "stop_mode", "batch", "keep")
@@ -147,13 +154,13 @@ class DEQ(nn.Module):
     def __init__(
         self,
         f: nn.Module,
-        solver: str = "anderson",
+        solver: Annotated[str, SOLVERS] = "anderson",
         max_iter: int = 50,
         tol: float = 1e-4,
-        stop_mode: str = "rel",
+        stop_mode: Literal["rel", "abs"] = "rel",
         solver_options: Optional[Dict[str, Any]] = None,
-        backward: str = "implicit",
-        backward_solver: Optional[str] = None,
+        backward: Literal["implicit", "phantom", "unroll"] = "implicit",
+        backward_solver: Optional[Annotated[str, SOLVERS]] = None,
         backward_max_iter: Optional[int] = None,
         backward_tol: Optional[float] = None,
         backward_solver_options: Optional[Dict[str, Any]] = None,
@@ -161,7 +168,7 @@ class DEQ(nn.Module):
         phantom_damping: float = 0.8,
         unroll_steps: Optional[int] = None,
         warm_start: bool = False,
-        backward_stop_mode: Optional[str] = None,
+        backward_stop_mode: Optional[Literal["rel", "abs"]] = None,
         eval_max_iter: Optional[int] = None,
         jac_reg_weight: float = 0.0,
         jac_reg_every: int = 1,

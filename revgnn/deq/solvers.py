@@ -49,6 +49,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from revgnn.utils.registry import Registry
+
 __all__ = [
     "SolverResult",
     "SolverDivergenceError",
@@ -600,32 +602,8 @@ def broyden(
     return prob.result()
 
 
-SOLVERS: Dict[str, Callable[..., SolverResult]] = {
-    "fixed_point": fixed_point,
-    "anderson": anderson,
-    "broyden": broyden,
-}
-
-
-def register_solver(name: str, solver: Callable[..., SolverResult]) -> Callable[..., SolverResult]:
-    r"""Add a user's solver to :obj:`SOLVERS` under :obj:`name` (usable as :obj:`DEQ(solver=name)`).
-
-    The solver must look like the built-in ones: :obj:`solver(f, z0, *, max_iter, tol, stop_mode,
-    **options) -> SolverResult`, i.e. two positional parameters (the map and the initial guess) and the
-    keyword-only options :obj:`max_iter`, :obj:`tol` and :obj:`stop_mode`; its other keyword-only
-    parameters become its :func:`solver_options`. Accepting :obj:`batch` and :obj:`keep` (see
-    :func:`anderson`) is optional; a :class:`~revgnn.deq.DEQ` that needs them checks for them.
-
-    Raises:
-        ValueError: :obj:`name` is taken or not a non-empty string.
-        TypeError: the signature does not fit.
-    """
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"register_solver: name must be a non-empty string, got {name!r}")
-    if name in SOLVERS:
-        raise ValueError(
-            f"register_solver: a solver named {name!r} exists already; available: {sorted(SOLVERS)}"
-        )
+def _check_solver(name: str, solver: Callable[..., SolverResult]) -> Callable[..., SolverResult]:
+    """The registry's entry for ``solver``: itself, once its signature fits (see :func:`register_solver`)."""
     if not callable(solver):
         raise TypeError(f"register_solver: {name!r} must be callable, got {type(solver).__name__}")
     expected = "solver(f, z0, *, max_iter, tol, stop_mode, **options) -> SolverResult"
@@ -647,18 +625,36 @@ def register_solver(name: str, solver: Callable[..., SolverResult]) -> Callable[
         problems.append("**kwargs (options must be named, so that a misspelt one is an error)")
     if problems:
         raise TypeError(f"register_solver: {name!r} has {'; '.join(problems)}; expected {expected}")
-    SOLVERS[name] = solver
     return solver
 
 
+#: name -> solver of every registered solver (:func:`register_solver` adds one).
+SOLVERS: Registry = Registry("solver", _check_solver, how_to_add="add your own with register_solver")
+SOLVERS.register("fixed_point", fixed_point)
+SOLVERS.register("anderson", anderson)
+SOLVERS.register("broyden", broyden)
+
+
+def register_solver(name: str, solver: Callable[..., SolverResult]) -> Callable[..., SolverResult]:
+    r"""Add a user's solver to :obj:`SOLVERS` under :obj:`name` (usable as :obj:`DEQ(solver=name)`).
+
+    The solver must look like the built-in ones: :obj:`solver(f, z0, *, max_iter, tol, stop_mode,
+    **options) -> SolverResult`, i.e. two positional parameters (the map and the initial guess) and the
+    keyword-only options :obj:`max_iter`, :obj:`tol` and :obj:`stop_mode`; its other keyword-only
+    parameters become its :func:`solver_options`. Accepting :obj:`batch` and :obj:`keep` (see
+    :func:`anderson`) is optional; a :class:`~revgnn.deq.DEQ` that needs them checks for them.
+
+    Raises:
+        ValueError: :obj:`name` is taken or not a non-empty string.
+        TypeError: the signature does not fit.
+    """
+    return SOLVERS.register(name, solver)
+
+
 def get_solver(name: str) -> Callable[..., SolverResult]:
-    r"""Return the solver registered as :obj:`name` (one of :obj:`SOLVERS`)."""
-    try:
-        return SOLVERS[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown solver {name!r}; available: {sorted(SOLVERS)} (add your own with register_solver)"
-        ) from None
+    r"""Return the solver registered as :obj:`name` (one of :obj:`SOLVERS`; an unknown name is a
+    :class:`~revgnn.utils.registry.UnknownName`, a ``ValueError``, listing them)."""
+    return SOLVERS.get(name)
 
 
 def solver_options(name: str) -> List[str]:

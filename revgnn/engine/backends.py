@@ -10,9 +10,12 @@ The loop (:func:`revgnn.engine.loop.train`) is the same for every backend; a bac
 * :attr:`Backend.is_writer`: rank 0 writes every file;
 * :meth:`Backend.identity`: what a checkpoint must match to resume (backend, world size, partition).
 
-Backends: ``local`` (:class:`LocalBackend`, one process), ``ddp`` (:class:`DDPBackend`, data-parallel over
-the parts of each epoch's partition, one ``torchrun`` process per worker) and ``sar``
-(:class:`revgnn.engine.sar_backend.SARBackend`, full-graph over a partitioned graph).
+Backends are chosen by name (``backend.name``, set by the ``backend`` group: ``backend=sar``) from
+:data:`BACKENDS`: ``local`` (:class:`LocalBackend`, one process), ``ddp`` (:class:`DDPBackend`,
+data-parallel over the parts of each epoch's partition, one ``torchrun`` process per worker) and ``sar``
+(:class:`revgnn.engine.sar_backend.SARBackend`, full-graph over a partitioned graph, registered by its own
+module, which the package ``revgnn.engine`` imports). A new backend is a :class:`Backend` subclass
+decorated with :func:`register_backend`, in a module the run imports (the config's ``imports`` key).
 """
 
 from __future__ import annotations
@@ -23,13 +26,24 @@ from typing import Any, Dict, List, Sequence, Union
 import torch
 from torch import Tensor
 
-__all__ = ["Backend", "LocalBackend", "DistributedBackend", "DDPBackend", "make_backend", "resolve_device"]
+from revgnn.utils.registry import Registry
+
+__all__ = [
+    "Backend",
+    "LocalBackend",
+    "DistributedBackend",
+    "DDPBackend",
+    "BACKENDS",
+    "register_backend",
+    "make_backend",
+    "resolve_device",
+]
 
 
 class Backend:
     """Base class; see the module docstring for the contract."""
 
-    name = "?"
+    name = "?"  # set by register_backend
     rank, world_size = 0, 1
 
     def __init__(self, cfg):
@@ -85,10 +99,28 @@ class Backend:
         return "revgnn-train"
 
 
+def _check_backend(name: str, cls: type) -> type:
+    """The registry's entry for ``cls``: itself, a :class:`Backend` subclass whose ``name`` is ``name``
+    (what checkpoints record and resumes compare)."""
+    if not (isinstance(cls, type) and issubclass(cls, Backend)):
+        raise TypeError(f"register_backend({name!r}) decorates a Backend subclass, got {cls!r}")
+    cls.name = name
+    return cls
+
+
+#: name -> :class:`Backend` subclass of every registered backend (``backend.name``).
+BACKENDS: Registry = Registry("backend", _check_backend, how_to_add="add your own with register_backend")
+
+
+def register_backend(name: str):
+    """Class decorator registering a :class:`Backend` subclass as ``backend.name=<name>``; sets the
+    class's ``name`` (what checkpoints record of the backend) to it."""
+    return BACKENDS.register(name)
+
+
+@register_backend("local")
 class LocalBackend(Backend):
     """One process: the whole graph on one device."""
-
-    name = "local"
 
     def start(self) -> torch.device:
         world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -187,13 +219,12 @@ class DistributedBackend(Backend):
         return prefix + " -m revgnn.train"
 
 
+@register_backend("ddp")
 class DDPBackend(DistributedBackend):
     """Data-parallel training over parts: every worker holds the whole graph and draws the same
     random partition each epoch; a step's ``trainer.parts_per_step`` parts are dealt out,
     ``parts_per_step / world_size`` per worker, and the flat gradient is all-reduced, so ``W`` workers
     take exactly the step one process takes with ``trainer.parts_per_step`` (tested in float64)."""
-
-    name = "ddp"
 
 
 def resolve_device(name: str, setting: str = "backend.device") -> torch.device:
@@ -216,14 +247,11 @@ def resolve_device(name: str, setting: str = "backend.device") -> torch.device:
 
 
 def make_backend(cfg) -> Backend:
-    """The backend named by ``cfg.backend.name``."""
-    name = cfg.backend.name.value
-    if name == "local":
-        return LocalBackend(cfg)
-    if name == "ddp":
-        return DDPBackend(cfg)
-    if name == "sar":
-        from revgnn.engine.sar_backend import SARBackend
+    """The backend named by ``cfg.backend.name``; an unknown name is a
+    :class:`~revgnn.config.ConfigError` listing the registered ones."""
+    from revgnn.config import ConfigError
 
-        return SARBackend(cfg)
-    raise ValueError(f"unknown backend {name!r}")
+    name = cfg.backend.name
+    if name not in BACKENDS:
+        raise ConfigError(str(BACKENDS.unknown(name, prefix="backend.name: ")))
+    return BACKENDS.get(name)(cfg)

@@ -59,7 +59,7 @@ def train(cfg: DictConfig) -> Dict[str, Any]:
     """Runs one training job described by ``cfg`` (a composed ``train.yaml``) on its backend;
     returns the summary (:class:`~revgnn.engine.reports.Summary` as a dict: the content of
     ``summary.json``, the same on every worker)."""
-    from revgnn.config import check_before_start
+    from revgnn.engine.preflight import check_before_start
 
     check_before_start(cfg, resolve_output_dir(cfg))  # settings, run directory, resume: before anything
     backend = make_backend(cfg)

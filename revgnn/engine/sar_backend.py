@@ -26,7 +26,7 @@ from typing import Any, Dict, Iterator
 import torch
 from torch import Tensor, nn
 
-from revgnn.engine.backends import DistributedBackend
+from revgnn.engine.backends import DistributedBackend, register_backend
 from revgnn.engine.tasks import Batch, Step, _autocast, check_whole_graph_test, labelled_entries, task_loss
 
 __all__ = ["SARTask", "SARBackend"]
@@ -137,11 +137,10 @@ class SARTask:
         return self.evaluate(model, generator, device, autocast, reduce)
 
 
+@register_backend("sar")
 class SARBackend(DistributedBackend):
     """SAR full-graph training: the graph comes from ``backend.partition_dir`` (written by
     ``revgnn-partition``), not from the ``data`` group."""
-
-    name = "sar"
 
     def __init__(self, cfg):
         super().__init__(cfg)

@@ -8,6 +8,7 @@ from revgnn.models.deq_gnn import DEQGNN
 from revgnn.models.graph_revgnn import GraphRevGNN
 from revgnn.models.mlp import MLP
 from revgnn.models.registry import (
+    MODELS,
     ModelInfo,
     Reported,
     check_model_config,
@@ -21,6 +22,7 @@ from revgnn.models.resgnn import ResGNN
 from revgnn.models.revgnn import RevGNN
 
 __all__ = [
+    "MODELS",
     "create_model",
     "list_models",
     "model_info",

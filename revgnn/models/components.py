@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import inspect
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 
 from revgnn.nn.gen_max import sort_edges
+from revgnn.utils.signature import keyword_parameters
 
 
 class NodeEncoder(nn.Module):
@@ -163,15 +164,16 @@ def count_parameters(model: nn.Module) -> int:
 def block_builder(conv: str, norm: Optional[str], edge_channels: Optional[int], **options: Any):
     """Returns ``make(channels, preact=True)`` building the pre-activation block of ``conv``.
 
-    ``conv`` is a name registered with :func:`~revgnn.nn.register_conv`; ``options`` set to
-    :obj:`None` keep the conv's own defaults, and an option the conv's constructor does not
-    take is an error rather than being ignored. ``edge_channels`` goes to convs that use edge
+    ``conv`` is a name registered with :func:`~revgnn.nn.register_conv`; ``options`` not given
+    keep the conv's own defaults, and an option the conv's constructor does not take, or a value
+    its annotation does not allow, is an error rather than being ignored
+    (:meth:`~revgnn.nn.ConvSpec.check_options`). ``edge_channels`` goes to convs that use edge
     features (``make.uses_edges``).
     """
     from revgnn.nn import conv_spec
 
     spec = conv_spec(conv)
-    kwargs = {k: v for k, v in options.items() if v is not None}
+    kwargs = dict(options)
     spec.check_options(kwargs)
     kwargs["norm"] = norm
     if spec.uses_edges:
@@ -184,25 +186,30 @@ def block_builder(conv: str, norm: Optional[str], edge_channels: Optional[int], 
     return make
 
 
-def given_options(model_cls: type, **values: Any) -> Dict[str, Any]:
-    """``values`` with :obj:`None` for those equal to the default of ``model_cls``'s constructor:
-    the options a caller actually set, so a conv without them is not blamed for the defaults."""
-    params = inspect.signature(model_cls).parameters
-    return {
-        k: None
-        if k in params and params[k].default is not inspect.Parameter.empty and v == params[k].default
-        else v
-        for k, v in values.items()
-    }
-
-
 class DeepNodeGNN(nn.Module):
     """The skeleton shared by the deep node-level models: node encoder, the edge
     encoder shared by all layers, the shared dropout and the head.
 
     Subclasses call :meth:`_setup` in ``__init__`` (it returns the block
-    builder) and :meth:`_encode` at the start of ``forward``.
+    builder) and :meth:`_encode` at the start of ``forward``. Their ``__init__`` takes ``conv`` and
+    forwards ``**conv_options`` to its blocks; :meth:`forwarded_options` says which those are.
     """
+
+    @classmethod
+    def forwarded_options(
+        cls, arguments: Mapping[str, Any], prefix: str = ""
+    ) -> Tuple[Dict[str, inspect.Parameter], str]:
+        """The parameters ``**conv_options`` may hold for the constructor ``arguments`` (those of
+        the block of ``arguments["conv"]``, the class's default conv without it, less what the model
+        sets) and whose they are, for messages; an unknown conv is an error naming ``prefix + "conv"``."""
+        from revgnn.nn import CONVS
+        from revgnn.nn.conv_registry import STRUCTURAL
+
+        conv = arguments.get("conv", keyword_parameters(cls)["conv"].default)
+        if conv not in CONVS:
+            raise CONVS.unknown(conv, prefix=f"{prefix}conv: ")
+        block = CONVS.get(conv).block
+        return keyword_parameters(block, skip=(*STRUCTURAL, "edge_channels")), f"conv {conv!r}"
 
     def _setup(
         self,
@@ -215,19 +222,13 @@ class DeepNodeGNN(nn.Module):
         species_channels: int,
         dropout: float,
         norm: Optional[str],
-        aggr: Optional[str],
-        learn_t: bool,
-        heads: int,
-        attn_dropout: float,
+        conv_options: Mapping[str, Any],
     ):
         from revgnn.nn import SharedDropout
 
         if num_layers < 1:
             raise ValueError(f"num_layers must be >= 1, got {num_layers}")
-        options = given_options(
-            type(self), aggr=aggr, learn_t=learn_t, heads=heads, attn_dropout=attn_dropout
-        )
-        make = block_builder(conv, norm, hidden_channels if edge_channels else None, **options)
+        make = block_builder(conv, norm, hidden_channels if edge_channels else None, **conv_options)
         self.num_layers = num_layers
         self.conv = conv
         self.node_encoder = NodeEncoder(in_channels, hidden_channels, species_channels)

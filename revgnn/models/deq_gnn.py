@@ -2,8 +2,9 @@ r"""DEQ-GNN (Li et al., ICML 2021, Section 5): a GNN of "infinite depth" evaluat
 
 from __future__ import annotations
 
+import inspect
 import math
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -15,10 +16,14 @@ from revgnn.models.components import Head, NodeEncoder
 from revgnn.models.registry import Reported, register_model
 from revgnn.models.revgnn import ABLATION_112, LI_2021, PROTEINS
 from revgnn.nn import LinearEdgeFeatures, SharedDropout
+from revgnn.nn.blocks import GENAggr
 from revgnn.nn.gen_max import gen_conv, sort_edges
+from revgnn.utils.signature import check_arguments, keyword_parameters
 
 __all__ = ["DEQGNNLayer", "DEQGNN", "deq_gnn", "deq_gnn_small"]
 
+#: DEQ parameters the model sets itself: the map, and the unrolled depth from ``pretrain_depth``.
+_SET_BY_MODEL = ("f", "unroll_steps")
 #: Aggregations whose Lipschitz constant in the max-norm is at most 1 (needed by ``contraction``).
 _CONTRACTIVE_AGGRS = ("max", "mean")
 
@@ -75,7 +80,7 @@ class DEQGNNLayer(nn.Module):
         self,
         channels: int,
         edge_channels: Optional[int] = None,
-        aggr: str = "max",
+        aggr: GENAggr = "max",
         learn_t: bool = False,
         dropout: float = 0.0,
         contraction: Optional[float] = None,
@@ -234,44 +239,18 @@ class DEQGNN(nn.Module):
         learn_t (bool, optional): Learnable softmax temperature. (default: :obj:`False`)
         dropout (float, optional): Dropout inside the map (one mask per forward pass) and in the head.
             (default: :obj:`0.0`)
-        solver (str, optional): Forward solver. (default: :obj:`"anderson"`)
-        max_iter (int, optional): Forward solver budget. (default: :obj:`30`)
-        tol (float, optional): Forward residual tolerance. (default: :obj:`1e-4`)
-        stop_mode (str, optional): :obj:`"rel"` or :obj:`"abs"`. (default: :obj:`"rel"`)
-        solver_options (dict, optional): Extra solver options (e.g. :obj:`{"m": 5}`); unknown keys are an
-            error. (default: :obj:`None`)
-        backward (str, optional): :obj:`"implicit"`, :obj:`"phantom"` or :obj:`"unroll"`.
-            (default: :obj:`"implicit"`)
-        backward_solver (str, optional): Adjoint solver (default: :obj:`solver`).
-        backward_max_iter (int, optional): Adjoint budget (default: :obj:`max_iter`).
-        backward_tol (float, optional): Adjoint tolerance (default: :obj:`tol`).
-        phantom_steps (int, optional): Steps of the phantom gradient. (default: :obj:`5`)
-        phantom_damping (float, optional): Damping of the phantom gradient. (default: :obj:`0.8`)
-        warm_start (bool, optional): Start from the last equilibrium when shapes match.
-            (default: :obj:`False`)
         pretrain_epochs (int, optional): Epochs of unrolled weight-tied pretraining. (default: :obj:`0`)
-        pretrain_depth (int, optional): Unrolled depth during pretraining. (default: :obj:`8`)
+        pretrain_depth (int, optional): Unrolled depth during pretraining (the DEQ's
+            ``unroll_steps``). (default: :obj:`8`)
         contraction (float, optional): Enforce :math:`\mathrm{Lip}(f) \le \kappa` (see
             :class:`DEQGNNLayer`). (default: :obj:`None`)
-        backward_stop_mode (str, optional): Residual the adjoint stops on (default: :obj:`stop_mode`).
-        eval_max_iter (int, optional): Forward budget in evaluation (default: :obj:`max_iter`).
-        jac_reg_weight (float, optional): Weight of the Jacobian regularisation :math:`\gamma
-            \|\partial f/\partial\mathbf{Z}\|_F^2/d` at :math:`\mathbf{Z}^*`; :obj:`0` off (see
-            :class:`~revgnn.deq.DEQ`). (default: :obj:`0.0`)
-        jac_reg_every (int, optional): Regularise every this many training forwards. (default: :obj:`1`)
-        jac_reg_probes (int, optional): Hutchinson probes per estimate. (default: :obj:`1`)
-        spectral_reg_weight (float, optional): Weight of the spectral-radius penalty
-            :math:`\gamma_\rho \max(0, \hat\rho - \rho_0)^2` at :math:`\mathbf{Z}^*`; :obj:`0` off (see
-            :class:`~revgnn.deq.DEQ`). (default: :obj:`0.0`)
-        spectral_reg_target (float, optional): :math:`\rho_0`. (default: :obj:`0.5`)
-        spectral_radius_every (int, optional): Log the spectral radius of :math:`\partial f/\partial
-            \mathbf{Z}` every this many training forwards; :obj:`0` never. (default: :obj:`0`)
-        spectral_radius_iters (int, optional): Power iterations per estimate. (default: :obj:`20`)
-        correction_states (int, optional): Fixed-point correction: intermediate iterates of the forward
-            solve whose predictions :math:`\mathrm{head}(f(\mathbf{Z}_k))` are supervised too, weighted
-            :math:`\lambda^{K+1-i}` (added by :meth:`auxiliary_loss`). (default: :obj:`0`)
-        correction_gamma (float, optional): Weight decay :math:`\lambda` of the corrections.
-            (default: :obj:`0.8`)
+        **deq_options: Options of the equilibrium, forwarded to :class:`~revgnn.deq.DEQ` and
+            checked against its signature (every parameter but ``f`` and ``unroll_steps``, with its
+            defaults): the solver (``solver``, ``max_iter``, ``tol``, ``stop_mode``,
+            ``solver_options``, ``eval_max_iter``, ``warm_start``), the gradient (``backward``, the
+            ``backward_*`` settings, ``phantom_steps``, ``phantom_damping``), the Jacobian terms
+            (``jac_reg_*``, ``spectral_*``) and the fixed-point correction (``correction_*``; added by
+            :meth:`auxiliary_loss`).
     """
 
     def __init__(
@@ -281,73 +260,34 @@ class DEQGNN(nn.Module):
         out_channels: int,
         edge_channels: Optional[int] = None,
         species_channels: int = 0,
-        aggr: str = "max",
+        aggr: GENAggr = "max",
         learn_t: bool = False,
         dropout: float = 0.0,
-        solver: str = "anderson",
-        max_iter: int = 30,
-        tol: float = 1e-4,
-        stop_mode: str = "rel",
-        solver_options: Optional[Dict[str, Any]] = None,
-        backward: str = "implicit",
-        backward_solver: Optional[str] = None,
-        backward_max_iter: Optional[int] = None,
-        backward_tol: Optional[float] = None,
-        phantom_steps: int = 5,
-        phantom_damping: float = 0.8,
-        warm_start: bool = False,
         pretrain_epochs: int = 0,
         pretrain_depth: int = 8,
         contraction: Optional[float] = None,
-        backward_stop_mode: Optional[str] = None,
-        eval_max_iter: Optional[int] = None,
-        jac_reg_weight: float = 0.0,
-        jac_reg_every: int = 1,
-        jac_reg_probes: int = 1,
-        spectral_reg_weight: float = 0.0,
-        spectral_reg_target: float = 0.5,
-        spectral_radius_every: int = 0,
-        spectral_radius_iters: int = 20,
-        correction_states: int = 0,
-        correction_gamma: float = 0.8,
+        **deq_options: Any,
     ):
         super().__init__()
         if pretrain_epochs < 0 or pretrain_depth < 1:
             raise ValueError("pretrain_epochs must be >= 0 and pretrain_depth >= 1")
+        check_arguments(DEQ, deq_options, what="DEQGNN's DEQ", skip=_SET_BY_MODEL)
         self.node_encoder = NodeEncoder(in_channels, hidden_channels, species_channels)
         self.dropout = SharedDropout(dropout)
         layer = DEQGNNLayer(hidden_channels, edge_channels, aggr, learn_t, dropout, contraction)
-        self.deq = DEQ(
-            layer,
-            solver=solver,
-            max_iter=max_iter,
-            tol=tol,
-            stop_mode=stop_mode,
-            solver_options=solver_options,
-            backward=backward,
-            backward_solver=backward_solver,
-            backward_max_iter=backward_max_iter,
-            backward_tol=backward_tol,
-            phantom_steps=phantom_steps,
-            phantom_damping=phantom_damping,
-            unroll_steps=pretrain_depth,
-            warm_start=warm_start,
-            backward_stop_mode=backward_stop_mode,
-            eval_max_iter=eval_max_iter,
-            jac_reg_weight=jac_reg_weight,
-            jac_reg_every=jac_reg_every,
-            jac_reg_probes=jac_reg_probes,
-            spectral_reg_weight=spectral_reg_weight,
-            spectral_reg_target=spectral_reg_target,
-            spectral_radius_every=spectral_radius_every,
-            spectral_radius_iters=spectral_radius_iters,
-            correction_states=correction_states,
-            correction_gamma=correction_gamma,
-        )
+        self.deq = DEQ(layer, unroll_steps=pretrain_depth, **deq_options)
         self.head = Head(hidden_channels, out_channels, dropout)
-        self.equilibrium_backward = backward
+        self.equilibrium_backward = self.deq.backward
         self.pretrain_epochs = pretrain_epochs
         self.set_epoch(0)
+
+    @classmethod
+    def forwarded_options(
+        cls, arguments: Mapping[str, Any], prefix: str = ""
+    ) -> Tuple[Dict[str, inspect.Parameter], str]:
+        """The parameters ``**deq_options`` may hold: :class:`~revgnn.deq.DEQ`'s but those the model
+        sets (the map ``f``, ``unroll_steps`` from ``pretrain_depth``)."""
+        return keyword_parameters(DEQ, skip=_SET_BY_MODEL), "the DEQ (revgnn.deq.DEQ)"
 
     @property
     def layer(self) -> DEQGNNLayer:

@@ -9,7 +9,7 @@ dropout 0.2, mean readout) with the residual blocks replaced by 2-group reversib
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Literal, Optional
 
 import torch
 from torch import Tensor, nn
@@ -21,7 +21,7 @@ from revgnn.models.components import reversible_layers, reversible_repr
 from revgnn.models.registry import Reported, register_model
 from revgnn.models.revgnn import LI_2021
 from revgnn.nn import GENBlock, Shared, SharedDropout
-from revgnn.nn.blocks import make_norm
+from revgnn.nn.blocks import GENAggr, Norm, make_norm
 from revgnn.nn.gen_max import sort_edges
 
 __all__ = ["GraphRevGNN", "READOUTS", "ENCODERS"]
@@ -102,13 +102,13 @@ class GraphRevGNN(nn.Module):
         edge_channels: Optional[int] = None,
         species_channels: int = 0,
         dropout: float = 0.0,
-        norm: Optional[str] = "graph",
-        aggr: str = "softmax",
+        norm: Norm = "graph",
+        aggr: GENAggr = "softmax",
         learn_t: bool = True,
         t: float = 1.0,
         mlp_layers: int = 1,
-        readout: str = "mean",
-        encoder: str = "ogb",
+        readout: Literal["mean", "sum", "max", "attention"] = "mean",
+        encoder: Literal["ogb", "linear"] = "ogb",
         weight_tied: bool = False,
         reversible: bool = True,
         keep_every: int = 0,

@@ -13,17 +13,22 @@ count at those shapes and the scores a paper reports for it (:class:`Reported`):
         return dict(PROTEINS, num_layers=1001, hidden_channels=80, ...)
 
 The decorator returns the factory ``revgnn_deep(**overrides) -> RevGNN``; ``create_model(name,
-**overrides)`` calls it by name. Every override must be an argument of the model class and lie in
-its range (:data:`ARGUMENT_RANGES`), so a typo is an error that lists what exists, never silently
-ignored. The README's zoo table, the paper column of ``revgnn-reproduce`` and the model configs
-(``revgnn/configs/model/<name>.yaml``, which hold the name only) all come from this registry:
+**overrides)`` calls it by name (:data:`MODELS`, a :class:`~revgnn.utils.registry.Registry`). Every
+override must be an argument of the model class and lie in its range (:data:`ARGUMENT_RANGES`), so a
+typo is an error that lists what exists, never silently ignored. The README's zoo table, the paper
+column of ``revgnn-reproduce`` and the model configs all come from this registry: every variant is the
+Hydra option ``model=<name>``, stored in Hydra's ConfigStore when it registers
+(:func:`revgnn.config.store_model_config`; a node holding the name only), and
 ``python -m revgnn.models --markdown`` prints the table, ``--update-readme README.md`` writes it.
+
+A variant registered by a user's module is chosen with ``model=<name>`` when the module is imported
+before Hydra composes the config, and with ``imports=[my_pkg.my_models] model.name=<name>`` on any
+``revgnn-train`` command line (:func:`revgnn.config.import_modules`).
 """
 
 from __future__ import annotations
 
 import difflib
-import fnmatch
 import inspect
 import re
 import types
@@ -34,9 +39,12 @@ from torch import nn
 
 from revgnn.config import ConfigError, ConfigTypeError
 from revgnn.utils.ranges import Range
+from revgnn.utils.registry import Registry
+from revgnn.utils.signature import check_types, keyword_parameters, takes_options
 
 __all__ = [
     "ARGUMENT_RANGES",
+    "MODELS",
     "ModelInfo",
     "Reported",
     "register_model",
@@ -67,7 +75,7 @@ ARGUMENT_RANGES: Dict[str, Range] = {
     "contraction": Range(0, 1, low_open=True, high_open=True),
 }
 
-#: The target of every model config (``revgnn/configs/model/*.yaml``).
+#: The target of every model config (``model=<name>``, :class:`revgnn.config.ModelConfig`).
 CONFIG_TARGET = "revgnn.models.create_model"
 
 #: Arguments of every model that come from the data set (``revgnn.engine.tasks.shapes``).
@@ -133,8 +141,10 @@ class ModelInfo:
         return self.num_parameters if result.num_parameters is None else result.num_parameters
 
 
-_MODELS: Dict[str, Callable[..., nn.Module]] = {}
-_INFO: Dict[str, ModelInfo] = {}
+#: name -> factory of every registered variant (its :class:`ModelInfo` is the factory's ``info``).
+MODELS: Registry = Registry(
+    "model", how_to_add="add your own with register_model, its module named in imports"
+)
 
 
 def register_model(
@@ -164,9 +174,11 @@ def register_model(
     """
 
     def wrap(arguments: Callable[[], Dict[str, Any]]) -> Callable[..., nn.Module]:
+        from revgnn.config import store_model_config
+
         key = name or arguments.__name__
-        if key in _MODELS:
-            raise ValueError(f"a model named {key!r} is already registered ({_MODELS[key].__module__})")
+        if key in MODELS:
+            raise ValueError(f"a model named {key!r} is already registered ({MODELS[key].__module__})")
         defaults = types.MappingProxyType(dict(arguments()))
         _check_arguments(cls, defaults, owner=f"the defaults of {key!r}: ")
         for result in reported:
@@ -180,35 +192,28 @@ def register_model(
         info = ModelInfo(key, cls, defaults, summary, dataset, num_parameters, paper, tuple(reported))
 
         def factory(**overrides: Any) -> nn.Module:
-            _check_arguments(cls, overrides, owner=f"{key!r}: ")
+            _check_arguments(cls, overrides, owner=f"{key!r}: ", defaults=defaults)
             return cls(**{**defaults, **overrides})
 
         factory.__name__ = factory.__qualname__ = key
         factory.__module__ = arguments.__module__
         factory.__doc__ = arguments.__doc__
         factory.info = info
-        _MODELS[key], _INFO[key] = factory, info
+        MODELS.register(key, factory)
+        store_model_config(key)
         return factory
 
     return wrap
 
 
-def _unknown(name: str) -> ValueError:
-    close = difflib.get_close_matches(name, _MODELS, n=3)
-    hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
-    return ValueError(f"unknown model {name!r}.{hint} Available: {', '.join(list_models())}")
-
-
 def list_models(pattern: str = "*") -> List[str]:
     """Registered model names matching the shell-style ``pattern``, sorted."""
-    return sorted(n for n in _MODELS if fnmatch.fnmatch(n, pattern))
+    return MODELS.names(pattern)
 
 
 def model_info(name: str) -> ModelInfo:
     """The registry's entry for ``name``: class, defaults, data set, parameter count, scores."""
-    if name not in _INFO:
-        raise _unknown(name)
-    return _INFO[name]
+    return MODELS.get(name).info
 
 
 def create_model(name: str, **overrides: Any) -> nn.Module:
@@ -219,38 +224,59 @@ def create_model(name: str, **overrides: Any) -> nn.Module:
             outside its range.
         TypeError: an override is not an argument of the model (the message lists the arguments).
     """
-    if name not in _MODELS:
-        raise _unknown(name)
-    return _MODELS[name](**overrides)
+    return MODELS.get(name)(**overrides)
 
 
 def model_arguments(model: Any) -> List[str]:
-    """The keyword arguments of a model class or of the class of the registered variant ``model``."""
-    cls = model_info(model).cls if isinstance(model, str) else model
-    params = inspect.signature(cls.__init__).parameters
-    return [
-        p
-        for p in params
-        if p != "self"
-        and params[p].kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    ]
+    """The keyword arguments of a model class or of the registered variant ``model``: the class's
+    own, then the options its ``**options`` forward (:func:`forwarded_options`; for a variant those
+    of its own conv, for a class those of its default conv)."""
+    info = model_info(model) if isinstance(model, str) else None
+    cls = model if info is None else info.cls
+    forwarded, _ = forwarded_options(cls, {} if info is None else info.defaults)
+    return [*keyword_parameters(cls), *(forwarded or {})]
+
+
+def forwarded_options(
+    cls: Type[nn.Module], arguments: Mapping[str, Any], prefix: str = ""
+) -> Tuple[Optional[Dict[str, inspect.Parameter]], str]:
+    """The parameters a model class's ``**options`` take for the constructor ``arguments`` and whose
+    they are (a conv's block, the DEQ), from the class's ``forwarded_options`` classmethod; none
+    for a class without ``**options``, :obj:`None` (anything goes, unchecked) for a class that takes
+    ``**options`` without saying where they go."""
+    if not takes_options(cls):
+        return {}, ""
+    if not hasattr(cls, "forwarded_options"):
+        return None, ""
+    return cls.forwarded_options(arguments, prefix)
 
 
 def _check_arguments(
-    cls: Type[nn.Module], arguments: Mapping[str, Any], prefix: str = "", owner: str = ""
+    cls: Type[nn.Module],
+    arguments: Mapping[str, Any],
+    prefix: str = "",
+    owner: str = "",
+    defaults: Mapping[str, Any] = types.MappingProxyType({}),
 ) -> None:
-    """Every key of ``arguments`` is an argument of ``cls`` and lies in its range; ``prefix`` goes
-    before every key an error names (``"model."``), ``owner`` says whose arguments they are."""
-    allowed = model_arguments(cls)
-    takes_any = any(
-        p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(cls.__init__).parameters.values()
-    )
-    unknown = [] if takes_any else sorted(set(arguments) - set(allowed))
+    """Every key of ``arguments`` is an argument of ``cls`` or an option its ``**options`` forward
+    (:func:`forwarded_options`, for ``defaults`` updated by ``arguments``), of the type its
+    annotation says, and in its range; ``prefix`` goes before every key an error names
+    (``"model."``), ``owner`` says whose arguments they are."""
+    params = keyword_parameters(cls)
+    forwarded, whose = forwarded_options(cls, {**defaults, **arguments}, prefix)
+    if forwarded is None:  # the class takes any keyword and checks none: neither can this
+        forwarded = {k: inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY) for k in arguments}
+    unknown = sorted(k for k in arguments if k not in params and k not in forwarded)
     if unknown:
+        close = difflib.get_close_matches(unknown[0], [*params, *forwarded], n=1)
+        hint = f" (did you mean {prefix}{close[0]}?)" if close else ""
+        also = f", and the options of {whose}: {', '.join(forwarded)}" if forwarded else ""
+        also = also or (f"; {whose} takes no options" if whose else "")
         raise ConfigTypeError(
-            f"{owner}{cls.__name__} has no argument(s) {', '.join(repr(prefix + k) for k in unknown)}; "
-            f"valid overrides: {', '.join(allowed)}"
+            f"{owner}{cls.__name__} has no argument(s) {', '.join(repr(prefix + k) for k in unknown)}"
+            f"{hint}; valid overrides: {', '.join(params)}{also}"
         )
+    check_types({**forwarded, **params}, arguments, prefix)
     for key, value in arguments.items():
         bounds = ARGUMENT_RANGES.get(key)
         if bounds is not None and isinstance(value, (int, float)) and not bounds.contains(value):
@@ -258,24 +284,32 @@ def _check_arguments(
 
 
 def check_model_config(model_cfg: Mapping[str, Any], prefix: str = "model.") -> None:
-    """Checks a model config (``revgnn/configs/model/*.yaml`` plus overrides) against the signature
-    of its model class before anything is built: the name is registered, every other key is an
-    argument of the class and lies in its range. A config with another ``_target_`` (a user's own
-    factory) is left to that factory."""
+    """Checks a model config (``model=<name>`` plus overrides) against the signature of its model
+    class before anything is built: the name is registered, every other key is an argument of the
+    class or an option it forwards (a conv's, the DEQ's), of the annotated type and choices, and in
+    its range. Raises :class:`~revgnn.config.ConfigError` (one message naming the key, no
+    traceback from ``revgnn-train``). A config with another ``_target_`` (a user's own factory) is
+    left to that factory."""
+    from revgnn.config import ConfigError
+
     if model_cfg.get("_target_") != CONFIG_TARGET:
         return
     if "name" not in model_cfg:
         raise ConfigError(f"{prefix}name is missing: choose one of {', '.join(list_models())}")
     name = model_cfg["name"]
-    if name not in _MODELS:
-        raise ConfigError(f"{prefix}name: {_unknown(name)}")
+    if name not in MODELS:
+        raise ConfigError(str(MODELS.unknown(name, prefix=f"{prefix}name: ")))
     overrides = {k: v for k, v in model_cfg.items() if k not in ("_target_", "name")}
-    _check_arguments(_INFO[name].cls, overrides, prefix, owner=f"{name!r}: ")
+    info = model_info(name)
+    try:
+        _check_arguments(info.cls, overrides, prefix, owner=f"{name!r}: ", defaults=info.defaults)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(str(e)) from None
 
 
 def paper_result(experiment: str) -> Optional[Tuple[ModelInfo, Reported]]:
     """The variant and the published score that ``experiment`` reproduces, or :obj:`None`."""
-    found = [(i, r) for i in _INFO.values() for r in i.reported if r.experiment == experiment]
+    found = [(f.info, r) for f in MODELS.values() for r in f.info.reported if r.experiment == experiment]
     if len(found) > 1:
         raise ValueError(
             f"experiment {experiment!r} is named by several reported scores: "
@@ -286,7 +320,7 @@ def paper_result(experiment: str) -> Optional[Tuple[ModelInfo, Reported]]:
 
 def _size(info: ModelInfo) -> str:
     d = info.defaults
-    depth = d.get("num_layers", "equilibrium" if "max_iter" in model_arguments(info.cls) else "")
+    depth = d.get("num_layers", "equilibrium" if "max_iter" in model_arguments(info.name) else "")
     return f"{depth} × {d.get('hidden_channels', '')}"
 
 
@@ -321,7 +355,7 @@ def zoo_table(pattern: str = "*") -> str:
         "|---|---|---|---|---|---|",
     ]
     for name in list_models(pattern):
-        info = _INFO[name]
+        info = model_info(name)
         if not info.cls.__module__.startswith("revgnn."):
             continue  # registered by a user or a test
         experiments = ", ".join(f"`{r.experiment}`" for r in info.reported if r.experiment) or "—"

@@ -11,6 +11,7 @@ from revgnn.models.components import DeepNodeGNN
 from revgnn.models.registry import Reported, register_model
 from revgnn.models.revgnn import ABLATION_112, LI_2021, PROTEINS
 from revgnn.nn import Residual
+from revgnn.nn.blocks import Norm
 
 
 class ResGNN(DeepNodeGNN):
@@ -29,7 +30,8 @@ class ResGNN(DeepNodeGNN):
     new mask in every layer, as in DeeperGCN. Activations of every layer are
     stored for backward: memory grows linearly with ``num_layers``.
 
-    Args: as :class:`~revgnn.models.RevGNN` without the reversible options.
+    Args: as :class:`~revgnn.models.RevGNN` without the reversible options (``**conv_options``
+    forwarded to the conv's blocks likewise).
     """
 
     def __init__(
@@ -42,11 +44,8 @@ class ResGNN(DeepNodeGNN):
         edge_channels: Optional[int] = None,
         species_channels: int = 0,
         dropout: float = 0.0,
-        norm: Optional[str] = "layer",
-        aggr: Optional[str] = None,
-        learn_t: bool = False,
-        heads: int = 1,
-        attn_dropout: float = 0.0,
+        norm: Norm = "layer",
+        **conv_options: Any,
     ):
         super().__init__()
         make = self._setup(
@@ -59,10 +58,7 @@ class ResGNN(DeepNodeGNN):
             species_channels,
             dropout,
             norm,
-            aggr,
-            learn_t,
-            heads,
-            attn_dropout,
+            conv_options,
         )
         self.layers = nn.ModuleList(
             [make(hidden_channels, preact=False)]

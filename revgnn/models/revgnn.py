@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Literal, Optional
 
 from torch import Tensor
 from torch_geometric.typing import Adj, OptTensor
 
 from revgnn.models.components import DeepNodeGNN, reversible_layers, reversible_repr
 from revgnn.models.registry import Reported, register_model
+from revgnn.nn.blocks import Norm
 
 #: ogbn-proteins shapes: 8 summed edge features + 8-way species one-hot in,
 #: 8-d edge features, 112 binary tasks out.
@@ -58,13 +59,6 @@ class RevGNN(DeepNodeGNN):
         dropout (float, optional): Shared dropout in the blocks and dropout in
             the head. (default: :obj:`0.0`)
         norm (str, optional): Norm inside blocks. (default: :obj:`'layer'`)
-        aggr (str, optional): Aggregation of ``gen``/``sage``.
-            (default: conv's own: ``'max'`` / ``'mean'``)
-        learn_t (bool, optional): Learnable softmax temperature (``gen``).
-            (default: :obj:`False`)
-        heads (int, optional): Attention heads (``gat``). (default: :obj:`1`)
-        attn_dropout (float, optional): Attention dropout (``gat``).
-            (default: :obj:`0.0`)
         weight_tied (bool, optional): One block applied ``num_layers`` times.
             (default: :obj:`False`)
         reversible (bool, optional): :obj:`False` runs the same blocks as a
@@ -80,6 +74,12 @@ class RevGNN(DeepNodeGNN):
             a copy of its first group, :math:`\mathbf{w}_{\ell,i} =
             \mathbf{w}_{\ell,1}` (the official RevGNN code); ``'independent'``
             initialises each group on its own. (default: :obj:`'independent'`)
+        **conv_options: Options of the conv, forwarded to its block: the keyword parameters of
+            the registered block's ``__init__`` besides ``channels``, ``norm``, ``preact`` and
+            ``edge_channels`` (the ``options`` of its :class:`~revgnn.nn.ConvSpec`), e.g.
+            ``aggr``, ``learn_t``, ``t``, ``mlp_layers`` of ``gen`` (:class:`~revgnn.nn.GENBlock`), ``heads``,
+            ``attn_dropout`` of ``gat``, ``aggr`` of ``sage``; unset ones keep the block's
+            defaults, and one the block does not take is an error naming the conv.
     """
 
     def __init__(
@@ -93,16 +93,13 @@ class RevGNN(DeepNodeGNN):
         edge_channels: Optional[int] = None,
         species_channels: int = 0,
         dropout: float = 0.0,
-        norm: Optional[str] = "layer",
-        aggr: Optional[str] = None,
-        learn_t: bool = False,
-        heads: int = 1,
-        attn_dropout: float = 0.0,
+        norm: Norm = "layer",
         weight_tied: bool = False,
         reversible: bool = True,
         keep_every: int = 0,
         quantize: Optional[int] = None,
-        group_init: str = "independent",
+        group_init: Literal["independent", "copy"] = "independent",
+        **conv_options: Any,
     ):
         super().__init__()
         make = self._setup(
@@ -115,10 +112,7 @@ class RevGNN(DeepNodeGNN):
             species_channels,
             dropout,
             norm,
-            aggr,
-            learn_t,
-            heads,
-            attn_dropout,
+            conv_options,
         )
         self.weight_tied = weight_tied
         self.layers = reversible_layers(

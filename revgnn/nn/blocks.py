@@ -19,7 +19,7 @@ a new conv type is one more decorated class here.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 from torch import Tensor, nn
 from torch_geometric.nn import GATConv, GCNConv, GENConv, GINConv, GraphNorm, SAGEConv
@@ -31,6 +31,11 @@ from revgnn.nn.gen_max import gen_conv
 from revgnn.nn.norm_act import layer_norm_relu
 
 NORMS = ("layer", "batch", "graph", None)
+#: The ``norm`` a block or model takes (``None`` or ``"none"``: no norm); the annotation is what
+#: configs are checked against (:mod:`revgnn.utils.signature`).
+Norm = Optional[Literal["layer", "batch", "graph", "none"]]
+#: GENConv's aggregations (``"add"`` and ``"sum"`` are the same).
+GENAggr = Literal["max", "softmax", "mean", "add", "sum", "powermean"]
 
 
 def make_norm(norm: Optional[str], channels: int) -> Optional[nn.Module]:
@@ -131,7 +136,7 @@ class GENBlock(PreActBlock):
         channels (int): Feature width in and out.
         edge_channels (int, optional): Width of the edge features it receives;
             :obj:`None` for no edge features. (default: :obj:`None`)
-        aggr (str, optional): ``'max'``, ``'softmax'``, ``'mean'``, ``'add'``,
+        aggr (str, optional): ``'max'``, ``'softmax'``, ``'mean'``, ``'add'`` (or ``'sum'``),
             ``'powermean'``. (default: :obj:`'max'`)
         learn_t (bool, optional): Learn the softmax temperature.
             (default: :obj:`False`)
@@ -145,11 +150,11 @@ class GENBlock(PreActBlock):
         self,
         channels: int,
         edge_channels: Optional[int] = None,
-        aggr: str = "max",
+        aggr: GENAggr = "max",
         learn_t: bool = False,
         t: float = 1.0,
         mlp_layers: int = 2,
-        norm: Optional[str] = "layer",
+        norm: Norm = "layer",
         preact: bool = True,
     ):
         super().__init__(channels, norm, preact)
@@ -199,7 +204,7 @@ class GATBlock(PreActBlock):
         heads: int = 1,
         edge_channels: Optional[int] = None,
         attn_dropout: float = 0.0,
-        norm: Optional[str] = "layer",
+        norm: Norm = "layer",
         preact: bool = True,
     ):
         super().__init__(channels, norm, preact)
@@ -221,7 +226,7 @@ class GATBlock(PreActBlock):
 class GCNBlock(PreActBlock):
     r"""GCNConv (Kipf & Welling, 2017) in a pre-activation block (no edge features)."""
 
-    def __init__(self, channels: int, norm: Optional[str] = "layer", preact: bool = True):
+    def __init__(self, channels: int, norm: Norm = "layer", preact: bool = True):
         super().__init__(channels, norm, preact)
         self.conv = GCNConv(channels, channels)
 
@@ -233,7 +238,13 @@ class GCNBlock(PreActBlock):
 class SAGEBlock(PreActBlock):
     r"""SAGEConv (Hamilton et al., 2017) in a pre-activation block (no edge features)."""
 
-    def __init__(self, channels: int, aggr: str = "mean", norm: Optional[str] = "layer", preact: bool = True):
+    def __init__(
+        self,
+        channels: int,
+        aggr: Literal["mean", "max", "add", "sum"] = "mean",
+        norm: Norm = "layer",
+        preact: bool = True,
+    ):
         super().__init__(channels, norm, preact)
         self.conv = SAGEConv(channels, channels, aggr=aggr)
 
@@ -245,7 +256,7 @@ class SAGEBlock(PreActBlock):
 class GINBlock(PreActBlock):
     r"""GINConv (Xu et al., 2019) with a 2-layer MLP in a pre-activation block."""
 
-    def __init__(self, channels: int, norm: Optional[str] = "layer", preact: bool = True):
+    def __init__(self, channels: int, norm: Norm = "layer", preact: bool = True):
         super().__init__(channels, norm, preact)
         mlp = nn.Sequential(nn.Linear(channels, channels), nn.ReLU(), nn.Linear(channels, channels))
         self.conv = GINConv(mlp, train_eps=True)

@@ -27,17 +27,19 @@ Example:
     ...         return self.conv(h, edge_index)
     >>> conv_spec("graph").options
     ('aggr',)
-    >>> _ = CONVS.pop("graph")  # (keeps this example from registering it for good)
+    >>> _ = CONVS.unregister("graph")  # (keeps this example from registering it for good)
 """
 
 from __future__ import annotations
 
-import difflib
 import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Tuple, Type
 
 from torch import nn
+
+from revgnn.utils.registry import Registry
+from revgnn.utils.signature import check_types, keyword_parameters
 
 #: Constructor parameters every conv block has, set by the model rather than chosen per conv.
 STRUCTURAL = ("channels", "norm", "preact")
@@ -72,7 +74,8 @@ class ConvSpec:
         return (*STRUCTURAL[1:], *(("edge_channels",) if self.uses_edges else ()), *self.options)
 
     def check_options(self, options: Dict[str, Any]) -> None:
-        """Raises if ``options`` holds a keyword the block does not have."""
+        """Raises if ``options`` holds a keyword the block does not have (:class:`ValueError`) or
+        a value its annotation does not allow (:func:`~revgnn.utils.signature.check_types`)."""
         bad = [k for k in options if k not in self.parameters]
         if bad:
             raise ValueError(
@@ -80,47 +83,14 @@ class ConvSpec:
                 f"{', '.join(self.options) or 'no options'} (besides {', '.join(self.parameters[:2])}"
                 f"{', edge_channels' if self.uses_edges else ''}; see {self.block.__name__})"
             )
+        check_types(keyword_parameters(self.block), options)
 
 
-#: name -> :class:`ConvSpec` of every registered conv type.
-CONVS: Dict[str, ConvSpec] = {}
-
-
-def register_conv(name: str, *, factored_edges: bool = False) -> Callable[[type], type]:
-    """Class decorator registering a conv block under ``name``.
-
-    The class's ``__init__`` must take ``channels`` first, then ``norm`` and
-    ``preact`` (which models set), optionally ``edge_channels`` (if it uses
-    edge features) and any options of its own, all with defaults and by name
-    (no ``*args``/``**kwargs``: the options are read from the signature).
-    Its ``forward`` is ``forward(x, edge_index, edge_attr=None,
-    dropout_mask=None)``, as :class:`~revgnn.nn.PreActBlock`'s.
-
-    Args:
-        name (str): The name models and configs use (``conv=name``).
-        factored_edges (bool, optional): The block accepts edge features as a
-            :class:`~revgnn.nn.LinearEdgeFeatures` and benefits from keeping
-            them factored. (default: :obj:`False`)
-    """
-
-    def register(cls: type) -> type:
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"register_conv needs a non-empty name, got {name!r}")
-        if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
-            raise TypeError(f"register_conv({name!r}) decorates a torch.nn.Module class, got {cls!r}")
-        old = CONVS.get(name)
-        if old is not None and old.block.__qualname__ != cls.__qualname__:
-            raise ValueError(
-                f"conv {name!r} is already registered ({old.block.__module__}.{old.block.__qualname__}); "
-                f"register {cls.__name__} under another name"
-            )
-        CONVS[name] = _spec(name, cls, factored_edges)
-        return cls
-
-    return register
-
-
-def _spec(name: str, cls: type, factored_edges: bool) -> ConvSpec:
+def _spec(name: str, cls: type, factored_edges: bool = False) -> ConvSpec:
+    """The registry's entry for ``cls``: its :class:`ConvSpec`, read off ``__init__`` (which must
+    fit :func:`register_conv`'s contract)."""
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise TypeError(f"register_conv({name!r}) decorates a torch.nn.Module class, got {cls!r}")
     where = f"register_conv({name!r}): {cls.__name__}.__init__"
     params = list(inspect.signature(cls.__init__).parameters.values())[1:]  # without self
     kinds = {p.kind for p in params}
@@ -148,25 +118,39 @@ def _spec(name: str, cls: type, factored_edges: bool) -> ConvSpec:
     )
 
 
-def _registered() -> Dict[str, ConvSpec]:
-    import revgnn.nn.blocks  # noqa: F401  (registers the built-in convs)
+#: name -> :class:`ConvSpec` of every registered conv type. The built-in convs are registered by
+#: :mod:`revgnn.nn.blocks`, which the package ``revgnn.nn`` imports before anything can read this.
+CONVS: Registry = Registry("conv", _spec, how_to_add="add your own with register_conv")
 
-    return CONVS
+
+def register_conv(name: str, *, factored_edges: bool = False) -> Callable[[type], type]:
+    """Class decorator registering a conv block under ``name``.
+
+    The class's ``__init__`` must take ``channels`` first, then ``norm`` and
+    ``preact`` (which models set), optionally ``edge_channels`` (if it uses
+    edge features) and any options of its own, all with defaults and by name
+    (no ``*args``/``**kwargs``: the options are read from the signature).
+    Its ``forward`` is ``forward(x, edge_index, edge_attr=None,
+    dropout_mask=None)``, as :class:`~revgnn.nn.PreActBlock`'s.
+
+    Args:
+        name (str): The name models and configs use (``conv=name``).
+        factored_edges (bool, optional): The block accepts edge features as a
+            :class:`~revgnn.nn.LinearEdgeFeatures` and benefits from keeping
+            them factored. (default: :obj:`False`)
+    """
+    return CONVS.register(name, factored_edges=factored_edges)
 
 
 def conv_spec(name: str) -> ConvSpec:
-    """The :class:`ConvSpec` of the conv registered as ``name``."""
-    convs = _registered()
-    if name not in convs:
-        close = difflib.get_close_matches(str(name), list(convs), n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"unknown conv {name!r}; choose one of {', '.join(sorted(convs))}.{hint}")
-    return convs[name]
+    """The :class:`ConvSpec` of the conv registered as ``name``
+    (:class:`~revgnn.utils.registry.UnknownName`, a ``ValueError``, naming the closest if none)."""
+    return CONVS.get(name)
 
 
 def list_convs() -> List[str]:
     """The names of the registered conv types, sorted."""
-    return sorted(_registered())
+    return CONVS.names()
 
 
 def make_block(conv: str, channels: int, **kwargs: Any) -> nn.Module:
@@ -185,7 +169,7 @@ def make_block(conv: str, channels: int, **kwargs: Any) -> nn.Module:
 
 def conv_name(block: nn.Module) -> str:
     """The registered name of ``block``'s class, or ``''`` if it is not a registered conv."""
-    for spec in _registered().values():
+    for spec in CONVS.values():
         if type(block) is spec.block:
             return spec.name
     return ""
