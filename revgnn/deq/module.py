@@ -316,6 +316,10 @@ class DEQ(nn.Module):
             self._z_prev = result.z.detach()
         return result
 
+    # torch.compile: the solve runs eagerly (one graph break). Its number of iterations depends on the
+    # residual, read back every iteration, so dynamo would break the graph at each read (41 breaks on a
+    # 40-node graph) and recompile as the count changes; compiling the map inside gains nothing then.
+    @torch.compiler.disable
     def forward(self, *inputs: Tensor, z0: Optional[Tensor] = None, batch: Optional[Tensor] = None) -> Tensor:
         r"""
         Args:
@@ -328,6 +332,12 @@ class DEQ(nn.Module):
                 that do not couple the graphs. In :obj:`"unroll"` mode, which runs a fixed number of
                 steps without a solver, it changes nothing. (default: :obj:`None`)
         """
+        if torch.compiler.is_exporting():
+            raise RuntimeError(
+                "torch.export cannot capture a DEQ: its solver iterates until a residual test on the "
+                "state's values passes, a loop whose length depends on the data, which an exported graph "
+                "(static, no host reads) cannot hold; run the model eagerly or under torch.compile"
+            )
         device_type = next((t.device.type for t in inputs if isinstance(t, Tensor)), "cpu")
         if torch.is_autocast_enabled(device_type):
             # Solve in float32: bf16/fp16 (eps 8e-3 / 1e-3) cannot reach a useful residual tolerance.

@@ -23,8 +23,7 @@ __all__ = ["as_edge_index", "draw_views", "predict", "predict_views", "Scorer"]
 
 def as_edge_index(edge_index: Tensor, num_nodes: int):
     """Wraps destination-sorted edges as a ``torch_geometric.EdgeIndex`` so PyG takes its segment path,
-    its CSC pointer filled now: a model compiled with ``torch.compile`` must not fill the lazy cache of
-    an input inside its graph (a metadata mutation inductor refuses)."""
+    its CSC pointer filled now, once (a compiled model unpacks it eagerly: ``sort_edges``)."""
     from torch_geometric import EdgeIndex
 
     edge_index = EdgeIndex(edge_index, sparse_size=(num_nodes, num_nodes), sort_order="col")

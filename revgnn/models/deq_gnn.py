@@ -17,7 +17,7 @@ from revgnn.models.registry import Reported, register_model
 from revgnn.models.revgnn import ABLATION_112, LI_2021, PROTEINS
 from revgnn.nn import LinearEdgeFeatures, SharedDropout
 from revgnn.nn.blocks import GENAggr
-from revgnn.nn.gen_max import gen_conv, sort_edges
+from revgnn.nn.gen_max import SortedEdges, gen_conv, pyg_edge_index, sort_edges
 from revgnn.utils.signature import check_arguments, keyword_parameters
 
 __all__ = ["DEQGNNLayer", "DEQGNN", "deq_gnn", "deq_gnn_small"]
@@ -177,7 +177,7 @@ class DEQGNNLayer(nn.Module):
         :meth:`forward`; :class:`~revgnn.deq.DEQ` uses it for the Jacobian penalties (the
         gradient of a vector-Jacobian product). Only for a plain ``edge_index`` tensor: the distributed
         (SAR) aggregation is differentiable once."""
-        if not isinstance(edge_index, Tensor):
+        if not isinstance(edge_index, (Tensor, SortedEdges)):
             raise TypeError(
                 "DEQGNNLayer: the Jacobian and spectral-radius penalties need the map's second derivative, "
                 f"which the {type(edge_index).__name__} aggregation does not provide (only a plain "
@@ -185,7 +185,8 @@ class DEQGNNLayer(nn.Module):
             )
 
         def conv_fn(conv, h, edge_index, e):
-            return conv(h, edge_index, e.materialize() if isinstance(e, LinearEdgeFeatures) else e)
+            e = e.materialize() if isinstance(e, LinearEdgeFeatures) else e
+            return conv(h, pyg_edge_index(edge_index), e)
 
         return self._map(conv_fn, z, x, edge_index, edge_attr, mask)
 

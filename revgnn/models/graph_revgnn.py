@@ -202,7 +202,7 @@ class GraphRevGNN(nn.Module):
             self.edge_encoder(edge_attr) if self.edge_encoder is not None and edge_attr is not None else None
         )
         mask = self.dropout(h)
-        h = self.layers(h, edge_index, edges, mask, batch=batch)
+        h = self.layers(h, edge_index, edges, mask, batch=batch, num_graphs=num_graphs)
         if self.norm is not None:
             h = self.norm(h, batch, num_graphs) if isinstance(self.norm, GraphNorm) else self.norm(h)
         h = h.relu()

@@ -27,7 +27,7 @@ from torch_geometric.typing import Adj, OptTensor
 
 from revgnn.nn.conv_registry import register_conv
 from revgnn.nn.edge_features import LinearEdgeFeatures
-from revgnn.nn.gen_max import gen_conv
+from revgnn.nn.gen_max import gen_conv, pyg_edge_index
 from revgnn.nn.norm_act import layer_norm_relu
 
 NORMS = ("layer", "batch", "graph", None)
@@ -90,15 +90,18 @@ class PreActBlock(nn.Module):
         edge_attr: OptTensor = None,
         dropout_mask: OptTensor = None,
         batch: OptTensor = None,
+        num_graphs: Optional[int] = None,
     ) -> Tensor:
-        """``batch`` (graph index per node) is used by GraphNorm only; in a
-        :class:`~revgnn.nn.GroupAddRev` every group receives it whole."""
+        """``batch`` (graph index per node) and ``num_graphs`` are used by GraphNorm only; in a
+        :class:`~revgnn.nn.GroupAddRev` every group receives them whole. Without ``num_graphs``
+        GraphNorm reads ``batch.max()`` back, a host sync per block that ``torch.export`` cannot
+        trace."""
         h = x
         if self.preact and isinstance(self.norm, nn.LayerNorm):  # one fused pass where it applies
             return self.conv_forward(layer_norm_relu(h, self.norm, dropout_mask), edge_index, edge_attr)
         if self.preact:
             if isinstance(self.norm, GraphNorm):
-                h = self.norm(h, batch)
+                h = self.norm(h, batch, num_graphs)
             elif self.norm is not None:
                 h = self.norm(h)
             h = h.relu()
@@ -219,7 +222,7 @@ class GATBlock(PreActBlock):
             edge_attr = None
         elif isinstance(edge_attr, LinearEdgeFeatures):
             edge_attr = edge_attr.materialize()
-        return self.conv(h, edge_index, edge_attr=edge_attr)
+        return self.conv(h, pyg_edge_index(edge_index), edge_attr=edge_attr)
 
 
 @register_conv("gcn")
@@ -231,7 +234,7 @@ class GCNBlock(PreActBlock):
         self.conv = GCNConv(channels, channels)
 
     def conv_forward(self, h: Tensor, edge_index: Adj, edge_attr: OptTensor) -> Tensor:
-        return self.conv(h, edge_index)
+        return self.conv(h, pyg_edge_index(edge_index))
 
 
 @register_conv("sage")
@@ -249,7 +252,7 @@ class SAGEBlock(PreActBlock):
         self.conv = SAGEConv(channels, channels, aggr=aggr)
 
     def conv_forward(self, h: Tensor, edge_index: Adj, edge_attr: OptTensor) -> Tensor:
-        return self.conv(h, edge_index)
+        return self.conv(h, pyg_edge_index(edge_index))
 
 
 @register_conv("gin")
@@ -262,7 +265,7 @@ class GINBlock(PreActBlock):
         self.conv = GINConv(mlp, train_eps=True)
 
     def conv_forward(self, h: Tensor, edge_index: Adj, edge_attr: OptTensor) -> Tensor:
-        return self.conv(h, edge_index)
+        return self.conv(h, pyg_edge_index(edge_index))
 
 
 class Residual(nn.Module):

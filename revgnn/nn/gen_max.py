@@ -39,7 +39,7 @@ aggregate nodes without incoming edges to 0, as PyG. (torch-scatter's
 
 from __future__ import annotations
 
-from typing import Optional, Tuple, Union
+from typing import NamedTuple, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -79,28 +79,65 @@ def sparse_to_edge_index(adj_t: Tensor, num_nodes: int) -> EdgeIndex:
     return EdgeIndex(edge_index, sparse_size=(num_nodes, num_nodes), sort_order=order)
 
 
+class SortedEdges(NamedTuple):
+    """A destination-sorted graph in plain tensors: what :func:`sort_edges` returns under
+    ``torch.compile``, ``torch.export`` and :mod:`torch.func` transforms in place of a
+    :class:`~torch_geometric.EdgeIndex`, which does not trace there (:func:`pyg_edge_index` says how it
+    fails). Not a tensor subclass, so a compiled graph only ever holds the two tensors."""
+
+    edge_index: Tensor  #: ``[2, E]`` (source, destination), sorted by destination
+    ptr: Tensor  #: ``[N + 1]`` CSC pointer: the edges into node ``i`` are ``ptr[i]:ptr[i + 1]``
+
+
+def tracing() -> bool:
+    """Whether ``torch.compile`` or ``torch.export`` is tracing, or a :mod:`torch.func` transform
+    runs: where a graph travels as :class:`SortedEdges` rather than as an ``EdgeIndex``."""
+    return torch.compiler.is_compiling() or transforms_active()
+
+
 def sort_edges(edge_index, edge_attr: Optional[Tensor], num_nodes: int):
-    """Destination-sorted :class:`torch_geometric.EdgeIndex` (and edge features in that order), its CSC
-    pointer filled.
+    """Destination-sorted edges (and edge features in that order) with their CSC pointer.
 
     Sorting once per forward pass lets every layer aggregate over contiguous
     segments (CSR) instead of sorting or scattering in each of hundreds of
     layers. ``edge_index`` is a ``[2, E]`` tensor or ``EdgeIndex``, or a ``torch.sparse`` CSR/COO
-    ``adj_t`` (:func:`sparse_to_edge_index`). A destination-sorted ``EdgeIndex`` is returned unchanged,
-    and so is a graph that is not a tensor (a ``SparseTensor``, a distributed ``SARGraph``).
+    ``adj_t`` (:func:`sparse_to_edge_index`). Run eagerly it returns a
+    :class:`torch_geometric.EdgeIndex`, its CSC pointer filled; traced (:func:`tracing`) a
+    :class:`SortedEdges`, sorted inside the graph for a plain tensor. A graph sorted already is
+    returned unchanged, and so is one that is not a tensor (a ``SparseTensor``, a distributed
+    ``SARGraph``).
     """
-    if isinstance(edge_index, EdgeIndex) and edge_index.is_sorted_by_col and edge_index._indptr is not None:
+    if isinstance(edge_index, SortedEdges):
         return edge_index, edge_attr
+    if not tracing():
+        if (
+            isinstance(edge_index, EdgeIndex)
+            and edge_index.is_sorted_by_col
+            and edge_index._indptr is not None
+        ):
+            return edge_index, edge_attr
+        if not isinstance(edge_index, Tensor):
+            return edge_index, edge_attr
+        return _sorted(edge_index, edge_attr, num_nodes)
     if not isinstance(edge_index, Tensor):
         return edge_index, edge_attr
-    return _sorted(edge_index, edge_attr, num_nodes)
+    if isinstance(edge_index, EdgeIndex) or edge_index.layout != torch.strided:
+        if torch.compiler.is_compiling() and not torch.compiler.is_exporting():
+            # unpacked eagerly (one graph break): an EdgeIndex must not become a compiled graph's input
+            return _unpacked(edge_index, edge_attr, num_nodes)
+        if isinstance(edge_index, EdgeIndex):
+            edge_index = edge_index.as_tensor()
+        else:
+            edge_index = sparse_to_edge_index(edge_index, num_nodes).as_tensor()
+    # traceable: static shapes, no host sync (a stable sort keeps parallel edges in input order)
+    perm = edge_index[1].argsort(stable=True)
+    edge_index = edge_index.index_select(1, perm)
+    if edge_attr is not None:
+        edge_attr = edge_attr.index_select(0, perm)
+    nodes = torch.arange(num_nodes + 1, device=edge_index.device, dtype=edge_index.dtype)
+    return SortedEdges(edge_index, torch.searchsorted(edge_index[1], nodes)), edge_attr
 
 
-# torch.compile: an EdgeIndex built inside a compiled graph fails in dynamo (its __new__ resumes after a
-# graph break without its data: "'EdgeIndex' object has no attribute '_data'", seen in the full test
-# run), and a lazily filled CSC cache is a metadata mutation of a graph input. So a sort runs eagerly
-# (one graph break, none when the input is a sorted EdgeIndex already) and hands the compiled graph a
-# finished EdgeIndex, its CSC pointer filled.
 @torch.compiler.disable
 def _sorted(edge_index: Tensor, edge_attr: Optional[Tensor], num_nodes: int):
     if edge_index.layout != torch.strided:
@@ -111,8 +148,36 @@ def _sorted(edge_index: Tensor, edge_attr: Optional[Tensor], num_nodes: int):
         edge_index, perm = edge_index.sort_by("col")
         if edge_attr is not None and perm is not None:
             edge_attr = edge_attr.index_select(0, perm)
-    edge_index.get_csc()  # filled here, not lazily inside a compiled graph
+    edge_index.get_csc()  # filled once here, not lazily in every layer
     return edge_index, edge_attr
+
+
+@torch.compiler.disable
+def _unpacked(edge_index: Tensor, edge_attr: Optional[Tensor], num_nodes: int):
+    edge_index, edge_attr = _sorted(edge_index, edge_attr, num_nodes)
+    (ptr, _), _ = edge_index.get_csc()
+    return SortedEdges(edge_index.as_tensor(), ptr), edge_attr
+
+
+def pyg_edge_index(edge_index):
+    """The graph as revgnn hands it to a PyG conv: a :class:`~torch_geometric.EdgeIndex` as it is when
+    run eagerly (PyG then aggregates over its CSC pointer and fuses sparse matrix products), its plain
+    ``[2, E]`` tensor (same edges, same order) under ``torch.compile``, ``torch.export`` and
+    :mod:`torch.func` transforms; for a :class:`SortedEdges`, its ``edge_index``.
+
+    PyG's ``EdgeIndex`` is a tensor subclass whose operations (``edge_index[i]`` in every
+    ``propagate``) do not trace there (torch 2.13, PyG 2.8.1): ``torch.export`` fails ("Unable to cast
+    NotImplemented to Tensor"), ``torch.func.grad`` too ("Cannot access storage of TensorWrapper"), and
+    a compiled graph holding one fails whenever ``torch.__trace`` has a handler (``TORCH_TRACE``, or
+    pytest's log capture): AOTAutograd's trace log prints the graph's metadata, ``EdgeIndex.__repr__``
+    reads the fake tensor's values, the compile fails and dynamo, falling back frame by frame, breaks
+    inside ``Index.__new__`` ("'Index' object has no attribute '_data'"). On the plain tensor PyG takes
+    its scatter path, which all three trace."""
+    if isinstance(edge_index, SortedEdges):
+        return edge_index.edge_index
+    if isinstance(edge_index, EdgeIndex) and tracing():
+        return edge_index.as_tensor()
+    return edge_index
 
 
 def _csc(
@@ -121,6 +186,8 @@ def _csc(
     """(source, destination) per edge in destination order, the CSC pointer ``[N + 1]``, and
     the edge features in that order."""
     edge_index, edge_attr = sort_edges(edge_index, edge_attr, num_nodes)
+    if isinstance(edge_index, SortedEdges):
+        return edge_index.edge_index[0], edge_index.edge_index[1], edge_index.ptr, edge_attr
     (colptr, _), _ = edge_index.get_csc()
     plain = edge_index.as_tensor()
     return plain[0], plain[1], colptr, edge_attr
@@ -194,8 +261,9 @@ def gen_conv(conv, x: Tensor, edge_index, edge_attr: Optional[Tensor] = None) ->
     plain = not any(
         hasattr(conv, name) for name in ("lin_src", "lin_dst", "lin_edge", "lin_aggr_out", "msg_norm")
     )
-    if conv.aggr == "max" and plain and isinstance(edge_index, Tensor) and isinstance(x, Tensor):
+    graph = isinstance(edge_index, (Tensor, SortedEdges))
+    if conv.aggr == "max" and plain and graph and isinstance(x, Tensor):
         return sequential_forward(conv.mlp, gen_max_aggregate(x, edge_index, edge_attr, conv.eps) + x)
     if isinstance(edge_attr, LinearEdgeFeatures) and not getattr(conv, "takes_factored_edges", False):
         edge_attr = edge_attr.materialize()
-    return conv(x, edge_index, edge_attr)
+    return conv(x, pyg_edge_index(edge_index), edge_attr)
