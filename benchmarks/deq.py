@@ -18,8 +18,10 @@
    every arm): per run the epochs whose every training solve reached the tolerance within 30
    evaluations, the max evaluations and residual, the best validation score and the test score at it;
    per arm their mean ± std over the seeds, and the per-seed difference of each arm to the
-   unregularised one.
-5. ``jacobian``: for the last checkpoint of each ``train`` run in ``--out-dir``, what a training solve
+   unregularised one; ``--record FILE`` keeps each run's per-epoch max evaluations as JSON.
+5. ``broyden-memory``: evaluations Broyden needs to 1e-4 and 1e-6 against its memory (5 to 80, and
+   every update kept, the default) on held-out linear (normal and non-normal), graph and DEQ-GNN maps.
+6. ``jacobian``: for the last checkpoint of each ``train`` run in ``--out-dir``, what a training solve
    faces on ``--seeds`` training batches: the model's own solve's evaluations, and at the fixed point
    ||J||_F^2 / d, the spectral radius and how many nodes the dominant eigenvector lives on.
 
@@ -33,6 +35,7 @@ Examples::
     .venv/bin/python -m benchmarks.deq train --nodes 2000 --epochs 300 --max-iter 100 --seeds-list 0 1 \
         --arms none spectral_reg_weight=10,spectral_reg_target=0.5 --pretrain-epochs 5 \
         --spectral-radius-every 0
+    .venv/bin/python -m benchmarks.deq broyden-memory --nodes 2000 --max-iter 300 --threads 1
     .venv/bin/python -m benchmarks.deq jacobian --out-dir RUNS --arms none jac_reg_weight=0.5 \
         --seeds-list 0 1 --seeds 2
 """
@@ -43,6 +46,7 @@ import argparse
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -101,7 +105,7 @@ def bench_solvers(args) -> None:
         ("fixed_point", {"damping": 0.5}),
         ("anderson", {"m": 5}),
         ("anderson", {"m": 10}),
-        ("broyden", {"memory": 20}),
+        ("broyden", {}),
     ]
     print(
         f"graph: {data}\nDEQ-GNN layer width {args.hidden}, eval mode (no dropout), "
@@ -157,11 +161,22 @@ def bench_solvers(args) -> None:
 
 # ---- peer: revgnn vs torchdeq on the same maps ------------------------------------------------------
 
-#: (revgnn solver, options) and (torchdeq solver, options) run side by side.
+#: (row label, revgnn solver, options, torchdeq solver, options) run side by side. The second Anderson
+#: row matches torchdeq to revgnn rather than copying the numbers: torchdeq's ridge is absolute (added
+#: to G G^T, whose entries shrink with the residual, so 1e-4 dominates it near convergence) where
+#: revgnn's is relative, and torchdeq's m counts stored iterates whose weights sum to 1, m - 1 degrees of
+#: freedom, where revgnn's m counts differences.
 PEER_SOLVERS = [
-    ("fixed_point", {}, "fixed_point_iter", {}),
-    ("anderson", {"m": 5, "lam": 1e-4}, "anderson", {"m": 5, "lam": 1e-4}),
-    ("broyden", {"memory": 20}, "broyden", {}),
+    ("fixed_point", "fixed_point", {}, "fixed_point_iter", {}),
+    ("anderson", "anderson", {"m": 5, "lam": 1e-4}, "anderson", {"m": 5, "lam": 1e-4}),
+    (
+        "anderson, torchdeq m=6 lam=1e-10",
+        "anderson",
+        {"m": 5, "lam": 1e-4},
+        "anderson",
+        {"m": 6, "lam": 1e-10},
+    ),
+    ("broyden", "broyden", {}, "broyden", {}),
 ]
 
 
@@ -237,7 +252,7 @@ def peer_evaluations(f, z0, tol: float, max_iter: int):
     from revgnn.deq import get_solver
 
     rows = []
-    for ours, ours_opts, theirs, their_opts in PEER_SOLVERS:
+    for label, ours, ours_opts, theirs, their_opts in PEER_SOLVERS:
         g, calls = _counted(f)
         res = get_solver(ours)(g, z0, tol=tol, max_iter=max_iter, stop_mode="rel", **ours_opts)
         r_ours = _rel_residual(f, res.z)
@@ -248,7 +263,7 @@ def peer_evaluations(f, z0, tol: float, max_iter: int):
                 g, z0.unsqueeze(0), max_iter=max_iter, tol=tol, stop_mode="rel", **their_opts
             )
         r_td = _rel_residual(f, z_td.view_as(z0))
-        rows.append((ours, n_ours, r_ours, calls[0], r_td))
+        rows.append((label, n_ours, r_ours, calls[0], r_td))
     return rows
 
 
@@ -354,7 +369,7 @@ def bench_peer(args) -> None:
         import torchdeq
     except ImportError:
         raise SystemExit(
-            "bench_deq.py peer compares revgnn with torchdeq, which is not installed: it comes with "
+            "benchmarks.deq peer compares revgnn with torchdeq, which is not installed: it comes with "
             'revgnn\'s bench extra, pip install -e ".[bench]" (torchdeq==0.1.0)'
         ) from None
 
@@ -401,6 +416,107 @@ def bench_peer(args) -> None:
     print("\n| library | 10 iterations | 100 iterations |\n|---|---|---|")
     for lib in ("revgnn", "torchdeq"):
         print(f"| {lib} | {saved[(lib, 10)] / 2**20:.2f} MiB | {saved[(lib, 100)] / 2**20:.2f} MiB |")
+
+
+# ---- broyden-memory: evaluations to tolerance against Broyden's memory ------------------------------
+
+#: Memories ``broyden-memory`` compares; None is the solver's default (every update kept).
+BROYDEN_MEMORIES = (5, 10, 20, 40, 80, None)
+
+
+def linear_map(n: int, seed: int, nonnormal: float, rho: float = 0.95):
+    """``z -> J z + b`` on ``[n, 1]``, float64, ``J = Q (diag(lam) + nonnormal / sqrt(n) * U) Q^T`` with
+    ``lam ~ U(-rho, rho)``, ``U`` strictly upper triangular with standard normal entries and ``Q`` a
+    random orthogonal matrix. ``nonnormal=0``: ``J`` symmetric (normal). Otherwise the same eigenvalues
+    (spectral radius ``< rho``, so plain iteration converges in the end) with a non-normal part that
+    grows ``||J||_2`` past 1, the case where a solver's transient matters."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    Q, _ = torch.linalg.qr(torch.randn(n, n, generator=g, dtype=torch.float64))
+    T = torch.diag(rho * (2 * torch.rand(n, generator=g, dtype=torch.float64) - 1))
+    if nonnormal:
+        T = T + nonnormal / n**0.5 * torch.triu(torch.randn(n, n, generator=g, dtype=torch.float64), 1)
+    J = Q @ T @ Q.T
+    b = torch.randn(n, 1, generator=g, dtype=torch.float64)
+    return (lambda z: J @ z + b), torch.zeros(n, 1, dtype=torch.float64)
+
+
+def broyden_memory_maps(nodes: int):
+    """The held-out maps of ``broyden-memory`` (seeds no test uses): label -> (map, z0, kind)."""
+    maps = {}
+    for seed in (11, 12):
+        maps[f"linear, symmetric J, n 500, seed {seed}"] = (*linear_map(500, seed, 0.0), "normal")
+        for a in (1.0, 2.0):
+            maps[f"linear, non-normal part {a:g}, n 500, seed {seed}"] = (
+                *linear_map(500, seed, a),
+                "non-normal",
+            )
+    for seed in (1235, 1236):
+        f, z0, _ = contractive_graph_map(500, kappa=0.99, seed=seed)
+        maps[f"tanh(A z W + b), 500 nodes x 16, kappa 0.99, seed {seed}"] = (f, z0, "non-normal")
+    for seed in (1, 2):
+        f, z0, _ = deq_gnn_map(nodes, seed=seed)
+        maps[f"deq_gnn_small untrained, proteins_like({nodes}), init seed {seed}"] = (f, z0, "non-normal")
+    return maps
+
+
+def evaluations_to(trace, tol: float):
+    """The evaluation at which a solve with tolerance ``tol`` stops: the first whose residual is
+    ``<= tol`` (the iterates do not depend on the tolerance, so one solve to the smallest tolerance
+    gives the count for every larger one), or None."""
+    return next((k for k, r in enumerate(trace, 1) if r <= tol), None)
+
+
+def bench_broyden_memory(args) -> None:
+    """Evaluations Broyden needs to relative residuals 1e-4 and 1e-6 (budget ``--max-iter``) for each
+    memory of :data:`BROYDEN_MEMORIES` on :func:`broyden_memory_maps`, and per memory over all of them:
+    in how many it needs at most 2 evaluations more than the best memory and its worst excess."""
+    import warnings
+
+    import torch
+
+    from revgnn.deq import broyden
+
+    warnings.filterwarnings("ignore", message="Sparse")
+    torch.set_num_threads(args.threads)
+    tols = (1e-4, 1e-6)
+    names = [f"{m}" if m else "default (all kept)" for m in BROYDEN_MEMORIES]
+    table, counts = [], []
+    for label, (f, z0, kind) in broyden_memory_maps(args.nodes).items():
+        traces = [
+            broyden(f, z0, tol=min(tols), max_iter=args.max_iter, memory=m).trace for m in BROYDEN_MEMORIES
+        ]
+        for tol in tols:
+            n = [evaluations_to(t, tol) for t in traces]
+            counts.append(n)
+            table.append([label, kind, f"{tol:g}", *(f"{k}" if k else f">{args.max_iter}" for k in n)])
+            print(f"{label} {tol:g}: {dict(zip(names, n))}", flush=True)
+    print(f"\nBroyden, evaluations to a relative residual, float64, budget {args.max_iter}:\n")
+    print(
+        "\n".join(
+            markdown_table(
+                ["map", "kind", "tol", *(f"memory {m}" for m in names)], table, "lll" + "r" * len(names)
+            )
+        )
+    )
+
+    def excess(n, k):  # evaluations over the best memory of that row; a miss counts as the budget + 1
+        best = min(x or args.max_iter + 1 for x in n)
+        return (k or args.max_iter + 1) - best
+
+    summary = [
+        [
+            name,
+            f"{sum(excess(n, n[i]) <= 2 for n in counts)} / {len(counts)}",
+            f"{sum(n[i] is None for n in counts)}",
+            f"{max(excess(n, n[i]) for n in counts)}",
+        ]
+        for i, name in enumerate(names)
+    ]
+    print(f"\nPer memory over the {len(counts)} rows (a solve not reached counts as {args.max_iter + 1}):\n")
+    header = ["memory", "rows within 2 of the best", "rows not reached", "most evaluations over the best"]
+    print("\n".join(markdown_table(header, summary, "lrrr")))
 
 
 # ---- train: DEQ-GNN on proteins_like with and without Jacobian regularisation -----------------------
@@ -541,10 +657,108 @@ def epoch_report(rows, pretrain_epochs: int) -> dict:
         "ok": sum(ok),
         "failed": [(int(r["epoch"]), int(s)) for r, s, o in zip(rows, steps, ok) if not o],
         "unconverged": sum(float(r["deq_forward_converged"]) < 1.0 for r, p in zip(rows, pre) if not p),
+        "unconverged_epochs": [
+            int(r["epoch"]) for r, p in zip(rows, pre) if not p and float(r["deq_forward_converged"]) < 1.0
+        ],
         "max_steps": max(steps),
         "max_residual": max(residuals) if residuals else float("nan"),
         "spectral_last": rows[-1].get("deq_spectral_radius_mean", ""),
     }
+
+
+def write_record(args, results) -> None:
+    """``--record``: per arm and seed the max forward evaluations of each epoch's training solves and
+    the solving epochs whose solve did not converge, as JSON with the command that made them (the
+    published figures are checked against this file by ``tests/test_deq_figures.py``)."""
+    runs = {}
+    for (label, seed), (_, _, rep) in results.items():
+        runs.setdefault(label, {})[str(seed)] = {
+            "max_evaluations": [int(s) for s in rep["steps"]],
+            "unconverged_epochs": rep["unconverged_epochs"],
+        }
+    record = {
+        "command": " ".join(["benchmarks/deq.py", *sys.argv[1:]]),
+        "epochs": args.epochs,
+        "tol": args.tol,
+        "max_iter": args.max_iter,
+        "pretrain_epochs": args.pretrain_epochs,
+        "threads": args.threads,
+        "runs": runs,
+    }
+    text = json.dumps(record, indent=1)
+    # one line per list of numbers, so that a run is one line of the file and of its diffs
+    text = re.sub(r"\[[\d\s,]*\]", lambda m: json.dumps(json.loads(m.group(0))), text)
+    with open(args.record, "w") as fh:
+        fh.write(text + "\n")
+    print(f"record written to {args.record}:\n")
+    print("\n".join(record_table(record)))
+    print(f"\n{record_statement(record)}")
+
+
+#: The bound published for seeds 0-9 (docs/bench/deq.md); ``record_table`` counts the epochs above it.
+PUBLISHED_BOUND = 16
+
+
+def record_table(record) -> list:
+    """A ``--record`` file as a markdown table, one row per run: the most evaluations any training solve
+    took and its first epoch (the unrolled pretraining epochs count as their applications), the
+    solving epochs above :data:`PUBLISHED_BOUND` and above :data:`EVAL_BUDGET` evaluations, and
+    those whose solve did not reach the tolerance."""
+    rows = []
+    for label, seeds in record["runs"].items():
+        for seed, run in seeds.items():
+            steps = run["max_evaluations"]
+            deq = steps[record["pretrain_epochs"] :]
+            worst = max(steps)
+            rows.append(
+                [
+                    label,
+                    seed,
+                    len(steps),
+                    f"{worst} ({steps.index(worst) + 1})",
+                    sum(s > PUBLISHED_BOUND for s in deq),
+                    sum(s > EVAL_BUDGET for s in deq),
+                    len(run["unconverged_epochs"]),
+                ]
+            )
+    header = [
+        "arm",
+        "seed",
+        "epochs",
+        "max evaluations (epoch)",
+        f"epochs over {PUBLISHED_BOUND}",
+        f"epochs over {EVAL_BUDGET}",
+        "epochs unconverged",
+    ]
+    return markdown_table(header, rows, "llrrrrr")
+
+
+def _tol_text(x: float) -> str:
+    """``1e-4`` rather than ``0.0001`` (as the pages write tolerances), where that is exact."""
+    mantissa, exponent = f"{x:.0e}".split("e")
+    return f"{mantissa}e{int(exponent)}" if float(f"{mantissa}e{exponent}") == x else f"{x:g}"
+
+
+def record_statement(record) -> str:
+    """The sentence the docs publish for a ``--record`` file (tests/test_deq_figures.py looks for it)."""
+    runs = [run for seeds in record["runs"].values() for run in seeds.values()]
+    seeds = sorted(int(s) for arm in record["runs"].values() for s in arm)
+    worst = max(max(run["max_evaluations"]) for run in runs)
+    missed = sum(len(run["unconverged_epochs"]) for run in runs)
+    seeds_text = (
+        f"{seeds[0]}-{seeds[-1]}"
+        if seeds == list(range(seeds[0], seeds[-1] + 1))
+        else ", ".join(map(str, seeds))
+    )
+    if missed:
+        return (
+            f"in {missed} epochs of {len(runs) * record['epochs']} a training solve missed "
+            f"{_tol_text(record['tol'])} (budget {record['max_iter']}); held-out seeds {seeds_text}"
+        )
+    return (
+        f"every training solve met {_tol_text(record['tol'])} within {worst} evaluations in all "
+        f"{record['epochs']} epochs of held-out seeds {seeds_text}"
+    )
 
 
 def bench_train(args) -> None:
@@ -572,6 +786,8 @@ def bench_train(args) -> None:
                 f"{[int(s) for s in results[(arm.label, seed)][2]['steps']]}",
                 flush=True,
             )
+    if args.record:
+        write_record(args, results)
     own = {o for arm in arms for o in arm.overrides(args.jac_every)}
     shown = [o for o in overrides if o not in own and not o.startswith(("seed=", "name="))]
     print(
@@ -926,7 +1142,9 @@ def bench_step(args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("part", choices=["solvers", "step", "one", "peer", "train", "jacobian"])
+    parser.add_argument(
+        "part", choices=["solvers", "step", "one", "peer", "broyden-memory", "train", "jacobian"]
+    )
     parser.add_argument("--nodes", type=int, default=4000)
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
@@ -971,6 +1189,10 @@ def main() -> None:
         "--out-dir", help="train: keep each run's output under this folder (default: a temp dir)"
     )
     parser.add_argument(
+        "--record",
+        help="train: write each run's per-epoch max evaluations to this JSON file (with the command)",
+    )
+    parser.add_argument(
         "--reuse",
         action="store_true",
         help="train: take a run --out-dir already holds, completed with the same configuration, instead "
@@ -986,6 +1208,7 @@ def main() -> None:
         "step": bench_step,
         "one": bench_one,
         "peer": bench_peer,
+        "broyden-memory": bench_broyden_memory,
         "train": bench_train,
         "jacobian": bench_jacobian,
     }[args.part](args)

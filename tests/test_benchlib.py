@@ -113,7 +113,7 @@ def test_bench_memory_measures_drift_at_the_depths_it_is_given():
 
 
 def test_bench_deq_peer_without_torchdeq_names_the_bench_extra(tmp_path):
-    """``bench_deq.py peer`` without torchdeq: one line saying it comes with the bench extra and how to
+    """``benchmarks.deq peer`` without torchdeq: one line saying it comes with the bench extra and how to
     install it, not a ModuleNotFoundError traceback."""
     import os
 

@@ -26,8 +26,22 @@ def _absolute(node: ast.ImportFrom, package: str) -> str:
     return ".".join(up + ([node.module] if node.module else []))
 
 
+def _imports(mods):
+    """``(module, imported names)`` for every import statement of every module, top level or inside
+    functions: ``import a.b`` names ``a.b``; ``from m import x`` names ``m.x`` where that is a module
+    (a submodule of the package ``m``), else ``m``; relative imports made absolute."""
+    for mod, path in mods.items():
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                yield mod, [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = _absolute(node, package)
+                yield mod, [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
+
+
 def _import_graph():
-    """Module -> the revgnn modules it imports anywhere (top level or inside functions)."""
+    """Module -> the revgnn modules it imports anywhere."""
     mods = _modules()
 
     def owner(name):  # the module an imported name lives in
@@ -36,21 +50,8 @@ def _import_graph():
         return name
 
     graph = {m: set() for m in mods}
-    for mod, path in mods.items():
-        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = _absolute(node, package)
-                # ``from pkg import submodule`` imports the submodule; ``from mod import name`` the module
-                names = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
-            else:
-                continue
-            for name in names:
-                target = owner(name) if name.startswith("revgnn") else None
-                if target and target != mod:
-                    graph[mod].add(target)
+    for mod, names in _imports(mods):
+        graph[mod] |= {owner(n) for n in names if n.startswith("revgnn")} - {mod, ""}
     return graph
 
 
@@ -86,18 +87,15 @@ def _cycles(graph):
 
 
 def test_every_import_of_revgnn_names_a_module_that_exists():
-    """A moved module leaves no import of its old name behind (absolute or relative)."""
-    mods, missing = _modules(), []
-    for mod, path in mods.items():
-        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                named = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                named = [_absolute(node, package)]
-            else:
-                continue
-            missing += [f"{mod} imports {n}" for n in named if n.startswith("revgnn") and n not in mods]
+    """A moved module leaves no import of its old name behind (absolute or relative): every module an
+    import statement names exists."""
+    mods = _modules()
+    missing = [
+        f"{mod} imports {n}"
+        for mod, names in _imports(mods)
+        for n in names
+        if n.startswith("revgnn") and n not in mods
+    ]
     assert missing == []
 
 
