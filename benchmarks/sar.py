@@ -269,7 +269,7 @@ def _sar_worker(rank, world_size, mode, part_dir, cfg):
 
     graph = SARGraph(load_partition(part_dir, rank, world_size), timeout_s=600)
     backend = DDPBackend(None)  # all_reduce / reduce_gradients over the group
-    task = SARTask(graph, load_meta(part_dir), backend.all_reduce, backend.gather, "cpu")
+    task = SARTask(graph, load_meta(part_dir), backend, "cpu")
     model = _model(task.shapes, cfg)
     if mode == "sar":
         convert_to_sar(model)  # RevGNN.forward takes the SARGraph as it is
@@ -300,10 +300,12 @@ def _ddp_worker(rank, world_size, data_path, cfg):
     tc = OmegaConf.create(
         dict(train_parts=cfg["ddp_parts"], parts_per_step=world_size, eval_views=1, eval_parts=1)
     )
-    task = NodeTask(_load_dataset(data_path), tc, rank, world_size)
+    backend = DDPBackend(None)  # all_reduce / reduce_gradients over the group
+    backend.rank, backend.world_size = rank, world_size
+    task = NodeTask(_load_dataset(data_path), tc, backend)
     model = _model(task.shapes, cfg)
     broadcast_parameters(model)
-    base, peak, epoch_s = _epochs(model, task, DDPBackend(None), cfg, dist.barrier)
+    base, peak, epoch_s = _epochs(model, task, backend, cfg, dist.barrier)
     return _worker_row(rank, base, peak, epoch_s, parts_per_s=cfg["ddp_parts"] / epoch_s)
 
 

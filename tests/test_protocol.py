@@ -124,6 +124,52 @@ def _node_task(partition="balanced", shuffle=False, parts=4, **extra):
     return NodeTask(ds, tc), ds
 
 
+def test_tasks_follow_one_protocol_with_their_workers_given_at_construction():
+    """Every task has the Task protocol's members and evaluates without collectives passed per call:
+    a NodeTask sums its evaluation logits over the workers it was built with (here two made-up
+    workers whose sum doubles the logits: the scores are those of the doubled logits)."""
+    import inspect
+
+    from revgnn.engine.sar_backend import SARTask
+    from revgnn.engine.tasks import GraphTask, NodeTask, OneWorker, Task
+
+    members = [m for m in vars(Task) if not m.startswith("_")]
+    assert {"train_steps", "loss", "fix_eval_views", "evaluate", "final_test"} <= set(members)
+    for cls in (NodeTask, GraphTask, SARTask):
+        assert all(
+            hasattr(cls, m) for m in ("train_steps", "loss", "fix_eval_views", "evaluate", "final_test")
+        )
+        for method in (cls.evaluate, cls.final_test):
+            assert list(inspect.signature(method).parameters) == [
+                "self",
+                "model",
+                "generator",
+                "device",
+                "autocast",
+            ]
+
+    class TwoWorkers(OneWorker):
+        calls = []
+
+        def all_reduce(self, t, what="all_reduce"):
+            self.calls.append(what)
+            return t * 2
+
+    task, ds = _node_task()
+    two = NodeTask(ds, task.tc, TwoWorkers())
+    torch.manual_seed(0)
+    model = torch.nn.Linear(ds.x.size(1), ds.num_classes)
+
+    class Net(torch.nn.Module):
+        def forward(self, x, edge_index, edge_attr=None):
+            return model(x)
+
+    net = Net()
+    logits = task._predict(net, 2, 3, torch.Generator().manual_seed(1), "cpu", None)
+    assert two.evaluate(net, torch.Generator().manual_seed(1), "cpu") == task.scorer(2 * logits)
+    assert TwoWorkers.calls == ["all_reduce of the evaluation's logits"]
+
+
 def test_shuffled_part_order_visits_every_part_once_in_the_drawn_order():
     from revgnn.data.random_parts import partition_graph
 

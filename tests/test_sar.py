@@ -250,7 +250,7 @@ def _check_train_step(graph):
     nid = graph.node_ids
     graph.node_data = {"x": x[nid], "y": y[nid], "train_mask": train[nid]}
     meta = {"dataset": {"name": "test", "task": "multilabel", "evaluator": "ogbn-proteins", "num_classes": 3}}
-    task = SARTask(graph, meta, backend.all_reduce, backend.gather, "cpu")
+    task = SARTask(graph, meta, backend, "cpu")
     task.edge_attr = ea[graph.edge_ids]
     errs = []
     for flat in (False, True):

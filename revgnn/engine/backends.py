@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Sequence, Union
 import torch
 from torch import Tensor
 
+from revgnn.engine.tasks import OneWorker
 from revgnn.utils.registry import Registry
 
 __all__ = [
@@ -40,11 +41,12 @@ __all__ = [
 ]
 
 
-class Backend:
-    """Base class; see the module docstring for the contract."""
+class Backend(OneWorker):
+    """Base class; see the module docstring for the contract. A backend is its task's
+    :class:`~revgnn.engine.tasks.Workers`: one worker here, its process group's in
+    :class:`DistributedBackend`."""
 
     name = "?"  # set by register_backend
-    rank, world_size = 0, 1
 
     def __init__(self, cfg):
         self.cfg = cfg
@@ -73,19 +75,10 @@ class Backend:
         from revgnn.engine.tasks import make_task
 
         ds = instantiate(self.cfg.data)
-        return make_task(ds, self.cfg.trainer, self.rank, self.world_size)
+        return make_task(ds, self.cfg.trainer, self)
 
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
         return model
-
-    def all_reduce(self, t: Tensor, what: str = "all_reduce") -> Tensor:
-        """Sum over workers (in place where possible); returns the sum. ``what`` names the operation
-        in a failure's error."""
-        return t
-
-    def gather(self, obj: Any, what: str = "all_gather") -> List[Any]:
-        """``obj`` of every worker, by rank (``what`` as for :meth:`all_reduce`)."""
-        return [obj]
 
     def reduce_gradients(self, grads: Union[Tensor, Sequence[torch.nn.Parameter]]) -> None:
         """Sums the gradients over workers: the flat gradient buffer, or the parameters' ``.grad``."""

@@ -329,7 +329,7 @@ def _evaluate(run: Run, state: RunState, epoch: int, row: Dict[str, Any], epoch_
     improved on the best (which it then becomes)."""
     cfg = run.cfg
     generator = torch.Generator().manual_seed(seed_stream(cfg.seed, epoch, Stream.EVALUATION))
-    scores = run.task.evaluate(run.model, generator, run.backend.device, run.autocast, run.backend.all_reduce)
+    scores = run.task.evaluate(run.model, generator, run.backend.device, run.autocast)
     model_epoch_stats(run.model, run.backend, gather=False)  # the evaluation's solves are not training's
     row.update(scores, evaluation="selection")
     improved = scores["valid"] > state.best["valid"]
@@ -566,7 +566,7 @@ def checkpoint_test(run: Run, best_epoch: int) -> Optional[Dict[str, Any]]:
     if hasattr(model, "set_epoch"):
         model.set_epoch(best_epoch - 1)
     generator = torch.Generator().manual_seed(seed_stream(run.cfg.seed, 0, Stream.CHECKPOINT_TEST))
-    scores = run.task.final_test(model, generator, run.backend.device, run.autocast, run.backend.all_reduce)
+    scores = run.task.final_test(model, generator, run.backend.device, run.autocast)
     model_epoch_stats(model, run.backend, gather=False)  # the test's solves are not training's
     result = {"epoch": best_epoch, "views": tc.test_views, "parts": tc.test_parts, **scores}
     log.info(

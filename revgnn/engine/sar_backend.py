@@ -44,14 +44,14 @@ class SARTask:
         graph (SARGraph): The worker's part and communication plan (on ``device``).
         meta (dict): The partition's ``meta.json`` (its ``dataset`` entry names the task, the
             evaluator, the class count and the species channels).
-        reduce: Sum over workers (:meth:`Backend.all_reduce`).
-        gather: All-gather of objects (:meth:`Backend.gather`).
+        workers (Workers): This worker and its peers (:class:`~revgnn.engine.tasks.Workers`; the
+            SAR backend): the step's entry count is summed over them, predictions gathered from them.
         device: Where the model lives.
     """
 
     level = "node"
 
-    def __init__(self, graph, meta: Dict[str, Any], reduce, gather, device):
+    def __init__(self, graph, meta: Dict[str, Any], workers, device):
         from revgnn.engine.inference import Scorer
 
         info = meta.get("dataset", {})
@@ -59,7 +59,7 @@ class SARTask:
         for key in ("x", "y", "train_mask"):
             if key not in nd:
                 raise ValueError(f"the partition has no node tensor {key!r}; partition with revgnn-partition")
-        self.graph, self.gather, self.device = graph, gather, device
+        self.graph, self.workers, self.device = graph, workers, device
         self.name = info.get("name", "?")
         self.task = info.get("task", "multilabel")
         if not info.get("evaluator"):
@@ -73,7 +73,8 @@ class SARTask:
         self.edge_attr = None if graph.edge_attr is None else graph.edge_attr.to(device)
         train = self.masks["train"]
         self.count = int(labelled_entries(self.y[train]).sum())
-        self.total = int(reduce(torch.tensor([float(self.count)], dtype=torch.float64)).item())
+        entries = torch.tensor([float(self.count)], dtype=torch.float64)
+        self.total = int(workers.all_reduce(entries, "all_reduce of the labelled entries").item())
         self.shapes = dict(
             in_channels=self.x.size(1),
             out_channels=info.get("num_classes", self.y.size(1)),
@@ -111,7 +112,7 @@ class SARTask:
         return task_loss(logits[batch.select], batch.y, self.task, "sum") / total
 
     @torch.no_grad()
-    def evaluate(self, model: nn.Module, generator, device, autocast=None, reduce=None) -> Dict[str, float]:
+    def evaluate(self, model: nn.Module, generator, device, autocast=None) -> Dict[str, float]:
         was_training = model.training
         model.eval()
         with _autocast(autocast):
@@ -124,7 +125,7 @@ class SARTask:
         }
         from revgnn.engine.divergence import check_predictions
 
-        gathered = self.gather(pieces)
+        gathered = self.workers.gather(pieces, "all_gather of the evaluation's predictions")
         pred = {s: torch.cat([g[s][0] for g in gathered]) for s in pieces}
         check_predictions(pred)  # all of every split, the same on every worker
         return {s: self.scorer.score(torch.cat([g[s][1] for g in gathered]), pred[s]) for s in pieces}
@@ -132,9 +133,9 @@ class SARTask:
     def fix_eval_views(self, generator) -> None:
         """The full graph is scored deterministically: there is no random view to fix."""
 
-    def final_test(self, model: nn.Module, generator, device, autocast=None, reduce=None) -> Dict[str, float]:
+    def final_test(self, model: nn.Module, generator, device, autocast=None) -> Dict[str, float]:
         """The final test of a checkpoint: :meth:`evaluate` on the full graph (every worker takes part)."""
-        return self.evaluate(model, generator, device, autocast, reduce)
+        return self.evaluate(model, generator, device, autocast)
 
 
 @register_backend("sar")
@@ -175,7 +176,7 @@ class SARBackend(DistributedBackend):
         meta = load_meta(root)
         self._check_data(meta.get("dataset", {}))
         self.fingerprint = part["fingerprint"]
-        task = SARTask(graph, meta, self.all_reduce, self.gather, self.device)
+        task = SARTask(graph, meta, self, self.device)
         task.check_trainer(self.cfg.trainer)
         return task
 

@@ -19,6 +19,10 @@ the step's loss and scores a model on every split with OGB's evaluator, so that
   as ``model(x, edge_index, edge_attr, batch, num_graphs)`` and returns one row per graph.
 * :class:`SARTask` (:mod:`revgnn.engine.sar_backend`): one full-graph step per epoch on every SAR worker.
 
+Every task follows the :class:`Task` protocol; the collectives it needs (its :class:`Workers`: rank,
+world size, all-reduce, all-gather; a backend is one) are given once, at construction, and
+:data:`ONE_WORKER` serves a single process.
+
 The loss of a step :math:`s` over its batches :math:`b` (on every worker) is the mean over all of its
 labelled entries,
 
@@ -34,13 +38,26 @@ have missing labels), ``multiclass`` data cross entropy.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Dict, Iterator, NamedTuple, Optional, Tuple
+from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Protocol, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["Batch", "Step", "NodeTask", "GraphTask", "make_task", "task_loss", "labelled_entries", "shapes"]
+__all__ = [
+    "Batch",
+    "Step",
+    "Task",
+    "Workers",
+    "OneWorker",
+    "ONE_WORKER",
+    "NodeTask",
+    "GraphTask",
+    "make_task",
+    "task_loss",
+    "labelled_entries",
+    "shapes",
+]
 
 
 class Batch(NamedTuple):
@@ -60,6 +77,58 @@ class Step(NamedTuple):
     index: int
     batches: Iterator[Batch]
     total: int
+
+
+class Workers(Protocol):
+    """The workers a task runs on and their collectives (:class:`~revgnn.engine.backends.Backend` is
+    one; ``what`` names an operation in a failure's error)."""
+
+    rank: int
+    world_size: int
+
+    def all_reduce(self, t: Tensor, what: str = "all_reduce") -> Tensor: ...
+
+    def gather(self, obj: Any, what: str = "all_gather") -> List[Any]: ...
+
+
+class OneWorker:
+    """:class:`Workers` of a single process: sums and gathers over itself."""
+
+    rank, world_size = 0, 1
+
+    def all_reduce(self, t: Tensor, what: str = "all_reduce") -> Tensor:
+        """Sum over workers (in place where possible); returns the sum. ``what`` names the operation
+        in a failure's error."""
+        return t
+
+    def gather(self, obj: Any, what: str = "all_gather") -> List[Any]:
+        """``obj`` of every worker, by rank (``what`` as for :meth:`all_reduce`)."""
+        return [obj]
+
+
+#: The workers of a one-process run (``revgnn-evaluate``, a local backend, tests).
+ONE_WORKER = OneWorker()
+
+
+class Task(Protocol):
+    """What the loop needs of a data set (see the module docstring): its shapes, its steps, their
+    loss, and its scores. ``train_steps`` and ``loss`` are all a training step uses
+    (:func:`revgnn.engine.loop.train_step`); the loop evaluates with the rest."""
+
+    level: str  #: ``"node"`` or ``"graph"``
+    name: str
+    metric: str  #: the OGB evaluator's metric
+    shapes: Dict[str, Any]  #: the model's data-dependent arguments (:func:`shapes`)
+
+    def train_steps(self, generator: torch.Generator, device, start: int = 0) -> Iterator["Step"]: ...
+
+    def loss(self, logits: Tensor, batch: "Batch", total: int) -> Tensor: ...
+
+    def fix_eval_views(self, generator: torch.Generator) -> None: ...
+
+    def evaluate(self, model: nn.Module, generator, device, autocast=None) -> Dict[str, float]: ...
+
+    def final_test(self, model: nn.Module, generator, device, autocast=None) -> Dict[str, float]: ...
 
 
 def task_loss(logits: Tensor, y: Tensor, task: str, reduction: str = "mean") -> Tensor:
@@ -111,17 +180,18 @@ class NodeTask:
         ds (NodeDataset): The graph.
         trainer_cfg: ``trainer`` config (``train_parts``, ``parts_per_step``, ``partition``,
             ``shuffle_parts``, ``eval_views``, ``eval_parts``, ``test_views``, ``test_parts``).
-        rank (int): This worker's rank under ``backend=ddp`` (default: :obj:`0`).
-        world_size (int): Workers sharing each step (default: :obj:`1`).
+        workers (Workers): The workers sharing each step under ``backend=ddp``, which deal out its
+            parts and the evaluation's forwards (default: :data:`ONE_WORKER`).
     """
 
     level = "node"
 
-    def __init__(self, ds, trainer_cfg, rank: int = 0, world_size: int = 1):
+    def __init__(self, ds, trainer_cfg, workers: Workers = ONE_WORKER):
         from revgnn.engine.inference import Scorer
 
-        self.ds, self.tc = ds, trainer_cfg
-        self.rank, self.world_size = rank, world_size
+        self.ds, self.tc, self.workers = ds, trainer_cfg, workers
+        self.rank, self.world_size = workers.rank, workers.world_size
+        world_size = self.world_size
         self.scorer = Scorer.for_dataset(ds)
         self.metric = self.scorer.metric
         self.train_mask = torch.zeros(ds.num_nodes, dtype=torch.bool)
@@ -199,11 +269,11 @@ class NodeTask:
         )
 
     def evaluate(
-        self, model: nn.Module, generator: torch.Generator, device, autocast=None, reduce=None
+        self, model: nn.Module, generator: torch.Generator, device, autocast=None
     ) -> Dict[str, float]:
         """Multi-view scores, on the fixed views if :meth:`fix_eval_views` drew them, else on fresh
-        ones from ``generator``; with ``reduce`` (a sum over workers) each worker runs its share of
-        the forwards and the summed logits are scored everywhere."""
+        ones from ``generator``; each worker runs its share of the forwards and the logits summed
+        over the workers are scored everywhere."""
         from revgnn.engine.inference import predict_views
 
         if self.eval_views is not None:
@@ -211,16 +281,16 @@ class NodeTask:
             logits = predict_views(model, self.ds, self.eval_views, device, autocast, shard)
         else:
             logits = self._predict(model, self.tc.eval_views, self.tc.eval_parts, generator, device, autocast)
-        return self._score(logits, reduce)
+        return self._score(logits)
 
     def final_test(
-        self, model: nn.Module, generator: torch.Generator, device, autocast=None, reduce=None
+        self, model: nn.Module, generator: torch.Generator, device, autocast=None
     ) -> Dict[str, float]:
         """Scores ``model`` on ``trainer.test_views`` fresh views of ``trainer.test_parts`` parts from
         ``generator``, logits averaged (the official ``test.py``); forwards dealt out as in
         :meth:`evaluate`."""
         logits = self._predict(model, self.tc.test_views, self.tc.test_parts, generator, device, autocast)
-        return self._score(logits, reduce)
+        return self._score(logits)
 
     def _predict(self, model, views: int, parts: int, generator, device, autocast) -> Tensor:
         """This worker's share of the logits summed over ``views`` fresh views of ``parts`` parts."""
@@ -229,9 +299,9 @@ class NodeTask:
         shard = (self.rank, self.world_size)
         return predict(model, self.ds, views, parts, generator, device, autocast, shard, self.partition)
 
-    def _score(self, logits: Tensor, reduce) -> Dict[str, float]:
-        """Scores the logits, summed over the workers first with ``reduce``."""
-        return self.scorer(reduce(logits) if reduce is not None else logits)
+    def _score(self, logits: Tensor) -> Dict[str, float]:
+        """Scores the logits, summed over the workers first."""
+        return self.scorer(self.workers.all_reduce(logits, "all_reduce of the evaluation's logits"))
 
 
 class GraphTask:
@@ -299,7 +369,7 @@ class GraphTask:
         return torch.cat(out, dim=0) if out else torch.zeros(0, self.ds.num_classes)
 
     def evaluate(
-        self, model: nn.Module, generator: Optional[torch.Generator], device, autocast=None, reduce=None
+        self, model: nn.Module, generator: Optional[torch.Generator], device, autocast=None
     ) -> Dict[str, float]:
         from revgnn.engine.divergence import check_predictions
 
@@ -316,21 +386,21 @@ class GraphTask:
         """Whole graphs are scored deterministically: there is no random view to fix."""
 
     def final_test(
-        self, model: nn.Module, generator: Optional[torch.Generator], device, autocast=None, reduce=None
+        self, model: nn.Module, generator: Optional[torch.Generator], device, autocast=None
     ) -> Dict[str, float]:
         """The final test of a checkpoint: :meth:`evaluate` (whole graphs, deterministic)."""
-        return self.evaluate(model, generator, device, autocast, reduce)
+        return self.evaluate(model, generator, device, autocast)
 
 
-def make_task(ds, trainer_cfg, rank: int = 0, world_size: int = 1):
+def make_task(ds, trainer_cfg, workers: Workers = ONE_WORKER) -> Task:
     """:class:`NodeTask` for a ``NodeDataset``, :class:`GraphTask` for a ``GraphDataset``."""
     from revgnn.data.graph_dataset import GraphDataset
     from revgnn.data.node_dataset import NodeDataset
 
     if isinstance(ds, NodeDataset):
-        return NodeTask(ds, trainer_cfg, rank, world_size)
+        return NodeTask(ds, trainer_cfg, workers)
     if isinstance(ds, GraphDataset):
-        if world_size > 1:
+        if workers.world_size > 1:
             raise ValueError(
                 f"backend=ddp deals out the parts of a node-level graph; {ds.name} is graph-level: "
                 f"train it with backend=local"
