@@ -482,7 +482,7 @@ def _job_dir(num: Any, overrides: Any) -> str:
 
 
 def refuse(error: ConfigError) -> None:
-    """Ends ``revgnn-train`` with the message alone (logging is not set up yet; :func:`revgnn.train.main`
+    """Ends ``revgnn-train`` with the message alone (logging is not set up yet; :func:`revgnn.cli.train.main`
     logs it the same way later) and status 2."""
     import sys
 
