@@ -322,7 +322,10 @@ def test_train_step_adds_each_batch_share_of_the_auxiliary_loss():
 
     model = Model()
     task = SimpleNamespace(loss=lambda logits, batch, total: logits.sum() / total)
-    backend = SimpleNamespace(all_reduce=lambda t: t, reduce_gradients=None)
+    from revgnn.engine.tasks import OneWorker
+
+    backend = OneWorker()  # one worker's collectives; no gradient reduction
+    backend.reduce_gradients = None
     xs = [
         torch.tensor([[1.0, 2.0]], dtype=torch.float64),
         torch.tensor([[3.0, 1.0], [1.0, 1.0]], dtype=torch.float64),
