@@ -136,7 +136,7 @@ def test_a_user_module_in_imports_registers_a_backend(tmp_path, monkeypatch):
 USER_MODULE = '''
 from revgnn.deq import fixed_point, register_solver
 from revgnn.models import RevGNN, register_model
-from revgnn.models.revgnn import PROTEINS
+from revgnn.models.paper import PROTEINS
 from revgnn.nn import PreActBlock, register_conv
 from torch_geometric.nn import GraphConv
 

@@ -13,8 +13,8 @@ from torch_geometric.typing import Adj, OptTensor
 
 from revgnn.deq import DEQ
 from revgnn.models.components import Head, NodeEncoder
+from revgnn.models.paper import ABLATION_112, LI_2021, PROTEINS
 from revgnn.models.registry import Reported, register_model
-from revgnn.models.revgnn import ABLATION_112, LI_2021, PROTEINS
 from revgnn.nn import LinearEdgeFeatures, SharedDropout
 from revgnn.nn.blocks import GENAggr
 from revgnn.nn.gen_max import SortedEdges, gen_conv, pyg_edge_index, sort_edges

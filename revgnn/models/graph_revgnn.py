@@ -18,8 +18,8 @@ from torch_geometric.nn.aggr import AttentionalAggregation
 from torch_geometric.typing import Adj, OptTensor
 
 from revgnn.models.components import reversible_layers, reversible_repr
+from revgnn.models.paper import LI_2021, MOLHIV
 from revgnn.models.registry import Reported, register_model
-from revgnn.models.revgnn import LI_2021
 from revgnn.nn import GENBlock, Shared, SharedDropout
 from revgnn.nn.blocks import GENAggr, Norm, make_norm
 from revgnn.nn.gen_max import sort_edges
@@ -28,9 +28,6 @@ __all__ = ["GraphRevGNN", "READOUTS", "ENCODERS"]
 
 READOUTS = ("mean", "sum", "max", "attention")
 ENCODERS = ("ogb", "linear")
-
-#: ogbg-molhiv shapes: 9 categorical atom features, 3 categorical bond features, 1 binary task.
-MOLHIV = dict(in_channels=9, edge_channels=3, out_channels=1)
 
 #: DeeperGCN's ogbg-molhiv recipe with reversible blocks (the norm inside them aside).
 _MOLHIV_RECIPE = dict(

@@ -8,8 +8,8 @@ from torch import Tensor, nn
 from torch_geometric.typing import Adj, OptTensor
 
 from revgnn.models.components import Head, NodeEncoder
+from revgnn.models.paper import PROTEINS
 from revgnn.models.registry import register_model
-from revgnn.models.revgnn import PROTEINS
 
 
 class MLP(nn.Module):

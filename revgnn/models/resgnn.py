@@ -8,8 +8,8 @@ from torch import Tensor, nn
 from torch_geometric.typing import Adj, OptTensor
 
 from revgnn.models.components import DeepNodeGNN
+from revgnn.models.paper import ABLATION_112, LI_2021, PROTEINS
 from revgnn.models.registry import Reported, register_model
-from revgnn.models.revgnn import ABLATION_112, LI_2021, PROTEINS
 from revgnn.nn import Residual
 from revgnn.nn.blocks import Norm
 

@@ -8,17 +8,9 @@ from torch import Tensor
 from torch_geometric.typing import Adj, OptTensor
 
 from revgnn.models.components import DeepNodeGNN, reversible_layers, reversible_repr
+from revgnn.models.paper import ABLATION_112, LI_2021, PROTEINS
 from revgnn.models.registry import Reported, register_model
 from revgnn.nn.blocks import Norm
-
-#: ogbn-proteins shapes: 8 summed edge features + 8-way species one-hot in,
-#: 8-d edge features, 112 binary tasks out.
-PROTEINS = dict(in_channels=16, edge_channels=8, out_channels=112, species_channels=8)
-
-#: The paper of RevGNN, WT-RevGNN and DEQ-GNN.
-LI_2021 = "Li et al., Training Graph Neural Networks with 1000 Layers, ICML 2021"
-#: Where the paper's 112-layer models (ResGNN, RevGNN, WT-RevGNN, DEQ-GNN; 64/80/224 channels) are compared.
-ABLATION_112 = "Li et al. 2021, 112-layer comparison on ogbn-proteins"
 
 
 class RevGNN(DeepNodeGNN):
