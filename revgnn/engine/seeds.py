@@ -30,6 +30,8 @@ class Stream(enum.IntEnum):
     EVALUATION = 1
     #: the fresh views of the final test of ``best.pt`` (``trainer.test_views``)
     CHECKPOINT_TEST = 2
+    #: the dropout masks of worker ``rank`` of several (:func:`seed_worker`; the rank in the epoch's place)
+    DROPOUT = 3
 
 
 def seed_stream(seed: int, epoch: int, purpose: Stream) -> int:
@@ -45,8 +47,14 @@ def evaluation_seed(seed: int, epoch: int, fixed_views: bool) -> int:
 
 
 def seed_worker(seed: int, rank: int, world_size: int) -> None:
-    """Seeds this worker's global generator (dropout masks) after the model's initialisation. One
-    worker continues the stream that initialised the model; of several, worker ``rank`` restarts
-    at ``seed + rank``, so the workers' masks are independent of each other."""
+    """Seeds this worker's global generator (dropout masks) after the model's initialisation.
+
+    Of several workers, worker ``rank`` restarts at ``seed_stream(seed, rank, Stream.DROPOUT)``: its
+    masks are distinct from every other worker's, from the numbers that initialised the weights, and
+    from every stream of another seed's run, so a sweep over seeds never reuses one run's masks in
+    another, and no worker's masks are the numbers its weights were drawn from. One worker
+    continues the stream that initialised the model, as it always has: re-seeding it too would be one
+    rule for both, but would change every published local trajectory (the default run's scores and
+    the DEQ training figures of docs/bench/deq.md), which were measured this way."""
     if world_size > 1:
-        torch.manual_seed(seed + rank)
+        torch.manual_seed(seed_stream(seed, rank, Stream.DROPOUT))
