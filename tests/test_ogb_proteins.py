@@ -37,6 +37,7 @@ def test_proteins_features_split_and_cache(tmp_path):
     assert torch.equal(again.x, ds.x) and torch.equal(again.edge_index, ds.edge_index)
 
 
+@pytest.mark.filterwarnings("error::UserWarning")  # OGB's harmless "not writable" one is filtered
 @pytest.mark.parametrize("name,dim,classes", [("ogbn-arxiv", 128, 40), ("ogbn-products", 100, 47)])
 def test_arxiv_products(tmp_path, name, dim, classes):
     write_fake_ogbn(str(tmp_path), name, num_nodes=30, avg_degree=4)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import os.path as osp
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict
 
@@ -245,7 +246,13 @@ def _load_pyg(name: str, root: str):
         )
         shutil.rmtree(osp.join(path, "processed"))
     fresh = downloading or not osp.isdir(osp.join(path, "processed"))
-    with ogb_safe_globals():
+    with ogb_safe_globals(), warnings.catch_warnings():
+        # OGB's process() wraps pandas' read-only label array with torch.from_numpy; that tensor is
+        # only saved to processed/ and the data set is then read back from the file, so nothing
+        # ever writes through it: torch's "not writable" warning is about no tensor a run uses.
+        warnings.filterwarnings(
+            "ignore", message="The given NumPy array is not writable", category=UserWarning
+        )
         try:
             dataset = Dataset(name=name, root=root)
             split_idx = dataset.get_idx_split() if name.startswith("ogbg-") else _node_split(dataset, meta)
