@@ -22,7 +22,7 @@ from revgnn.config import (
 )
 from revgnn.engine.checkpoint import check_resume, check_run_dir
 
-__all__ = ["check_config", "check_before_start", "CheckBeforeStart"]
+__all__ = ["check_config", "check_before_start", "sweep_jobs", "check_sweep_jobs", "CheckBeforeStart"]
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -50,6 +50,49 @@ def check_before_start(cfg: DictConfig, out_dir: str) -> None:
     check_resume(cfg)
 
 
+#: The sweeper whose jobs :func:`check_sweep_jobs` expands (Hydra's default, ``k=a,b`` lists).
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+
+
+def sweep_jobs(config: DictConfig) -> list[list[str]] | None:
+    """The overrides of every job of a multirun, in launch order, as Hydra's basic sweeper deals
+    them out (``hydra.sweeper.params``, then the command line's); ``None`` under another sweeper,
+    whose jobs are not known before it runs (e.g. Optuna's)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if config.hydra.sweeper.get("_target_") != BASIC_SWEEPER:
+        return None
+    params = config.hydra.sweeper.get("params") or {}
+    arguments = [f"{k}={v}" for k, v in params.items()] + [str(o) for o in config.hydra.overrides.task]
+    parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
+    batches = BasicSweeper.split_arguments(parser.parse_overrides(arguments), None)
+    return [list(job) for batch in batches for job in batch]
+
+
+def check_sweep_jobs(config: DictConfig) -> None:
+    """Checks every job of a multirun with its swept values (:func:`check_config`) before the first
+    starts or is submitted, composing each as Hydra will (its config loader's
+    ``load_sweep_config``): a bad value in the 40th job of a cluster sweep is refused before any job
+    queues, naming the job and its swept values. A sweeper other than the basic one is left to the
+    jobs themselves (the training loop checks each)."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    jobs = sweep_jobs(config)
+    if not jobs:
+        return
+    loader = GlobalHydra.instance().config_loader()
+    swept = set(_swept_keys([str(o) for o in config.hydra.overrides.task]))
+    swept |= set((config.hydra.sweeper.get("params") or {}).keys())
+    for number, job in enumerate(jobs):
+        try:
+            check_config(_task_config(loader.load_sweep_config(config, list(job))))
+        except ConfigError as e:
+            values = " ".join(o for o in job if o.split("=", 1)[0].lstrip("+~") in swept)
+            raise ConfigError(f"sweep job {number} ({values}): {e}") from e
+
+
 def _task_config(config: DictConfig) -> DictConfig:
     """The job's config as the task function gets it (Hydra's ``run_job``): Hydra's node removed."""
     import copy
@@ -66,9 +109,10 @@ class CheckBeforeStart(Callback):
     """Hydra callback (``hydra/default.yaml``): a bad configuration (:func:`check_before_start`) is
     refused in one message (:func:`~revgnn.config.refuse`) before Hydra creates the run directory or
     writes its ``.hydra/`` files and ``train.log``, so a refused run leaves nothing behind and an
-    earlier run in its directory stays whole. A sweep's settings shared by every job are checked
-    before any job starts (or is submitted to a cluster); each job, with its swept values, is checked
-    again by the training loop, as is a run started without Hydra."""
+    earlier run in its directory stays whole. A sweep's settings shared by every job, and every job
+    with its swept values (:func:`check_sweep_jobs`), are checked before any job starts (or is
+    submitted to a cluster); each job is checked again by the training loop, as is a run started
+    without Hydra."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         try:
@@ -82,6 +126,7 @@ class CheckBeforeStart(Callback):
 
         try:  # the run directory and the resume are the jobs' own
             check_config(_task_config(config))
+            check_sweep_jobs(config)
         except ConfigError as e:
             refuse(e)
         # every job's directory is named by its swept values (hydra.sweep.subdir), also in a job
