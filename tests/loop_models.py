@@ -94,6 +94,19 @@ def fail_at(name, at_call=None, only_rank=None, **kwargs):
     return _on_call(create_model(name, **kwargs), at_call, only_rank, pre=fail)
 
 
+def solver_diverges_at(name, at_call=None, only_rank=None, **kwargs):
+    """Raises a DEQ solver's :class:`~revgnn.deq.SolverDivergenceError` at its ``at_call``-th training
+    forward (on ``only_rank`` alone): a divergence that one worker's own solve sees first."""
+    from revgnn.deq import SolverDivergenceError
+
+    def diverge(call):
+        raise SolverDivergenceError(
+            f"loop_models.solver_diverges_at: f(z) contains NaN/inf at forward {call}"
+        )
+
+    return _on_call(create_model(name, **kwargs), at_call, only_rank, pre=diverge)
+
+
 def exit_at(name, at_call=None, only_rank=None, **kwargs):
     """Dies without a word (``os._exit(3)``) at its ``at_call``-th training forward: a crashed worker."""
     return _on_call(create_model(name, **kwargs), at_call, only_rank, pre=lambda call: os._exit(3))

@@ -180,6 +180,25 @@ def test_ddp_divergence_on_one_worker_stops_every_worker_at_the_same_point(tmp_p
     assert json.loads((tmp_path / "eval" / "summary.json").read_text())["status"] == "diverged"
 
 
+def test_ddp_solver_divergence_on_one_worker_stops_every_worker_at_the_same_step(tmp_path):
+    """backend=ddp, a DEQ solve that diverges on rank 1 alone in epoch 2's first step: rank 0 does not
+    wait in the step's all-reduce for a peer that raised; both stop there as diverged, each naming
+    worker 1's solver error, and last.pt stays epoch 1's."""
+    common = [*MODEL, *DATA_OVERRIDES, "backend=ddp", "backend.timeout_s=60", "trainer.train_parts=2"]
+    cfg = _with_model(
+        compose_train(tmp_path, *common, "trainer.eval_parts=2", "trainer.epochs=3"),
+        "solver_diverges_at",
+        at_call=2,
+        only_rank=1,
+    )
+    for e in _run(cfg, catch=True):
+        assert e.startswith("TrainingDiverged: worker 1: SolverDivergenceError: loop_models."), e
+        assert "at epoch 2, step 0: training diverged (no update was applied)" in e, e
+        assert "last.pt (epoch 1)" in e and "worker 0:" not in e, e
+    assert load_checkpoint(str(tmp_path / "last.pt"))["epoch"] == 1
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "diverged"
+
+
 def test_sar_sigterm_saves_a_checkpoint_that_resumes_exactly(tmp_path, parts):
     """SIGTERM on rank 0 during epoch 2: every worker finishes the step, last.pt holds the position
     inside the epoch, the error names the resume command; resuming equals the uninterrupted run."""

@@ -1,7 +1,7 @@
-r"""Divergence: a NaN or infinite loss, gradient norm or model output ends training on every worker
+r"""Divergence: a NaN or infinite loss, gradient norm, model output or solve ends training on every worker
 at the same point, with ``status: diverged`` in ``summary.json`` and the last good checkpoint named.
 
-Three places can first show it, and each is seen alike by every worker without a collective of its
+Four places can first show it, and each is seen alike by every worker without a collective of its
 own, because each is checked on values that a collective already made the same everywhere:
 
 * the step's loss: the loop's one all-reduce of ``[loss, signals]`` per step
@@ -12,7 +12,13 @@ own, because each is checked on values that a collective already made the same e
   finite loss can have a non-finite gradient (an overflow in the backward);
 * the evaluation's predictions, checked by :func:`check_predictions` before they are scored (OGB's
   evaluator, through scikit-learn, would fail on them with ``Input contains NaN``): node tasks score
-  logits summed over the workers, SAR the predictions gathered from all of them.
+  logits summed over the workers, SAR the predictions gathered from all of them;
+* a ``FloatingPointError`` raised in one worker's forward or backward (a DEQ solver's
+  :class:`~revgnn.deq.SolverDivergenceError`): the worker sets its flag in the same step's all-reduce
+  instead of raising past its peers, and only then, every worker having seen the flag, are the failed
+  workers' messages gathered. (Under ``backend=sar`` a forward exchanges halos layer by layer, so a
+  worker that raises mid-forward leaves its peers waiting there; they end with the peer named, as
+  for any failed worker.)
 
 A non-finite loss or gradient norm applies no update, so the weights stay those of the last step. The
 loop turns the :class:`NonFiniteError` into :class:`TrainingDiverged` (:func:`diverged`), which adds the

@@ -431,26 +431,36 @@ def train_step(
     from revgnn.utils.flat import optimizer_step
 
     loss_sum = torch.zeros((), dtype=torch.float64)
+    failure: Optional[FloatingPointError] = None
     for batch in step.batches:
-        with autocast if autocast is not None else contextlib.nullcontext():
-            logits = model(*batch.inputs)
-        loss = task.loss(logits, batch, step.total)
-        aux = model_auxiliary_loss(model, lambda out: task.loss(out, batch, max(batch.count, 1)))
-        if aux is not None:  # modules' own loss terms (e.g. DEQ Jacobian regularisation), batch's share
-            loss = loss + aux * (batch.count / step.total)
-        loss.backward()
+        try:
+            with autocast if autocast is not None else contextlib.nullcontext():
+                logits = model(*batch.inputs)
+            loss = task.loss(logits, batch, step.total)
+            aux = model_auxiliary_loss(model, lambda out: task.loss(out, batch, max(batch.count, 1)))
+            if aux is not None:  # modules' own loss terms (e.g. DEQ Jacobian regularisation), batch's share
+                loss = loss + aux * (batch.count / step.total)
+            loss.backward()
+        except FloatingPointError as e:  # e.g. a DEQ solve that diverged: on this worker alone, so it
+            failure = e  # is agreed through the all-reduce below, not raised past the peers
+            break
         loss_sum += loss.detach().to(loss_sum)
     stop = stop if stop is not None else StopRequest()  # no handlers: its flags stay 0
-    flags = stop.flags(backend.rank, backend.world_size)
+    ws = backend.world_size
+    failed = torch.zeros(ws, dtype=torch.float64)
+    failed[backend.rank] = float(failure is not None)
     status = backend.all_reduce(
-        torch.cat([loss_sum.view(1), flags]), f"all_reduce of step {step.index}'s loss"
+        torch.cat([loss_sum.view(1), stop.flags(backend.rank, ws), failed]),
+        f"all_reduce of step {step.index}'s loss",
     )
-    loss_value, stopping = float(status[0]), stop.agree(status[1:])
-    if not math.isfinite(loss_value):
+    loss_value, stopping = float(status[0]), stop.agree(status[1 : ws + 1])
+    if failure is not None or status[ws + 1 :].any() or not math.isfinite(loss_value):
         if flat is not None:
             flat.zero_grad()
         else:
             optimizer.zero_grad(set_to_none=True)
+        if status[ws + 1 :].any():
+            raise NonFiniteError(_failures(backend, failure, step.index), step.index)
         raise NonFiniteError(f"loss is {loss_value}", step.index)
     # clears the gradients after the update: freed (or zeroed in the flat buffer) here rather than
     # before the next backward, they stay out of evaluation and checkpointing
@@ -458,6 +468,17 @@ def train_step(
     if not math.isfinite(norm):  # the summed gradients' norm: the same on every worker
         raise NonFiniteError(f"gradient norm is {norm}", step.index)
     return loss_value, stopping
+
+
+def _failures(backend: Backend, failure: Optional[FloatingPointError], step: int) -> str:
+    """What raised in the forward or backward of ``step``: this worker's error alone, or, of several
+    workers, every failed worker's, gathered (a collective every worker makes, since each saw the same
+    summed flags)."""
+    mine = None if failure is None else f"{type(failure).__name__}: {failure}"
+    if backend.world_size == 1:
+        return str(mine)
+    messages = backend.gather(mine, f"all_gather of step {step}'s failures")
+    return "; ".join(f"worker {r}: {m}" for r, m in enumerate(messages) if m is not None)
 
 
 def _last_good(run: Run, state: RunState) -> str:
