@@ -205,7 +205,7 @@ def bench_peer(args) -> None:
                     + " |",
                     flush=True,
                 )
-    grad_nodes = 200
+    grad_nodes = args.grad_nodes
     errors = peer_gradient_error(grad_nodes, 1e-10)
     print(
         "\nimplicit gradient, relative error vs dense float64 reference "
@@ -225,7 +225,11 @@ def bench_peer(args) -> None:
 
 
 def main(argv=None, prog=None) -> None:
-    bench_peer(parser(__doc__, prog, ["--nodes", "--threads", "--max-iter"]).parse_args(argv))
+    p = parser(__doc__, prog, ["--nodes", "--threads", "--max-iter"])
+    p.add_argument(
+        "--grad-nodes", type=int, default=200, help="nodes of the contractive map of the gradient check"
+    )
+    bench_peer(p.parse_args(argv))
 
 
 if __name__ == "__main__":
