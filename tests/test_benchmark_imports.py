@@ -1,5 +1,6 @@
 """The benchmarks run on revgnn's public API (issue 25): no module under ``benchmarks/`` imports, or
-reaches through an imported module for, a private name (a leading underscore) of ``revgnn``. What a
+reaches through an imported module for, a private name (a leading underscore) of ``revgnn``, nor
+calls a private method of a revgnn class. What a
 benchmark needs from revgnn that was private is made public there, with a docstring, so that a change
 to revgnn's internals cannot silently change a published figure."""
 
@@ -56,6 +57,32 @@ def private_revgnn_names(source: str):
     return found
 
 
+def private_members(tree) -> set:
+    """The private (leading underscore, not dunder) methods and attributes a module's classes define:
+    ``def _x`` in a class body and ``self._x = ...`` anywhere."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            names |= {n.name for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            if isinstance(node.value, ast.Name) and node.value.id == "self":
+                names.add(node.attr)
+    return {n for n in names if _private(n)}
+
+
+def private_member_uses(source: str, revgnn_private: set):
+    """``(line, name)`` for every ``obj._x`` in ``source`` where ``_x`` is a private member of a revgnn
+    class (:func:`private_members` of the package) that ``source`` does not define itself: an object of
+    revgnn reached into (the object's type is not known statically, so the name decides)."""
+    tree = ast.parse(source)
+    own = private_members(tree)
+    return [
+        (node.lineno, node.attr)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and node.attr in revgnn_private - own
+    ]
+
+
 def test_the_scan_finds_each_way_of_reaching_a_private_name():
     source = "\n".join(
         [
@@ -88,13 +115,30 @@ def test_the_scan_finds_each_way_of_reaching_a_private_name():
     assert private_revgnn_names("from revgnn.deq import power_iteration\nimport revgnn.deq as d\nd.DEQ") == []
 
 
+def test_the_member_scan_finds_a_private_method_of_a_revgnn_class():
+    revgnn = private_members(
+        ast.parse("class G:\n    def _tag(self):\n        self._n = 1\n    def ok(self): pass")
+    )
+    assert revgnn == {"_tag", "_n"}
+    source = "def f(g):\n    return g._tag(), g.ok(), g._n\nclass Mine:\n    def _n(self): pass"
+    assert private_member_uses(source, revgnn) == [(2, "_tag")]  # _n is the benchmark's own
+
+
 def test_no_benchmark_uses_a_private_revgnn_name():
     paths = sorted((REPO / "benchmarks").rglob("*.py"))
     assert len(paths) > 10  # the package, not an empty glob
+    revgnn_private = set().union(
+        *(private_members(ast.parse(p.read_text())) for p in (REPO / "revgnn").rglob("*.py"))
+    )
+    assert {"_power_iteration", "_vjp"} & revgnn_private == set()  # module functions: the import scan's
+    assert "_counter" in revgnn_private  # SARGraph's, e.g.
     offenders = [
         f"{path.relative_to(REPO)}:{line}: {name}"
         for path in paths
-        for line, name in private_revgnn_names(path.read_text())
+        for line, name in [
+            *private_revgnn_names(path.read_text()),
+            *private_member_uses(path.read_text(), revgnn_private),
+        ]
     ]
     assert not offenders, (
         "benchmarks use private revgnn names; make each public in revgnn (documented, exported) or compute "
