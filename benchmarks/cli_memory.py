@@ -310,7 +310,7 @@ def breakdown_table(results: list) -> str:
     return "\n".join(lines) + "\n\n" + "; ".join(facts) + "."
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--depths", default="8,1001", help="comma list; the first is the baseline")
     parser.add_argument("--model", default="revgnn_proteins_like")
@@ -343,7 +343,8 @@ def main() -> None:
         "step, evaluation, checkpoint) and tabulate their memory",
     )
     parser.add_argument("--child-breakdown", type=int, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parser.parse_args(argv)
     if args.child_breakdown is not None:
         from revgnn.utils.allocator import use_tcmalloc
 
@@ -424,8 +425,9 @@ def main() -> None:
             table(rows),
             breakdown,
             "",
-            "Reproduce: `python -m benchmarks.cli_memory "
-            f"{' '.join(shlex.quote(a) for a in sys.argv[1:])}`".replace(" `", "`"),
+            f"Reproduce: `python -m benchmarks.cli_memory {' '.join(shlex.quote(a) for a in argv)}`".replace(
+                " `", "`"
+            ),
             "",
         ]
     )

@@ -4,7 +4,8 @@ imported inside the functions, so a benchmark's ``--help`` stays fast.
 
 * Graphs: :func:`destination_sorted_graph` (random edges sorted by destination, with 8-d edge features:
   the conv and reversible-stack benchmarks) and :func:`proteins_subgraph` (one step's sub-graph of the
-  ogbn-proteins recipe, node features and labels included: the training-step benchmarks).
+  ogbn-proteins recipe, node features and labels included: the training-step benchmarks);
+  :func:`graph_size` reads a benchmark's ``--graph`` choice, a named size or ``NODES:EDGES``.
 * Timing: :func:`time_calls` times each call (synchronising the device where asked);
   :func:`median_after` takes the median after the warm-up.
 * Child processes: every measured row can run in a fresh interpreter, so that peak RSS, allocator and
@@ -20,11 +21,12 @@ import os
 import statistics
 import subprocess
 import time
-from typing import Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 __all__ = [
     "destination_sorted_graph",
     "proteins_subgraph",
+    "graph_size",
     "time_calls",
     "median_after",
     "child_env",
@@ -70,6 +72,19 @@ def proteins_subgraph(nodes: int, edges: int, device, seed: int = 0):
     x = torch.cat([edge_sum, species], dim=-1)
     y = (torch.rand(nodes, 112, generator=g) < 0.2).float()
     return [t.to(device) for t in (x, edge_index, edge_attr, y)]
+
+
+def graph_size(spec: str, named: Dict[str, Sequence[int]]) -> Tuple[int, int]:
+    """``(nodes, edges)`` of a benchmark's graph given by name (a key of ``named``) or as
+    ``NODES:EDGES`` (``300:3000``: a graph of any size, e.g. the tiny ones the tests run). Raises
+    :class:`ValueError` naming the choices for anything else."""
+    if spec in named:
+        nodes, edges = named[spec]
+        return int(nodes), int(edges)
+    nodes, sep, edges = spec.partition(":")
+    if sep and nodes.isdigit() and edges.isdigit() and int(nodes) > 0:
+        return int(nodes), int(edges)
+    raise ValueError(f"graph {spec!r}: give one of {', '.join(named)} or NODES:EDGES (e.g. 300:3000)")
 
 
 def with_pyg_group_add_rev(model):

@@ -6,7 +6,8 @@ sub-graph of one ogbn-proteins step), one step is forward + BCE loss + backward 
 for both), in training mode. The two variants alternate call by call in one process (eager, compiled,
 eager, ...), so a change in the machine's load hits both; the compile itself is one warm-up call and is
 reported separately. Prints a markdown table (median step times, compiled / eager) and, with
-``--json``, one JSON line per model.
+``--json``, one JSON line per model. ``--graph NODES:EDGES`` runs a graph of any size and ``--backend``
+another ``torch.compile`` backend (the tests run a tiny graph through ``aot_eager``).
 
     python -m benchmarks.compile                                  # all models, both graphs
     python -m benchmarks.compile --graph small --models revgnn_proteins_like --reps 5
@@ -18,20 +19,20 @@ import argparse
 import json
 import time
 
-from benchmarks.common import markdown_table, median_after, proteins_subgraph
+from benchmarks.common import graph_size, markdown_table, median_after, proteins_subgraph
 
 MODELS = ("revgnn_proteins_like", "revgnn_small", "wt_revgnn", "resgnn_small", "gnn_1layer", "mlp")
 GRAPHS = {"small": (2_000, 40_000), "proteins": (13_200, 790_000)}
 
 
-def measure(name: str, graph: str, reps: int, num_layers) -> dict:
+def measure(name: str, graph: str, reps: int, num_layers, backend: str = "inductor") -> dict:
     import torch
 
     from revgnn.engine.inference import as_edge_index
     from revgnn.models import create_model, model_info
     from revgnn.nn.gen_max import sort_edges
 
-    nodes, edges = GRAPHS[graph]
+    nodes, edges = graph_size(graph, GRAPHS)
     x, edge_index, edge_attr, y = proteins_subgraph(nodes, edges, "cpu")
     edge_index, edge_attr = sort_edges(edge_index, edge_attr, nodes)
     edge_index = as_edge_index(edge_index.as_tensor(), nodes)  # as the loop hands batches (CSC filled)
@@ -39,7 +40,7 @@ def measure(name: str, graph: str, reps: int, num_layers) -> dict:
     torch.manual_seed(0)
     model = create_model(name, **overrides).train()
     torch._dynamo.reset()
-    compiled = torch.compile(model)
+    compiled = torch.compile(model, backend=backend)
 
     def step(fn):
         def run():
@@ -72,19 +73,25 @@ def measure(name: str, graph: str, reps: int, num_layers) -> dict:
     )
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS))
-    parser.add_argument("--graph", choices=[*GRAPHS, "both"], default="both")
+    parser.add_argument("--graph", default="both", help=f"{', '.join(GRAPHS)}, both or NODES:EDGES")
     parser.add_argument("--reps", type=int, default=7, help="measured steps per variant")
     parser.add_argument("--num-layers", type=int, default=None, help="override the models' depth")
     parser.add_argument("--json", action="store_true", help="also one JSON line per model")
-    args = parser.parse_args()
+    parser.add_argument("--backend", default="inductor", help="torch.compile's backend")
+    args = parser.parse_args(argv)
     graphs = list(GRAPHS) if args.graph == "both" else [args.graph]
+    try:
+        for graph in graphs:
+            graph_size(graph, GRAPHS)
+    except ValueError as e:
+        parser.error(f"--graph: {e}")
     rows = []
     for graph in graphs:
         for name in args.models:
-            r = measure(name, graph, args.reps, args.num_layers)
+            r = measure(name, graph, args.reps, args.num_layers, args.backend)
             if args.json:
                 print(json.dumps(r), flush=True)
             rows.append(

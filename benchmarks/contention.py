@@ -160,8 +160,8 @@ def run_small(config: Dict, args, workdir: str) -> Dict:
     ]
     if config.get("threads"):
         cmd.append(f"backend.num_threads={config['threads']}")
-    if args.quick:
-        cmd += ["data.num_nodes=2000"]
+    if args.small_nodes:
+        cmd += [f"data.num_nodes={args.small_nodes}"]
     run_child(cmd, config_env(config["env"]), cwd=workdir, timeout=args.timeout)
     with open(os.path.join(out_dir, "metrics.csv")) as f:
         times = [float(r["epoch_time_s"]) for r in csv.DictReader(f)]
@@ -272,7 +272,7 @@ def table(results: Dict, models: List[str], configs: List[str]) -> str:
     return "\n".join(markdown_table([*header, "idle / idle `before`"], rows))
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="small,deep")
     parser.add_argument("--configs", default=",".join(MAIN_CONFIGS))
@@ -280,6 +280,9 @@ def main() -> None:
     parser.add_argument("--load-per-core", type=int, default=1, help="spinning processes per CPU")
     parser.add_argument(
         "--small-epochs", type=int, default=8, help="small: epochs (the first is not counted)"
+    )
+    parser.add_argument(
+        "--small-nodes", type=int, default=None, help="small: data.num_nodes (default: the data config's)"
     )
     parser.add_argument("--deep-layers", type=int, default=20)
     parser.add_argument("--deep-steps", type=int, default=3, help="deep: measured steps after one warm-up")
@@ -298,12 +301,13 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="also write the table (markdown) here")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.child:
         return child(args)
     if args.quick:
         args.small_epochs, args.deep_layers, args.deep_steps = 3, 3, 1
         args.nodes, args.edges = 2000, 60_000
+        args.small_nodes = args.small_nodes or 2000
     models = args.models.split(",")
     configs = args.configs.split(",") + (EXTRA_CONFIGS if args.extra else [])
     unknown = [c for c in configs if c not in CONFIGS] + [m for m in models if m not in ("small", "deep")]

@@ -21,6 +21,10 @@ the 80-wide shared edge embedding in factored form):
 
     python -m benchmarks.layers                       # both graphs, all blocks
     python -m benchmarks.layers --graphs small --reps 3
+    python -m benchmarks.layers --graphs 300:3000 --blocks gen_max,gcn --bandwidth-mib 8 --matmul-n 256
+
+(``NODES:EDGES`` is a graph of any size; ``--bandwidth-mib`` and ``--matmul-n`` size the machine's two
+reference measurements.)
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.common import destination_sorted_graph, markdown_table, median_after, time_calls
+from benchmarks.common import destination_sorted_graph, graph_size, markdown_table, median_after, time_calls
 
 GRAPHS = {"proteins": (13_200, 790_000), "small": (2_000, 40_000)}
 BLOCKS = (
@@ -163,25 +167,34 @@ def _measure(block_name: str, nodes: int, edges: int, channels: int, hidden: int
     )
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--graphs", default="small,proteins")
+    parser.add_argument(
+        "--graphs", default="small,proteins", help=f"comma list of {', '.join(GRAPHS)}, NODES:EDGES"
+    )
     parser.add_argument("--blocks", default=",".join(BLOCKS))
     parser.add_argument("--channels", type=int, default=40)
     parser.add_argument("--hidden", type=int, default=80)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--out", default="bench_out")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--bandwidth-mib", type=int, default=256, help="buffer of the copy-bandwidth measurement"
+    )
+    parser.add_argument("--matmul-n", type=int, default=2048, help="n of the n x n matmul-rate measurement")
+    args = parser.parse_args(argv)
+    try:
+        sizes = {graph: graph_size(graph, GRAPHS) for graph in args.graphs.split(",")}
+    except ValueError as e:
+        parser.error(f"--graphs: {e}")
 
     from revgnn.utils.allocator import use_tcmalloc
 
     use_tcmalloc()
     import torch
 
-    bw, rate = bandwidth(), matmul_rate()
+    bw, rate = bandwidth(mib=args.bandwidth_mib), matmul_rate(n=args.matmul_n)
     rows = []
-    for graph in args.graphs.split(","):
-        nodes, edges = GRAPHS[graph]
+    for graph, (nodes, edges) in sizes.items():
         for block in args.blocks.split(","):
             row = measure(block, nodes, edges, args.channels, args.hidden, args.reps)
             bound = row["min_bytes_fwd_bwd"] / bw

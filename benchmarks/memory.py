@@ -133,7 +133,7 @@ def drift(args) -> None:
         for quantize in (None, 16):  # GroupAddRev(quantize=16): exact coupling on a 2^-16 grid
             for block in stack:
                 block.quantize = quantize
-            start = stack[0]._grid(x)  # what an exact inverse returns: the input on the grid
+            start = stack[0].to_grid(x)  # what an exact inverse returns: the input on the grid
             for precision in ("float32", "bf16 autocast"):
                 with (
                     torch.no_grad(),
@@ -251,8 +251,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def main() -> None:
-    args = parse_args()
+def main(argv=None) -> None:
+    args = parse_args(argv)
 
     from revgnn.utils.allocator import use_tcmalloc
 

@@ -19,7 +19,7 @@ import json
 from benchmarks.common import median_after, time_calls
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="revgnn_small")
     parser.add_argument("--num-layers", type=int, default=1001)
@@ -27,7 +27,7 @@ def main() -> None:
     parser.add_argument("--optim", default="Adam", help="a torch.optim class name")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     from revgnn.utils.allocator import use_tcmalloc
 

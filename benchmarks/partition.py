@@ -21,7 +21,7 @@ from revgnn.data.random_parts import partition_graph
 from revgnn.utils.memory import peak_rss_bytes
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -33,7 +33,7 @@ def main() -> None:
     parser.add_argument("--parts", type=int, default=10, help="parts K")
     parser.add_argument("--repeats", type=int, default=3, help="timed partitions (a new one each)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
 

@@ -90,7 +90,7 @@ class _Halo(torch.autograd.Function):
         graph = ctx.graph
         parts = list(g.split(ctx.sizes))
         grad_x = parts[0].clone()
-        tag = graph._next_tag()
+        tag = graph.next_tag()
         for k in range(1, graph.world_size):
             q = (graph.rank - k) % graph.world_size
             graph.return_grads(q, parts[k].contiguous(), grad_x, tag, "naive halo backward")

@@ -24,7 +24,7 @@ import json
 from benchmarks.common import median_after, proteins_subgraph, time_calls, with_pyg_group_add_rev
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="revgnn_deep")
     parser.add_argument(
@@ -49,7 +49,7 @@ def main() -> None:
         action="store_true",
         help="Adam over each parameter tensor (default: one flat buffer, as revgnn-train)",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.reversible == "pyg" and args.quantize is not None:
         parser.error("--quantize is revgnn's GroupAddRev option; PyG's (--reversible pyg) has none")
 

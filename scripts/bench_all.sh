@@ -26,9 +26,9 @@ OUT=bench_out; mkdir -p "$OUT"
   "$PY" -m benchmarks.optimizer
   echo; echo "## Partitioning a 79M-edge graph into 10 parts (benchmarks/partition.py)"; echo
   "$PY" -m benchmarks.partition
-  echo; echo "## DEQ solvers and step (benchmarks/deq.py)"; echo
+  echo; echo "## DEQ solvers and step (benchmarks/deq/)"; echo
   "$PY" -m benchmarks.deq solvers
-  echo; echo "## DEQ: revgnn vs torchdeq on the same maps (benchmarks/deq.py peer; needs .[bench])"; echo
+  echo; echo "## DEQ: revgnn vs torchdeq on the same maps (benchmarks.deq peer; needs .[bench])"; echo
   "$PY" -m benchmarks.deq peer --nodes 2000 --max-iter 100
   echo; echo "## SAR vs naive domain-parallel (benchmarks/sar.py)"; echo
   "$PY" -m benchmarks.sar --out "$OUT/sar"

@@ -1,5 +1,5 @@
 """The DEQ training figures the docs publish are those of their runs: the held-out seeds' sentence and
-table come from the stored record ``docs/bench/deq_heldout.json`` (written by ``benchmarks/deq.py
+table come from the stored record ``docs/bench/deq_heldout.json`` (written by ``benchmarks.deq
 train --record``), the seeds 0-9 figure from the per-run table of docs/bench/deq.md, and every page that
 repeats a figure repeats it with its seeds."""
 
@@ -9,7 +9,7 @@ import re
 import pytest
 from conftest import REPO
 
-import benchmarks.deq as bench_deq
+import benchmarks.deq.train as bench_deq
 
 RECORD = REPO / "docs" / "bench" / "deq_heldout.json"
 BENCH_PAGE = REPO / "docs" / "bench" / "deq.md"

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from benchmarks.deq import linear_map  # the maps the Broyden default was chosen on
+from benchmarks.deq.broyden_memory import linear_map  # the maps the Broyden default was chosen on
 from revgnn.deq import (
     SOLVERS,
     SolverDivergenceError,

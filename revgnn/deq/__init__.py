@@ -18,7 +18,7 @@ Example::
 from .implicit import implicit_equilibrium, phantom_grad, unroll
 from .module import BACKWARD_MODES, DEQ, DEQConvergenceWarning
 from .norm import apply_norm, remove_norm, reset_norm
-from .regularize import jacobian_frobenius, spectral_radius, spectral_radius_penalty
+from .regularize import jacobian_frobenius, power_iteration, spectral_radius, spectral_radius_penalty
 from .solvers import (
     SOLVERS,
     SolverDivergenceError,
@@ -45,6 +45,7 @@ __all__ = [
     "get_solver",
     "register_solver",
     "jacobian_frobenius",
+    "power_iteration",
     "apply_norm",
     "reset_norm",
     "remove_norm",

@@ -15,8 +15,9 @@ without forming :math:`\mathbf{J}` by Hutchinson's trace estimator,
 
 one vector-Jacobian product per probe :math:`\mathbf{v}_k` (Rademacher :math:`\pm 1` or standard
 Gaussian entries). :func:`spectral_radius` estimates :math:`\rho(\mathbf{J})` by power iteration with the
-same products, for monitoring, and :func:`spectral_radius_penalty` turns it into a loss term that acts
-only above a target, :math:`\gamma_\rho \max(0, \hat\rho - \rho_0)^2`.
+same products, for monitoring (:func:`power_iteration` also returns the dominant eigenvector), and
+:func:`spectral_radius_penalty` turns it into a loss term that acts only above a target,
+:math:`\gamma_\rho \max(0, \hat\rho - \rho_0)^2`.
 
 Example::
 
@@ -26,6 +27,9 @@ Example::
     >>> fz = A @ z                                   # J = A, ||A||_F^2 = 0.38, rho(A) = 0.5
     >>> round(spectral_radius(fz, z, iters=100), 6)
     0.5
+    >>> v, rho = power_iteration(fz, z, iters=100)  # v: the dominant eigenvector of A^T, (1, 1) / sqrt(2)
+    >>> [round(x, 6) for x in v.abs().tolist()], round(rho, 6)
+    ([0.707107, 0.707107], 0.5)
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-__all__ = ["PROBES", "jacobian_frobenius", "spectral_radius", "spectral_radius_penalty"]
+__all__ = ["PROBES", "jacobian_frobenius", "power_iteration", "spectral_radius", "spectral_radius_penalty"]
 
 PROBES = ("rademacher", "gaussian")
 
@@ -123,6 +127,37 @@ def _check_iters(iters, where: str) -> int:
     return int(iters)
 
 
+def power_iteration(
+    fz: Tensor, z: Tensor, iters: int = 20, generator: Optional[torch.Generator] = None
+) -> Tuple[Optional[Tensor], float]:
+    r"""The dominant eigenvector of :math:`\mathbf{J}^\top = (\partial f/\partial\mathbf{z})^\top` and
+    the :func:`spectral_radius` estimate, from the same :math:`K` power iterations.
+
+    :func:`spectral_radius` returns the estimate alone; this also returns the unit vector
+    :math:`\mathbf{v}_K` (shaped like :obj:`z`), which converges to the dominant eigenvector of
+    :math:`\mathbf{J}^\top` (a left eigenvector of :math:`\mathbf{J}`) when one real eigenvalue dominates:
+    where it lives, e.g. on how many nodes of a graph map, is where the solver's slowest direction lives.
+
+    Args:
+        fz (Tensor): :math:`f(\mathbf{z})`, computed with autograd from :obj:`z`.
+        z (Tensor): the point (requires grad).
+        iters (int, optional): number of products :math:`K \ge 1`. (default: :obj:`20`)
+        generator (torch.Generator, optional): source of the start vector. (default: :obj:`None`)
+
+    Returns:
+        :math:`\mathbf{v}_K` (no graph) and the estimate of :math:`\rho` (float), or ``(None, 0.0)``
+        when some :math:`\mathbf{J}^\top\mathbf{v}_k` is exactly zero (:math:`\mathbf{v}_k` in its null
+        space).
+    """
+    return _power_iteration_estimate(fz, z, _check_iters(iters, "power_iteration"), generator)
+
+
+def _power_iteration_estimate(fz: Tensor, z: Tensor, iters: int, generator: Optional[torch.Generator]):
+    with torch.enable_grad():
+        v, log_growth = _power_iteration(fz, z, iters, generator)
+    return v, (0.0 if v is None else _tail_mean(log_growth))
+
+
 def spectral_radius(
     fz: Tensor, z: Tensor, iters: int = 20, generator: Optional[torch.Generator] = None
 ) -> float:
@@ -143,10 +178,7 @@ def spectral_radius(
         iters (int, optional): number of products :math:`K \ge 1`. (default: :obj:`20`)
         generator (torch.Generator, optional): source of the start vector. (default: :obj:`None`)
     """
-    iters = _check_iters(iters, "spectral_radius")
-    with torch.enable_grad():
-        v, log_growth = _power_iteration(fz, z, iters, generator)
-    return 0.0 if v is None else _tail_mean(log_growth)
+    return _power_iteration_estimate(fz, z, _check_iters(iters, "spectral_radius"), generator)[1]
 
 
 def spectral_radius_penalty(

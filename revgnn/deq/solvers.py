@@ -535,7 +535,7 @@ def broyden(
     from :math:`-\mathbf{I}` (each term was built on top of the earlier ones, so overwriting only the
     oldest would leave an inconsistent :math:`\mathbf{B}` that can diverge); cost per step and storage
     are then bounded by :math:`O(\text{memory} \cdot N D)` however many iterations run. The default
-    comes from ``benchmarks/deq.py broyden-memory`` (docs/bench/deq.md): on 10 held-out maps at two
+    comes from ``python -m benchmarks.deq broyden-memory`` (docs/bench/deq.md): on 10 held-out maps at two
     tolerances each, keeping every term needed at most 2 evaluations more than the best of memories 5-80
     on each, while each of those memories needed 180 or more over the best on some, or did not
     converge in 300. An update whose denominator vanishes is skipped; a step that is not finite drops

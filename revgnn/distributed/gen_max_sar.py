@@ -196,7 +196,7 @@ class SARGENMax(torch.autograd.Function):
         grad_attr = torch.zeros_like(attr) if need_attr else None
         grad_w = torch.zeros_like(weight) if need_w else None
         grad_b = torch.zeros_like(bias) if need_b else None
-        tag = graph._next_tag()
+        tag = graph.next_tag()
         what = "SAR GENConv max backward"
         # the rows are re-fetched for the nodes with tied maxima (the kernel recomputes
         # their messages); the ring also carries the gradients home

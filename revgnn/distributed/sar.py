@@ -169,7 +169,7 @@ class SARGraph:
         self.send_idx: List[Tensor] = [self.dst.new_zeros(0)] * P
         if P > 1:
             counts = all_gather_object_checked(self.num_needed, "SARGraph setup (counts)")
-            tag = self._next_tag()
+            tag = self.next_tag()
             dev = _comm_device()  # NCCL moves CUDA tensors only
             for k in range(1, P):
                 to, frm = (rank - k) % P, (rank + k) % P
@@ -202,7 +202,11 @@ class SARGraph:
             self._self_loop_view.to(device)
         return self
 
-    def _next_tag(self) -> int:
+    def next_tag(self) -> int:
+        """The message tag of this graph's next exchange (a multiple of 4: the exchange may use ``tag``
+        to ``tag + 3``, e.g. ``tag + 1`` for the gradients :meth:`return_grads` sends back). Every worker
+        calls it for the same exchanges in the same order, so the tags of matching sends and receives
+        agree, and exchanges in flight at once do not take each other's messages."""
         return (self._counter.next() % (1 << 24)) * 4
 
     @property
@@ -287,7 +291,7 @@ class SARGraph:
         if x.size(0) != self.num_local:
             raise ValueError(f"{what}: expected {self.num_local} local rows, got {x.size(0)}")
         x = x.contiguous()
-        tag = self._next_tag()
+        tag = self.next_tag()
 
         def post(k: int):
             to, frm = (r + k) % P, (r - k) % P
@@ -452,7 +456,7 @@ class _SeqAggregate(torch.autograd.Function):
         elif kind == "max":
             g = g / saved[0]
         grad_x = g.new_zeros(ctx.src_shape)
-        tag = graph._next_tag()
+        tag = graph.next_tag()
         what = f"SAR {kind} backward"
 
         if op.linear and kind in ("sum", "mean"):

@@ -4,9 +4,10 @@ A checkpoint (``last.pt`` every epoch, ``best.pt`` a byte copy of the best epoch
 optimiser, every worker's RNG state, the loop's :class:`RunState` (position, history, best epoch), the
 run's config and what it was trained on. :func:`save_checkpoint` is its one writer; :func:`load_checkpoint`
 its one reader, used by the resume (:func:`restore`, which refuses a checkpoint of another layout or config),
-``revgnn-evaluate`` and the benchmarks (:func:`load_trained`). A file that is not a checkpoint of the training
-loop, or a truncated or corrupt one, is a :class:`CheckpointError` naming the file (``revgnn-train``'s resume
-and ``revgnn-evaluate`` print it alone). The checks a run makes before it starts of its directory
+``revgnn-evaluate`` and the benchmarks (:func:`load_trained`; :func:`checkpoint_config` for the config
+alone). A file that is not a checkpoint of the training loop, or a truncated or corrupt one, is a
+:class:`CheckpointError` naming the file (``revgnn-train``'s resume and ``revgnn-evaluate`` print it
+alone). The checks a run makes before it starts of its directory
 (:func:`check_run_dir`) and of the checkpoint it resumes (:func:`check_resume`) are here too.
 
 Every file of a run is written to a temporary file in the same directory and renamed over its target
@@ -36,6 +37,7 @@ __all__ = [
     "atomic_copy",
     "atomic_write_text",
     "load_checkpoint",
+    "checkpoint_config",
     "CheckpointError",
     "CheckpointNotFoundError",
     "CHECKPOINT_KEYS",
@@ -158,6 +160,13 @@ def load_checkpoint(path: str, mmap: bool = False) -> Dict[str, Any]:
     return ckpt
 
 
+def checkpoint_config(path: str) -> Dict[str, Any]:
+    """The configuration of the run that wrote the checkpoint at ``path``, as the plain dict it is stored
+    as (the form :func:`check_resume_config` compares). Reads the checkpoint memory-mapped: its tensors
+    are not read. :func:`load_checkpoint`'s checks and errors."""
+    return load_checkpoint(path, mmap=True)["config"] or {}
+
+
 def check_run_dir(out_dir: str, ckpt_path: Optional[str] = None, overwrite: bool = False) -> None:
     """Refuses to start a run in ``out_dir`` that would replace an earlier run's files
     (:data:`RUN_FILES`): a :class:`~revgnn.config.ConfigError` naming the directory, unless the run
@@ -237,8 +246,7 @@ def check_resume(cfg: DictConfig) -> None:
     checkpoint of the loop (:func:`load_checkpoint`) or whose run had other settings
     (:func:`check_resume_config`). Reads the checkpoint memory-mapped: its tensors are not read."""
     if cfg.ckpt_path:
-        saved = load_checkpoint(cfg.ckpt_path, mmap=True)["config"] or {}
-        check_resume_config(saved, cfg, cfg.ckpt_path)
+        check_resume_config(checkpoint_config(cfg.ckpt_path), cfg, cfg.ckpt_path)
 
 
 def atomic_write_text(text: str, path: str) -> None:

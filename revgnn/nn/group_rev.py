@@ -239,8 +239,11 @@ class GroupAddRev(InvertibleModule):
                 f"out_channels == channels / num_groups)."
             )
 
-    def _grid(self, t: Tensor) -> Tensor:
-        """``t`` rounded to multiples of 2^-quantize (straight-through), or ``t``."""
+    def to_grid(self, t: Tensor) -> Tensor:
+        """``t`` rounded to multiples of :math:`2^{-q}` (``q = quantize``; straight-through gradient), or
+        ``t`` itself without ``quantize``. The block rounds its input and every :math:`f_i` output so,
+        which makes the coupling exact: inverting a quantized stack returns ``to_grid(x)`` of its
+        input ``x`` bit for bit, the reference to measure its reconstruction against."""
         if self.quantize is None:
             return t
         scale = float(2**self.quantize)
@@ -251,7 +254,7 @@ class GroupAddRev(InvertibleModule):
         out = self.convs[i](inp, *groups[i][0], **groups[i][1])
         if self.quantize is None or not isinstance(out, Tensor):
             return out
-        return self._grid(out.to(inp.dtype))
+        return self.to_grid(out.to(inp.dtype))
 
     def _check_range(self, y: Tensor) -> None:
         """Warns once when the outputs leave the range where the grid is exact in ``y``'s dtype. The
@@ -295,7 +298,7 @@ class GroupAddRev(InvertibleModule):
 
     def _forward(self, x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
         groups = self._group_args(args, kwargs, self._channels(x))
-        xs = self._grid(x).chunk(self.num_groups, dim=self.split_dim)
+        xs = self.to_grid(x).chunk(self.num_groups, dim=self.split_dim)
         y_in = self._sum(xs[1:])
         ys = []
         for i in range(self.num_groups):
