@@ -339,7 +339,7 @@ def test_deq_train_record_reuse_and_jacobian(isolated, capsys):
         "seeds ≥ 0",
     ]
     record = json.loads((isolated / "record.json").read_text())
-    assert record["command"].startswith("benchmarks/deq.py train --nodes 400")
+    assert record["command"].startswith("python -m benchmarks.deq train --nodes 400")
     assert set(record["runs"]) == {"none", "jac_reg_weight=1"}
     assert all(len(run["0"]["max_evaluations"]) == 2 for run in record["runs"].values())
     assert train.record_statement(record)  # the sentence the docs publish from a record

@@ -131,7 +131,7 @@ def write_record(args, results, argv) -> None:
     """``--record``: per arm and seed the max forward evaluations of each epoch's training solves and
     the solving epochs whose solve did not converge, as JSON with the command that made them (the
     published figures are checked against this file by ``tests/test_deq_figures.py``); ``argv`` is
-    the command line after ``train``, written as the ``benchmarks/deq.py train ...`` it always was."""
+    the command line after ``train``, written as ``python -m benchmarks.deq train ...``."""
     runs = {}
     for (label, seed), (_, _, rep) in results.items():
         runs.setdefault(label, {})[str(seed)] = {
@@ -139,7 +139,7 @@ def write_record(args, results, argv) -> None:
             "unconverged_epochs": rep["unconverged_epochs"],
         }
     record = {
-        "command": " ".join(["benchmarks/deq.py", "train", *argv]),
+        "command": " ".join(["python -m benchmarks.deq", "train", *argv]),
         "epochs": args.epochs,
         "tol": args.tol,
         "max_iter": args.max_iter,
