@@ -262,8 +262,8 @@ def _sar_worker(rank, world_size, mode, part_dir, cfg):
     from torch_geometric.nn import GENConv
 
     from revgnn.distributed.convs import convert_to_sar
+    from revgnn.distributed.part_files import load_meta, load_partition
     from revgnn.distributed.sar import SARGraph
-    from revgnn.distributed.sar_partition import load_meta, load_partition
     from revgnn.engine.backends import DDPBackend
     from revgnn.engine.sar_backend import SARTask
 
@@ -414,7 +414,7 @@ def main(argv=None) -> int:
         p.set_defaults(**QUICK)
         args = p.parse_args(argv)
 
-    from revgnn.distributed.sar_partition import partition_dataset
+    from revgnn.distributed.partition import partition_dataset
     from revgnn.testing.workers import run_workers
 
     if os.path.exists(TCMALLOC) and "tcmalloc" not in os.environ.get("LD_PRELOAD", ""):

@@ -52,8 +52,8 @@ def main(argv=None) -> dict:
 
     from revgnn.distributed import convs
     from revgnn.distributed.convs import convert_to_sar
+    from revgnn.distributed.partition import build_partitions
     from revgnn.distributed.sar import SARGraph
-    from revgnn.distributed.sar_partition import build_partitions
     from revgnn.nn import GENBlock, LinearEdgeFeatures
     from revgnn.nn.kernels import gen_max
     from revgnn.utils import SavedTensorBytes

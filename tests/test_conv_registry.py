@@ -7,8 +7,8 @@ from torch_geometric.nn import GraphConv
 from torch_geometric.nn import Linear as PygLinear
 
 from revgnn.distributed.convs import SAR_CONVS, convert_to_sar, sar_unsupported
+from revgnn.distributed.partition import build_partitions
 from revgnn.distributed.sar import SARGraph
-from revgnn.distributed.sar_partition import build_partitions
 from revgnn.models import RevGNN
 from revgnn.models.components import encode_edges
 from revgnn.nn import (

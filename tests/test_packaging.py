@@ -5,7 +5,7 @@ whose dependencies come from this venv's site-packages through a ``.pth`` line (
 ``.pth`` files there, among them the repository's editable install, are not processed), checks that
 ``revgnn`` is imported from the wheel, then runs the console scripts from directories outside the
 repository: ``revgnn-train`` (one short epoch), ``revgnn-evaluate`` of its ``best.pt`` and the
-``--help`` of ``revgnn-reproduce``.
+``--help`` of ``revgnn-reproduce`` and ``revgnn-partition``.
 """
 
 import json
@@ -117,3 +117,6 @@ def test_wheel_installs_and_its_console_scripts_train_and_evaluate(tmp_path):
 
     proc = _run([venv / "bin" / "revgnn-reproduce", "--help"], cwd=elsewhere, env=env)
     assert "--launcher" in proc.stdout and "--smoke" in proc.stdout
+    # the entry point names an importable module (pyproject's revgnn.cli.partition:main)
+    proc = _run([venv / "bin" / "revgnn-partition", "--help"], cwd=elsewhere, env=env)
+    assert proc.stdout.startswith("revgnn-partition: partition a node-level data set")

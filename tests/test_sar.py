@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import rel_err
 
-from revgnn.distributed.sar_partition import build_partitions
+from revgnn.distributed.partition import build_partitions
 from revgnn.testing.workers import run_workers
 
 RTOL = 1e-9
@@ -42,7 +42,7 @@ def make_parts(world_size: int, kind: str) -> torch.Tensor:
         g = torch.Generator().manual_seed(2)
         parts = torch.randint(0, world_size - 1, (N,), generator=g)
         return torch.where(parts >= 1, parts + 1, parts)
-    from revgnn.distributed.sar_partition import partition_nodes
+    from revgnn.distributed.partition import partition_nodes
 
     return partition_nodes(ei, N, world_size, method=kind, seed=0)
 
@@ -381,8 +381,8 @@ def test_no_edge_sized_tensor_is_saved():
 
 
 def test_sar_graph_rejects_wrong_world_size():
+    from revgnn.distributed.part_files import PartitionMismatchError
     from revgnn.distributed.sar import SARGraph
-    from revgnn.distributed.sar_partition import PartitionMismatchError
 
     ei, x, ea = make_graph()
     part = build_partitions(ei, N, 2, method="random")[1]

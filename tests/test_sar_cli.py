@@ -14,7 +14,7 @@ def _torchrun_sar(tmp_path, *overrides, timeout_s=60):
     """Partitions a 400-node ``proteins_like`` graph for 2 workers under ``tmp_path``; returns the
     ``torchrun`` command that trains a 2-layer model on it with SAR into ``tmp_path / "run"``."""
     from revgnn.data.synthetic import proteins_like
-    from revgnn.distributed.sar_partition import partition_dataset
+    from revgnn.distributed.partition import partition_dataset
 
     parts = tmp_path / "parts"
     partition_dataset(proteins_like(num_nodes=400), str(parts), 2, "random")
@@ -115,7 +115,7 @@ def test_distributed_backend_without_torchrun_says_how_to_launch(tmp_path):
     launch it with torchrun (for SAR with the partition's number of workers), before any data is read
     or any peer awaited; no traceback."""
     from revgnn.data.synthetic import proteins_like
-    from revgnn.distributed.sar_partition import partition_dataset
+    from revgnn.distributed.partition import partition_dataset
 
     parts = tmp_path / "parts"
     partition_dataset(proteins_like(num_nodes=400), str(parts), 2, "random")

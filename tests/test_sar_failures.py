@@ -27,8 +27,8 @@ from torch_geometric.nn import SAGEConv
 
 from revgnn.distributed.comm import SARCommError
 from revgnn.distributed.convs import convert_to_sar
+from revgnn.distributed.partition import build_partitions
 from revgnn.distributed.sar import SARGraph
-from revgnn.distributed.sar_partition import build_partitions
 from revgnn.testing.workers import run_workers
 
 N = 30

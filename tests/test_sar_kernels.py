@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from test_gen_max import require_kernel
 from test_sar import F_EDGE, F_IN, N, _check, _compare_model, make_graph, make_parts, rel_err
 
-from revgnn.distributed.sar_partition import build_partitions
+from revgnn.distributed.partition import build_partitions
 from revgnn.testing.workers import run_workers
 
 

@@ -14,18 +14,15 @@ import pytest
 import torch
 from conftest import compose
 
-from revgnn.distributed.sar_partition import (
+from revgnn.cli.partition import partition_from_config, register_partition_config
+from revgnn.distributed.part_files import (
     FORMAT_VERSION,
     PartitionMismatchError,
-    build_partitions,
     load_partition,
     load_partition_checked,
-    partition_dataset,
-    partition_from_config,
-    partition_nodes,
-    register_partition_config,
     save_partitions,
 )
+from revgnn.distributed.partition import build_partitions, partition_dataset, partition_nodes
 from revgnn.testing.workers import run_workers
 
 
@@ -323,7 +320,7 @@ def test_partition_command(tmp_path):
         [
             sys.executable,
             "-m",
-            "revgnn.distributed.sar_partition",
+            "revgnn.cli.partition",
             "data=proteins_like",
             "data.num_nodes=400",
             "num_parts=2",

@@ -23,7 +23,7 @@ TIMING = {"epoch_time_s", "peak_memory_mb"}  # measurements, not results
 def parts(tmp_path_factory):
     """proteins_like (400 nodes) in 2 random parts, and the same graph in 2 other parts."""
     from revgnn.data.synthetic import proteins_like
-    from revgnn.distributed.sar_partition import partition_dataset
+    from revgnn.distributed.partition import partition_dataset
 
     root = tmp_path_factory.mktemp("parts")
     ds = proteins_like(**DATA)

@@ -1,5 +1,6 @@
-"""Console scripts besides ``revgnn-train``: ``revgnn-evaluate`` (:mod:`revgnn.cli.evaluate`) and
-``revgnn-reproduce`` (:mod:`revgnn.cli.reproduce`). They ship in the wheel, so every command of the
+"""Console scripts besides ``revgnn-train``: ``revgnn-evaluate`` (:mod:`revgnn.cli.evaluate`),
+``revgnn-reproduce`` (:mod:`revgnn.cli.reproduce`) and ``revgnn-partition``
+(:mod:`revgnn.cli.partition`). They ship in the wheel, so every command of the
 README works from ``pip install .``."""
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 r"""Distributed full-graph training with SAR (sequential aggregation and
 rematerialisation, Mostafa 2021) on :mod:`torch.distributed`.
 
-* :mod:`.sar_partition` — METIS/random partitioning, one checked file per worker
-  (``revgnn-partition``).
+* :mod:`.partition` — METIS/random partitioning into contiguous parts and
+  their shards (run on a data set by ``revgnn-partition``, :mod:`revgnn.cli.partition`).
+* :mod:`.part_files` — the part files: one per worker plus ``meta.json``,
+  written, read and checked (hashes, fingerprints, the collective check).
 * :mod:`.comm` — process group, bounded point-to-point transfers, errors.
 * :mod:`.sar` — :class:`SARGraph` and the sequential-aggregation autograd op.
 * :mod:`.convs` — SAR-aware GENConv, GATConv, SAGEConv, GINConv.
@@ -17,14 +19,14 @@ from revgnn.utils.lazy import lazy_exports
 _EXPORTS = {
     "SARCommError": "comm",
     "init_distributed": "comm",
-    "PartitionMismatchError": "sar_partition",
-    "build_partitions": "sar_partition",
-    "load_partition": "sar_partition",
-    "load_partition_checked": "sar_partition",
-    "load_meta": "sar_partition",
-    "partition_dataset": "sar_partition",
-    "partition_nodes": "sar_partition",
-    "save_partitions": "sar_partition",
+    "PartitionMismatchError": "part_files",
+    "build_partitions": "partition",
+    "load_partition": "part_files",
+    "load_partition_checked": "part_files",
+    "load_meta": "part_files",
+    "partition_dataset": "partition",
+    "partition_nodes": "partition",
+    "save_partitions": "part_files",
 }
 __all__ = sorted(_EXPORTS)
 

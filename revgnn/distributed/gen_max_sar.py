@@ -78,7 +78,7 @@ def _kernel():
 class _ShardCSC:
     """Per shard: the CSC pointer over the local nodes, the sources (indices
     into the fetched block) and, if the shard's edges are not already sorted by
-    destination (parts from :mod:`~revgnn.distributed.sar_partition` are), the
+    destination (parts from :mod:`~revgnn.distributed.partition` are), the
     sorting permutation."""
 
     def __init__(self, graph: SARGraph):

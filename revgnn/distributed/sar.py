@@ -2,7 +2,7 @@ r"""Sequential aggregation and rematerialisation (SAR, Mostafa 2021) for PyG.
 
 Worker :math:`p` owns nodes :math:`\mathcal{V}_p` and their incoming edges,
 split into shards :math:`\mathcal{E}_{q \to p}` by the owner :math:`q` of the
-source (see :mod:`revgnn.distributed.sar_partition`). A message-passing layer
+source (see :mod:`revgnn.distributed.partition`). A message-passing layer
 
 .. math::
     \mathbf{h}_i = \bigoplus_{j \in \mathcal{N}(i)}
@@ -63,7 +63,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .comm import all_gather_object_checked, post_transfer
-from .sar_partition import PartitionMismatchError
+from .part_files import PartitionMismatchError
 
 __all__ = ["SARGraph", "EdgeOp", "sequential_aggregate", "SOFTMAX_EPS"]
 
@@ -97,8 +97,8 @@ class SARGraph:
 
     Args:
         part (dict): this worker's part from
-            :func:`~revgnn.distributed.sar_partition.build_partitions` or
-            :func:`~revgnn.distributed.sar_partition.load_partition`.
+            :func:`~revgnn.distributed.partition.build_partitions` or
+            :func:`~revgnn.distributed.part_files.load_partition`.
         timeout_s (float, optional): bound on every transfer wait.
             (default: ``None`` = the process-group timeout)
 

@@ -159,7 +159,7 @@ class SARBackend(DistributedBackend):
 
     def num_workers_hint(self) -> str:
         """The partition's number of parts (one worker each), or ``P`` if ``meta.json`` is unreadable."""
-        from revgnn.distributed.sar_partition import load_meta
+        from revgnn.distributed.part_files import load_meta
 
         try:
             return str(int(load_meta(self.cfg.backend.partition_dir)["num_parts"]))
@@ -167,8 +167,8 @@ class SARBackend(DistributedBackend):
             return "P"
 
     def make_task(self) -> SARTask:
+        from revgnn.distributed.part_files import load_meta, load_partition_checked
         from revgnn.distributed.sar import SARGraph
-        from revgnn.distributed.sar_partition import load_meta, load_partition_checked
 
         root = self.cfg.backend.partition_dir
         part = load_partition_checked(root)
