@@ -444,6 +444,26 @@ def test_gpu_check_script_without_cuda():
     assert json.loads(run.stdout.strip().splitlines()[-1]) == {"check": "triton", "skipped": "no CUDA device"}
 
 
+def test_gpu_check_sh_runs_up_to_its_cuda_check(tmp_path):
+    """``scripts/gpu_check.sh`` with this interpreter: every module its parts import loads (its
+    preflight), then it stops at the CUDA check, naming it, before any part runs."""
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: the script runs the real check")
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "REVGNN_KERNELS")}
+    env.update(PYTHON=sys.executable, OUT=str(tmp_path), GPU_SITE=str(tmp_path / "site"))
+    run = subprocess.run(
+        ["bash", str(REPO / "scripts" / "gpu_check.sh")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "lacks a package" not in run.stderr, run.stderr
+    assert run.stderr.strip().endswith("AssertionError: no CUDA device"), run.stderr
+    assert not (tmp_path / "gpu_check.jsonl").exists()  # no part ran
+
+
 def test_reversible_model_through_the_triton_kernels(monkeypatch):
     """The functions are the operators' Triton implementation: a 3-layer reversible GENConv model (2
     groups, factored edge features, a dropout mask) under ``REVGNN_KERNELS=triton`` runs them and gives
