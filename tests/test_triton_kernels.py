@@ -444,6 +444,26 @@ def test_gpu_check_script_without_cuda():
     assert json.loads(run.stdout.strip().splitlines()[-1]) == {"check": "triton", "skipped": "no CUDA device"}
 
 
+def test_gpu_check_sh_runs_up_to_its_cuda_check(tmp_path):
+    """``scripts/gpu_check.sh`` with this interpreter: every module its parts import loads (its
+    preflight), then it stops at the CUDA check, naming it, before any part runs."""
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: the script runs the real check")
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "REVGNN_KERNELS")}
+    env.update(PYTHON=sys.executable, OUT=str(tmp_path), GPU_SITE=str(tmp_path / "site"))
+    run = subprocess.run(
+        ["bash", str(REPO / "scripts" / "gpu_check.sh")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "lacks a package" not in run.stderr, run.stderr
+    assert run.stderr.strip().endswith("AssertionError: no CUDA device"), run.stderr
+    assert not (tmp_path / "gpu_check.jsonl").exists()  # no part ran
+
+
 def test_reversible_model_through_the_triton_kernels(monkeypatch):
     """The functions are the operators' Triton implementation: a 3-layer reversible GENConv model (2
     groups, factored edge features, a dropout mask) under ``REVGNN_KERNELS=triton`` runs them and gives
@@ -535,3 +555,98 @@ def test_kernels_compile_for_sm90():
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "0 failed" in run.stdout.splitlines()[-1] or run.stdout.startswith("skipped")
+
+
+class _Recorder(torch.optim.Optimizer):
+    """An optimiser whose step records the gradients it is handed (``train_step`` frees them after
+    the update)."""
+
+    def __init__(self, params):
+        super().__init__(params, {})
+        self.grads = None
+
+    def step(self, closure=None):
+        self.grads = [p.grad.detach().clone() for group in self.param_groups for p in group["params"]]
+
+
+def _train_step(model_name, ds, mode, dtype, launches=None):
+    """Loss and gradients of the first step of ``revgnn.engine.loop.train_step`` (a 2-part epoch of
+    ``ds``, the loop's own task and loss) for the registered model under ``REVGNN_KERNELS=mode``; the
+    Triton kernels it launches are counted into ``launches`` by name."""
+    from types import SimpleNamespace
+
+    from revgnn.engine.backends import LocalBackend
+    from revgnn.engine.loop import train_step
+    from revgnn.engine.tasks import NodeTask
+    from revgnn.models.registry import create_model
+
+    os.environ["REVGNN_KERNELS"] = mode
+    torch.manual_seed(0)
+    overrides = dict(num_layers=2, hidden_channels=16)
+    model = create_model(model_name, **overrides).to(dtype)
+    tc = SimpleNamespace(train_parts=2, parts_per_step=None, partition="balanced", shuffle_parts=False)
+    task = NodeTask(ds, tc)
+    step = next(task.train_steps(torch.Generator().manual_seed(0), "cpu"))
+    optimizer = _Recorder(model.parameters())
+    launch = tk._launch
+    if launches is not None:
+
+        def counted(kernel):
+            name = kernel.fn.__name__ if hasattr(kernel, "fn") else kernel.__name__
+            launches[name] = launches.get(name, 0) + 1
+            return launch(kernel)
+
+        tk._launch = counted
+    try:
+        torch.manual_seed(1)  # the dropout masks: the same draws in every run
+        loss, _ = train_step(model, task, step, optimizer, None, LocalBackend(None))
+    finally:
+        tk._launch = launch
+    return loss, optimizer.grads
+
+
+@pytest.mark.parametrize("model_name,aggr", [("revgnn_proteins_like", "mean"), ("revgnn_small", "max")])
+def test_training_step_runs_the_triton_kernels(monkeypatch, model_name, aggr):
+    """One step of the loop's ``train_step`` on the default model (GEN mean: only the pre-activation
+    LayerNorm+ReLU is a revgnn operator) and a GEN-max RevGNN (also the aggregation and the MLP's
+    LayerNorm+ReLU) under ``REVGNN_KERNELS=triton`` launches the Triton kernel of every operator
+    call that the model's structure implies, and gives the float64 PyTorch path's loss and
+    gradients as closely as PyTorch's own float32 path does.
+
+    Tolerance: the float32 PyTorch path's deviation from float64 on the same step measures how
+    float32 rounding propagates through this computation; the Triton kernels round differently
+    (other summation orders) but not worse in order, so per tensor their deviation is bounded by 4x
+    that plus 16 float32 units of the tensor's scale (for a tensor where PyTorch happens to round
+    exactly)."""
+    import dataclasses
+
+    from revgnn.data.synthetic import proteins_like
+
+    monkeypatch.setenv("REVGNN_KERNELS", "triton")  # restored after the test
+    ds = proteins_like(num_nodes=48, avg_degree=6, window=2)  # 172 edges
+    launches = {}
+    loss, grads = _train_step(model_name, ds, "triton", torch.float32, launches)
+    # 2 reversible layers of 2 groups: every group op runs in the forward (no grad), again in the
+    # backward's recomputation, and its backward once
+    L, G = 2, 2
+    expected = {"_ln_fwd_kernel": 2 * L * G, "_ln_bwd_kernel": L * G}
+    if aggr == "max":  # the MLP's LayerNorm+ReLU too, and the aggregation with its three backward kernels
+        expected = {name: 2 * count for name, count in expected.items()}
+        expected.update(_gen_max_fwd_kernel=2 * L * G, _tie_stats_kernel=L * G)
+        expected.update(_grad_src_kernel=L * G, _grad_dst_kernel=L * G)
+    assert launches == expected
+    loss32, grads32 = _train_step(model_name, ds, "0", torch.float32)
+    ds64 = dataclasses.replace(ds, x=ds.x.double(), edge_attr=ds.edge_attr.double())
+    loss64, grads64 = _train_step(model_name, ds64, "0", torch.float64)
+    unit = torch.finfo(torch.float32).eps
+
+    def bound(mine, theirs, ref):
+        err, err_torch = abs(mine - ref), abs(theirs - ref)
+        assert err <= 4 * err_torch + 16 * unit * abs(ref), (err, err_torch, ref)
+
+    bound(loss, loss32, loss64)
+    assert len(grads) == len(grads32) == len(grads64)
+    for g, g32, g64 in zip(grads, grads32, grads64):
+        scale = g64.abs().max().item()
+        err, err_torch = ((t.double() - g64).abs().max().item() for t in (g, g32))
+        assert err <= 4 * err_torch + 16 * unit * scale, (err, err_torch, scale)

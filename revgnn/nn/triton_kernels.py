@@ -11,8 +11,8 @@ function then raises :class:`RuntimeError`). Launches go through
 :func:`torch.library.wrap_triton` when :data:`WRAP_TRITON` is set (for ``triton_op`` bodies).
 The kernels use only long-standing Triton language features (loads/stores with masks, reductions,
 ``where``, bitcasts, dynamic loops), meant to work from Triton 3.6 on; they have been compiled
-only with Triton 3.9 (``scripts/triton_compile_check.py``: every specialisation for sm_90/sm_80,
-without a GPU) and run only through its interpreter.
+with Triton 3.9 and 3.6.0 (``scripts/triton_compile_check.py``: every specialisation for sm_90,
+and sm_80 with 3.9, without a GPU) and run only through the interpreter.
 
 **GEN max aggregation** (:func:`gen_max_forward`, :func:`gen_max_backward`), over edges sorted by
 destination (CSC pointer ``ptr`` ``[N + 1]``, sources ``src`` ``[E]``):
