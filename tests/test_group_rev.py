@@ -383,9 +383,16 @@ def test_graphnorm_block_with_batch_vector(graph):
         assert rel_err(a, b) <= 1e-10
 
 
-def test_autocast_recomputation_matches_plain(graph):
+# the C++ kernels and the operators' PyTorch implementation (REVGNN_KERNELS=0, which autocast reached
+# inside the operator until it was turned off there)
+KERNELS = pytest.mark.parametrize("kernels", ["1", "0"])
+
+
+@KERNELS
+def test_autocast_recomputation_matches_plain(graph, kernels, monkeypatch):
     """bf16 autocast (CPU here; CUDA the same way): backward recomputes under the
     forward's autocast state, so gradients equal the plain stack's up to fp32 rounding."""
+    monkeypatch.setenv("REVGNN_KERNELS", kernels)
     x = torch.randn(N, 16)
     ea = torch.randn(E, 16)
     res = []
@@ -438,9 +445,11 @@ def test_quantize_makes_inversion_bit_exact_and_keeps_gradients(graph):
         assert rel_err(a, b) <= 1e-10
 
 
-def test_quantize_under_bf16_autocast_gradients_match_stored(graph):
+@KERNELS
+def test_quantize_under_bf16_autocast_gradients_match_stored(graph, kernels, monkeypatch):
     """Under bf16 autocast the reversible backward recomputes every f_i on bit-exact inputs,
     so its gradients are those of the same stack with stored activations."""
+    monkeypatch.setenv("REVGNN_KERNELS", kernels)
     factory = BLOCK_FACTORIES["gen_max"]
     x = torch.randn(N, 16)
     ea = torch.randn(E, 16)

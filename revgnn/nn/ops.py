@@ -99,6 +99,14 @@ def destinations(ptr: Tensor, num_edges: int) -> Tensor:
     return torch.repeat_interleave(torch.arange(n, device=ptr.device), ptr.diff(), output_size=num_edges)
 
 
+def _in_dtype(like: Tensor):
+    """Autocast off for the operators' PyTorch implementations, which then compute in their inputs'
+    dtype as the fused kernels do. Autocast does not stop at a custom operator: without this, the
+    forward's edge projection (``F.linear``) ran in bfloat16 under autocast, while the backward, run
+    by autograd outside it, recomputed the tied nodes' messages in float32 and picked other maxima."""
+    return torch.autocast(like.device.type, enabled=False)
+
+
 def _messages(
     x: Tensor, src: Tensor, attr: Optional[Tensor], weight: Optional[Tensor], bias: Optional[Tensor]
 ):
@@ -201,7 +209,8 @@ def gen_max(
     if kernel is not None:
         wt = weight.t().contiguous() if weight is not None else None
         return tuple(kernel.forward(x, ptr, src, attr, wt, bias, eps))
-    return _gen_max_torch(x, ptr, src, attr, weight, bias, eps)
+    with _in_dtype(x):
+        return _gen_max_torch(x, ptr, src, attr, weight, bias, eps)
 
 
 @gen_max.register_fake
@@ -235,9 +244,10 @@ def gen_max_backward(
             grad, arg, tied, x, ptr, src, attr, wt, bias, need_x, need_attr, need_w, need_b
         )
     else:
-        grads = _gen_max_backward_torch(
-            grad, arg, tied, x, ptr, src, attr, weight, bias, need_x, need_attr, need_w, need_b
-        )
+        with _in_dtype(x):
+            grads = _gen_max_backward_torch(
+                grad, arg, tied, x, ptr, src, attr, weight, bias, need_x, need_attr, need_w, need_b
+            )
     return tuple(_or_empty(g, x) for g in grads)
 
 
@@ -299,8 +309,9 @@ def layer_norm_relu(
     kernel = kernel_for("layer_norm_relu", x, weight, bias, mask)
     if kernel is not None:
         return tuple(kernel.forward(x, weight, bias, eps, mask))
-    y, mean, rstd = torch.native_layer_norm(x, (x.size(1),), weight, bias, eps)
-    out = y.relu()
+    with _in_dtype(x):
+        y, mean, rstd = torch.native_layer_norm(x, (x.size(1),), weight, bias, eps)
+        out = y.relu()
     return out * mask if mask is not None else out, mean.view(-1), rstd.view(-1)
 
 
@@ -330,12 +341,13 @@ def layer_norm_relu_backward(
         grads = kernel.backward(grad, x, weight, bias, mean, rstd, mask, need_x, need_w, need_b)
     else:
         c = x.size(1)
-        y = (x - mean.view(-1, 1)) * rstd.view(-1, 1) * weight + bias
-        g = grad * mask if mask is not None else grad
-        g = torch.where(y <= 0, 0.0, g)  # NaN passes, as ReLU's backward
-        grads = torch.ops.aten.native_layer_norm_backward(
-            g, x, (c,), mean.view(-1, 1), rstd.view(-1, 1), weight, bias, [need_x, need_w, need_b]
-        )
+        with _in_dtype(x):
+            y = (x - mean.view(-1, 1)) * rstd.view(-1, 1) * weight + bias
+            g = grad * mask if mask is not None else grad
+            g = torch.where(y <= 0, 0.0, g)  # NaN passes, as ReLU's backward
+            grads = torch.ops.aten.native_layer_norm_backward(
+                g, x, (c,), mean.view(-1, 1), rstd.view(-1, 1), weight, bias, [need_x, need_w, need_b]
+            )
     return tuple(_or_empty(g if need else None, x) for g, need in zip(grads, (need_x, need_w, need_b)))
 
 
