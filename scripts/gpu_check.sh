@@ -28,7 +28,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 "$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name(), 'torch', torch.__version__)"
 # REVGNN_KERNELS=0: the C++ kernels are CPU-only (CI tests them); building them here would cost
 # about a minute of the budget, and the GPU image may lack ninja.
-REVGNN_KERNELS=0 "$PY" -m pytest tests/test_cuda.py tests/test_group_rev.py tests/test_gen_max.py -q 2>&1 | tee "$OUT_DIR/tests.log"
+REVGNN_KERNELS=0 "$PY" -m pytest tests/nn/test_cuda.py tests/nn/test_group_rev.py tests/nn/test_gen_max.py -q 2>&1 | tee "$OUT_DIR/tests.log"
 # the Triton kernels (the operators' CUDA implementation) against a float64 PyTorch reference, then
 # the same step through them (REVGNN_KERNELS=1, the default) and through the PyTorch path (=0)
 timeout 300 "$PY" scripts/gpu_check_triton.py | tee -a "$OUT_DIR/gpu_check.jsonl"

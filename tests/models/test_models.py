@@ -30,7 +30,7 @@ def test_every_registered_model_builds_and_runs():
         if not MODELS[name].__module__.startswith("revgnn."):
             continue  # registered by another test
         if MODELS[name].__module__ == "revgnn.models.graph_revgnn":
-            continue  # graph-level (batches of graphs): tests/test_graph_models.py
+            continue  # graph-level (batches of graphs): tests/nn/test_graph_norms.py
         small = {"in_channels": 16, "out_channels": 5} if name in ("revgnn_products", "revgat_arxiv") else {}
         try:  # deep variants are built shallow here
             model = create_model(name, num_layers=2, **small)
