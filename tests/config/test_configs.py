@@ -12,6 +12,7 @@ import revgnn.config  # noqa: F401
 from revgnn.engine.inference import as_edge_index
 from revgnn.engine.loop import build_model
 from revgnn.engine.tasks import make_task, shapes
+from revgnn.models.paper import PROTEINS
 from revgnn.testing.fake_ogb import write_fake_ogbg, write_fake_ogbn
 
 EXPERIMENTS = sorted(p.stem for p in Path(CONFIG_DIR, "experiment").glob("*.yaml"))
@@ -137,7 +138,7 @@ def test_unknown_model_key_is_rejected_by_the_registry_when_built():
     from hydra.utils import instantiate
 
     with pytest.raises((TypeError, InstantiationException), match="num_layerz"):
-        instantiate(kwargs, in_channels=16, out_channels=112, edge_channels=8, species_channels=8)
+        instantiate(kwargs, **PROTEINS)
 
 
 def _run(args, cwd):

@@ -190,18 +190,18 @@ def test_a_user_module_in_imports_registers_a_model_a_conv_and_a_solver(user_mod
     from revgnn.config import import_modules
     from revgnn.engine.loop import build_model
     from revgnn.models import check_model_config
+    from revgnn.models.paper import PROTEINS
 
     cfg = compose([f"imports=[{user_module}]", "model.name=user_revgnn", "model.aggr=mean"])
     import_modules(cfg.imports)
     check_model_config(cfg.model)
-    shapes = dict(in_channels=16, out_channels=112, edge_channels=8, species_channels=8)
-    model = build_model(cfg.model, shapes)
+    model = build_model(cfg.model, PROTEINS)
     assert type(model.layers[0].convs[0]).__name__ == "UserGraphBlock"
     assert model.layers[0].convs[0].conv.aggr == "mean"
     assert "user_revgnn" in {n.removesuffix(".yaml") for n in _stored_models()}  # model=user_revgnn too
     cfg = compose(["model=deq_gnn", "model.solver=user_solver"])
     check_model_config(cfg.model)
-    assert build_model(cfg.model, shapes).deq.solver == "user_solver"
+    assert build_model(cfg.model, PROTEINS).deq.solver == "user_solver"
 
 
 def _stored_models():
