@@ -211,7 +211,7 @@ def store_model_config(name: str) -> None:
 def builtin_model_names(models_dir: Optional[Path] = None) -> List[str]:
     """The names the ``@register_model`` decorators in ``models_dir`` (default: ``revgnn/models``)
     register, read from the source so that the ``model`` options exist without importing torch (the
-    decorator's ``name=`` when given, else the function's name); ``tests/test_zoo.py`` checks them
+    decorator's ``name=`` when given, else the function's name); ``tests/models/test_zoo.py`` checks them
     against the registry."""
     names = []
     for path in sorted((models_dir or Path(__file__).parent / "models").glob("*.py")):

@@ -81,7 +81,7 @@ step() {  # step NAME LIMIT PREFIX ARGS...: one benchmarks.step run, its JSON li
 
 # REVGNN_KERNELS=0: the C++ kernels are CPU-only (CI tests them); building them here would cost
 # about a minute of the budget, and the GPU image may lack ninja.
-REVGNN_KERNELS=0 run tests 180 "$PY" -m pytest tests/test_cuda.py tests/test_group_rev.py tests/test_gen_max.py -q \
+REVGNN_KERNELS=0 run tests 180 "$PY" -m pytest tests/nn/test_cuda.py tests/nn/test_group_rev.py tests/nn/test_gen_max.py -q \
   >"$OUT_DIR/tests.log" 2>&1 || true
 tail -n 15 "$OUT_DIR/tests.log"
 # the Triton kernels (the operators' CUDA implementation) against a float64 PyTorch reference, then

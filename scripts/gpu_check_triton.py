@@ -7,7 +7,7 @@ PyTorch reference on a random graph, with time per call and peak memory. Prints 
 
 Errors (``err_*``) are max |a - b| / max(1, max |b|). Exits 1 if a float32 error exceeds 1e-4 or
 a result is not bitwise repeatable; exits 0 printing a "no CUDA device" line where there is none
-(the interpreter tests in tests/test_triton_kernels.py cover the same functions on CPU).
+(the interpreter tests in tests/nn/test_triton_kernels.py cover the same functions on CPU).
 """
 
 from __future__ import annotations

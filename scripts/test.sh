@@ -3,7 +3,8 @@
 # pyproject.toml), builds the docs and runs the docstring examples (scripts/docs.sh), runs the
 # test suite, then the cheap subset of the numerics matrix with the kernels built for a portable
 # level and torch's plainest SIMD code (scripts/test_matrix.sh --quick; docs/testing.md).
-# Arguments go to pytest instead of the whole suite and the matrix: `bash scripts/test.sh tests/test_x.py -x`.
+# Arguments go to pytest instead of the whole suite and the matrix:
+# `bash scripts/test.sh tests/nn/test_gen_max.py -x`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

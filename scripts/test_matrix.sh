@@ -13,14 +13,15 @@ cd "$(dirname "$0")/.."
 PY="${REVGNN_VENV:-.venv}/bin/python"
 
 # kernels, solvers and models: every test whose floats depend on the CPU's rounding
-FULL=(tests/test_gen_max.py tests/test_norm_act.py tests/test_kernel_threads.py tests/test_sar_kernels.py
-  tests/test_deq_solvers.py tests/test_deq_module.py tests/test_deq_options.py tests/test_deq_norm.py
-  tests/test_deq_regularize.py tests/test_deq_graph_batch.py tests/test_deq_gnn.py tests/test_models.py
-  tests/test_zoo.py tests/test_group_rev.py tests/test_invertible_contract.py tests/test_flat.py
-  tests/test_graph_norms.py tests/test_conv_registry.py)
+FULL=(tests/nn/test_gen_max.py tests/nn/test_norm_act.py tests/nn/test_kernel_threads.py
+  tests/nn/test_group_rev.py tests/nn/test_invertible_contract.py tests/nn/test_graph_norms.py
+  tests/nn/test_conv_registry.py tests/distributed/test_sar_kernels.py
+  tests/deq/test_deq_solvers.py tests/deq/test_deq_module.py tests/deq/test_deq_options.py
+  tests/deq/test_deq_norm.py tests/deq/test_deq_regularize.py tests/deq/test_deq_graph_batch.py
+  tests/models/test_deq_gnn.py tests/models/test_models.py tests/models/test_zoo.py tests/utils/test_flat.py)
 # the three tests that failed on another CPU, the kernels against PyTorch and across thread counts
-QUICK=(tests/test_gen_max.py tests/test_norm_act.py tests/test_kernel_threads.py tests/test_deq_gnn.py
-  tests/test_deq_module.py)
+QUICK=(tests/nn/test_gen_max.py tests/nn/test_norm_act.py tests/nn/test_kernel_threads.py
+  tests/models/test_deq_gnn.py tests/deq/test_deq_module.py)
 
 subset=("${FULL[@]}")
 if [ "${1:-}" = "--quick" ]; then

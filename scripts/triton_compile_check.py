@@ -1,7 +1,7 @@
 """Compile every Triton kernel specialisation revgnn.nn.triton_kernels launches, for a CUDA target,
 on a machine without a GPU.
 
-The interpreter (TRITON_INTERPRET=1, tests/test_triton_kernels.py) runs the kernels' Python, but
+The interpreter (TRITON_INTERPRET=1, tests/nn/test_triton_kernels.py) runs the kernels' Python, but
 not Triton's compiler, which is stricter (loop-carried types, scalar/block shapes, constexpr
 rules). This records the launches the wrappers make on CPU tensors (instead of running them),
 then compiles each distinct specialisation with ``triton.compile`` for an explicit target

@@ -1,11 +1,14 @@
 """Test-wide settings, fixtures and helpers.
 
-Helpers shared by several test files live here and are imported by name (``from conftest import
-rel_err``): pytest puts this directory on ``sys.path``, wherever it is started from. Paths are built
-from :data:`REPO`, never from the working directory.
+The tests are laid out like the package (``tests/<subpackage>/``, docs/testing.md). Helpers shared by
+several test files live here and are imported by name (``from conftest import rel_err``), as are the
+shared modules beside this file (``loop_models``, ``sar_cases``, ``zoo_cases``): pytest puts this
+directory on ``sys.path`` for every test below it, wherever it is started from. Paths are built from
+:data:`REPO`, never from the working directory or a test file's place.
 """
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -49,6 +52,27 @@ TINY_RUN = [
 ]
 
 
+#: The keys of a run's history, ``metrics.csv`` and summary that are measurements, not results.
+TIMING = {"epoch_time_s", "peak_memory_mb"}
+
+
+def assert_same_run(a_dir, b_dir):
+    """The runs in ``a_dir`` and ``b_dir`` are the same run bitwise: the weights of ``last.pt``, its
+    history and best score, and ``metrics.csv``, all but the :data:`TIMING` measurements."""
+    import csv
+
+    from revgnn.engine.checkpoint import load_checkpoint
+
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+    a, b = load_checkpoint(str(a_dir / "last.pt")), load_checkpoint(str(b_dir / "last.pt"))
+    assert a["model"].keys() == b["model"].keys()
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    assert strip(a["history"]) == strip(b["history"]) and a["best"] == b["best"]
+    with open(a_dir / "metrics.csv") as f, open(b_dir / "metrics.csv") as g:
+        assert strip(csv.DictReader(f)) == strip(csv.DictReader(g))
+
+
 def rel_err(a: torch.Tensor, b: torch.Tensor, floor: float = 1e-30) -> float:
     r"""Relative error of ``a`` against the reference ``b``, :math:`\max|a - b| / \max|b|`: the
     largest deviation over the reference's largest entry (floored at ``floor``), so that entries near
@@ -60,26 +84,75 @@ def rel_err(a: torch.Tensor, b: torch.Tensor, floor: float = 1e-30) -> float:
     return ((a - b).abs().max() / b.abs().max().clamp_min(floor)).item()
 
 
+class CLIRun(subprocess.CompletedProcess):
+    """A finished command: ``returncode``, ``stdout``, ``stderr``, and ``output``."""
+
+    @property
+    def output(self) -> str:
+        """stdout then stderr, stripped: all the user sees of the run."""
+        return (self.stdout + self.stderr).strip()
+
+
+def run_cli(*args, cwd=None, env=None, unset=(), timeout=300, expect=0) -> CLIRun:
+    """``python *args`` in a fresh interpreter (``args`` as after ``python``: ``"-m", "revgnn.train",
+    *overrides``), the way the tests run every command of the package: this tree first on the path
+    (``revgnn``, ``benchmarks``), then ``tests/`` (``model._target_=loop_models.<factory>``), then the
+    caller's PYTHONPATH; ``REVGNN_ALLOCATOR=system`` (no tcmalloc re-exec: the tests read the
+    command's own output, and tests/utils/test_launch.py tests the re-exec); ``env`` added to this
+    process's environment and the variables in ``unset`` removed. Asserts the exit status is
+    ``expect`` (``None``: not checked), naming the command and the end of its output."""
+    path = [str(REPO), str(REPO / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    full = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "REVGNN_ALLOCATOR": "system", **(env or {})}
+    for key in unset:
+        full.pop(key, None)
+    cmd = [sys.executable, *map(str, args)]
+    proc = subprocess.run(cmd, cwd=cwd, env=full, capture_output=True, text=True, timeout=timeout)
+    run = CLIRun(proc.args, proc.returncode, proc.stdout, proc.stderr)
+    if expect is not None:
+        assert run.returncode == expect, (
+            f"exit status {run.returncode}, not {expect}: {cmd}\n{run.output[-4000:]}"
+        )
+    return run
+
+
 @pytest.fixture
 def train_cli(tmp_path):
-    """``run(name, *overrides)``: ``python -m revgnn.train *overrides name=NAME`` in ``tmp_path``,
-    asserted to succeed; returns Hydra's run directory for it."""
+    """``run(name, *overrides)``: ``python -m revgnn.train *overrides name=NAME`` in ``tmp_path``
+    (:func:`run_cli`), asserted to succeed; returns Hydra's run directory for it."""
 
     def run(name, *overrides):
-        env = dict(os.environ, PYTHONPATH=str(REPO))
-        proc = subprocess.run(
-            [sys.executable, "-m", "revgnn.train", *overrides, f"name={name}"],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        run_cli("-m", "revgnn.train", *overrides, f"name={name}", cwd=tmp_path)
         (run_dir,) = (tmp_path / "outputs" / name).iterdir()
         return run_dir
 
     return run
+
+
+def require_kernel(name: str = "gen_max") -> None:
+    """Skips without a C++ compiler or with REVGNN_KERNELS=0; fails if a compiler is there but
+    the kernel ``name`` did not build."""
+    from revgnn.nn import kernels
+
+    if not kernels.enabled():
+        pytest.skip("REVGNN_KERNELS=0")
+    if getattr(kernels, name)() is None:
+        if shutil.which(os.environ.get("CXX", "c++")) is None:
+            pytest.skip("no C++ compiler on this machine: the kernel cannot be built")
+        pytest.fail("the C++ kernel did not build although a compiler is installed (see the warning)")
+
+
+@pytest.fixture(params=["kernel", "torch"])
+def impl(request, monkeypatch):
+    """Runs a test once through the C++ kernels and once through the PyTorch path."""
+    from revgnn.nn import kernels
+
+    if request.param == "kernel":
+        for name in kernels.KERNELS:
+            require_kernel(name)
+    else:
+        for name in kernels.KERNELS:
+            monkeypatch.setattr(kernels, name, lambda: None)
+    return request.param
 
 
 def compose(overrides=(), config_name="train"):
@@ -133,9 +206,20 @@ class HostSyncs(torch.overrides.TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+def published_score(experiment: str) -> str:
+    """The score ``experiment`` reproduces as its source publishes it (``"87.74 ± 0.13"`` for
+    ``proteins_revgnn_deep``), read from the model registry: the tests take the paper's figures from
+    there, never as literals of their own."""
+    from revgnn.models.registry import paper_result
+
+    return paper_result(experiment)[1].score()
+
+
 def run_summary(**fields):
-    """A :class:`~revgnn.engine.reports.Summary` of a made-up completed run; ``fields`` replace its values."""
+    """A :class:`~revgnn.engine.reports.Summary` of a made-up completed run of ``revgnn_deep``;
+    ``fields`` replace its values."""
     from revgnn.engine.reports import Summary
+    from revgnn.models import model_info
 
     base = dict(
         name="run",
@@ -143,7 +227,7 @@ def run_summary(**fields):
         model="revgnn_deep",
         data="ogbn-proteins",
         metric="rocauc",
-        num_parameters=20031384,
+        num_parameters=model_info("revgnn_deep").num_parameters,
         epochs=2000,
         best_epoch=2000,
         highest_train=0.9,

@@ -2,7 +2,8 @@
 
 Each factory takes the model config's keys (``name`` picks the zoo model, e.g. ``revgnn_small``) and
 is used as ``model._target_=loop_models.<factory>``; ``at_call`` and ``only_rank`` may also come from
-the environment (``LOOP_MODELS_AT_CALL``, ``LOOP_MODELS_RANK``) for runs started as a command.
+the environment (``LOOP_MODELS_AT_CALL``, ``LOOP_MODELS_RANK``) for runs started as a command
+(:func:`conftest.run_cli` puts tests/ on their path). In-process runs set it with :func:`with_model`.
 """
 
 import os
@@ -12,6 +13,17 @@ import torch
 from torch import nn
 
 from revgnn.models import create_model
+
+
+def with_model(cfg, factory: str, **kwargs):
+    """``cfg`` (a composed ``train.yaml``) with its model built by ``loop_models.<factory>``: the
+    model config's keys (those set) plus ``kwargs``."""
+    from omegaconf import OmegaConf
+
+    model = OmegaConf.to_container(cfg.model)
+    model = {k: v for k, v in model.items() if v is not None}
+    cfg.model = OmegaConf.create({**model, "_target_": f"loop_models.{factory}", **kwargs})
+    return cfg
 
 
 def _rank() -> int:

@@ -130,7 +130,7 @@ def epoch_report(rows, pretrain_epochs: int) -> dict:
 def write_record(args, results, argv) -> None:
     """``--record``: per arm and seed the max forward evaluations of each epoch's training solves and
     the solving epochs whose solve did not converge, as JSON with the command that made them (the
-    published figures are checked against this file by ``tests/test_deq_figures.py``); ``argv`` is
+    published figures are checked against this file by ``tests/benchmarks/test_deq_figures.py``); ``argv`` is
     the command line after ``train``, written as ``python -m benchmarks.deq train ...``."""
     runs = {}
     for (label, seed), (_, _, rep) in results.items():
@@ -202,7 +202,8 @@ def _tol_text(x: float) -> str:
 
 
 def record_statement(record) -> str:
-    """The sentence the docs publish for a ``--record`` file (tests/test_deq_figures.py looks for it)."""
+    """The sentence the docs publish for a ``--record`` file (tests/benchmarks/test_deq_figures.py
+    looks for it)."""
     runs = [run for seeds in record["runs"].values() for run in seeds.values()]
     seeds = sorted(int(s) for arm in record["runs"].values() for s in arm)
     worst = max(max(run["max_evaluations"]) for run in runs)

@@ -3,7 +3,7 @@
     python -m revgnn.models --markdown                  # print the table
     python -m revgnn.models --update-readme README.md   # write it between the README's zoo markers
 
-``tests/test_zoo.py`` fails while the README's table differs from the generated one.
+``tests/models/test_zoo.py`` fails while the README's table differs from the generated one.
 """
 
 from __future__ import annotations

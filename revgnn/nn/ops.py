@@ -23,7 +23,7 @@ implementations of the same function, chosen per call from the inputs alone:
 * **the Triton kernels** of :mod:`revgnn.nn.triton_kernels` for CUDA tensors (float32, float64,
   bfloat16) where Triton is installed, and for every tensor under ``REVGNN_KERNELS=triton`` (on CPU
   through Triton's interpreter, ``TRITON_INTERPRET=1``). They have not yet run on a GPU: only in the
-  interpreter, against the C++ kernels (``tests/test_triton_kernels.py``);
+  interpreter, against the C++ kernels (``tests/nn/test_triton_kernels.py``);
 * **PyTorch** everywhere else (other dtypes, no compiler, no Triton): the same outputs from PyTorch ops
   (``gen_max`` forms the :math:`E \times C` messages once, transiently, and keeps only the winners
   for backward, like the kernel).

@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import compose
+from conftest import REPO, compose, run_cli
 from omegaconf import OmegaConf
+from zoo_cases import ZOO
 
 import revgnn.config  # noqa: F401  (registers the schemas)
 from revgnn.config import ConfigError
 from revgnn.engine.loop import build_model
-from revgnn.models import count_parameters, create_model, list_models, model_info
+from revgnn.models import count_parameters, create_model, model_info
 from revgnn.models.registry import (
     SHAPE_ARGUMENTS,
     check_model_config,
@@ -26,9 +27,7 @@ from revgnn.models.registry import (
 )
 
 CONFIG_DIR = Path(revgnn.config.__file__).parent / "configs"
-README = Path(__file__).resolve().parents[1] / "README.md"
-#: The zoo's own variants (tests may register others).
-ZOO = [n for n in list_models() if model_info(n).cls.__module__.startswith("revgnn.")]
+README = REPO / "README.md"
 EXPERIMENTS = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
 
 _built = {}
@@ -233,10 +232,6 @@ def test_model_values_are_checked_against_the_annotations(override, message):
 def test_a_bad_model_value_is_one_line_from_the_cli(tmp_path):
     """Issue 24: ``model.hidden_channels=abc`` and ``model.aggr=maxx`` failed inside torch and PyG;
     they are one line naming the key and what it must be, exit status 2, before anything starts."""
-    import os
-    import subprocess
-    import sys
-
     for override, message in (
         ("model.hidden_channels=abc", "model.hidden_channels must be an int, got 'abc'"),
         (
@@ -244,15 +239,8 @@ def test_a_bad_model_value_is_one_line_from_the_cli(tmp_path):
             "model.aggr must be one of 'max', 'softmax', 'mean', 'add', 'sum', 'powermean', ",
         ),
     ):
-        out = subprocess.run(
-            [sys.executable, "-m", "revgnn.train", override, f"output_dir={tmp_path / 'run'}"],
-            capture_output=True,
-            text=True,
-            env=dict(os.environ, REVGNN_ALLOCATOR="system"),
-            timeout=300,
-        )
-        text = (out.stdout + out.stderr).strip()
-        assert out.returncode == 2 and message in text, text
+        text = run_cli("-m", "revgnn.train", override, f"output_dir={tmp_path / 'run'}", expect=2).output
+        assert message in text, text
         assert len(text.splitlines()) <= 2 and "Traceback" not in text, text
         assert not (tmp_path / "run" / "last.pt").exists()
 

@@ -28,7 +28,7 @@ OUTER = os.environ.get("TRITON_INTERPRET") != "1"
 
 pytest.importorskip("triton")
 
-from conftest import REPO  # noqa: E402
+from conftest import REPO, run_cli  # noqa: E402
 
 from revgnn.nn import kernels  # noqa: E402
 from revgnn.nn import triton_kernels as tk  # noqa: E402
@@ -47,17 +47,8 @@ def test_in_a_fresh_interpreter_process():
     if not OUTER:
         assert tk.INTERPRETED
         return
-    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+    pytest_here = ["-m", "pytest", "-q", "-p", "no:cacheprovider", __file__]
+    run_cli(*pytest_here, env={"TRITON_INTERPRET": "1"}, cwd=REPO, timeout=600)
 
 
 EPS = 1e-7
@@ -431,16 +422,7 @@ def test_layer_norm_relu_dtypes(dtype):
 def test_gpu_check_script_without_cuda():
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is here: scripts/gpu_check_triton.py runs the real check")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(REPO)
-    run = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "gpu_check_triton.py")],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-    assert run.returncode == 0, run.stderr
+    run = run_cli(REPO / "scripts" / "gpu_check_triton.py", unset=["TRITON_INTERPRET"], timeout=120)
     assert json.loads(run.stdout.strip().splitlines()[-1]) == {"check": "triton", "skipped": "no CUDA device"}
 
 
@@ -544,16 +526,8 @@ def test_kernels_compile_for_sm90():
     factored-edge specialisations for sm_90 (no GPU needed; Triton's own LLVM and ptxas), in a
     subprocess because this process has the interpreted kernels. (Every dtype and path, sm_90
     and sm_80: ``python scripts/triton_compile_check.py [--arch 80]``, a few minutes.)"""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(REPO)
-    run = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "triton_compile_check.py"), "--smoke", "--arch", "90"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    script = REPO / "scripts" / "triton_compile_check.py"
+    run = run_cli(script, "--smoke", "--arch", "90", unset=["TRITON_INTERPRET"], timeout=300)
     assert "0 failed" in run.stdout.splitlines()[-1] or run.stdout.startswith("skipped")
 
 

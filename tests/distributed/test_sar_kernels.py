@@ -4,7 +4,7 @@ float64, gradients included; no edge-sized float tensor saved; the kernel path
 is the one taken; the PyTorch fallback is today's path unchanged.
 
 One spawn per world size runs every check (starting workers dominates the
-cost on small machines). Helpers and the graph come from tests/test_sar.py.
+cost on small machines). Helpers and the graph come from tests/sar_cases.py.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from test_gen_max import require_kernel
-from test_sar import F_EDGE, F_IN, N, _check, _compare_model, make_graph, make_parts, rel_err
+from conftest import rel_err, require_kernel
+from sar_cases import F_EDGE, F_IN, N, check, compare_model, make_graph, make_parts
 
 from revgnn.distributed.partition import build_partitions
 from revgnn.testing.workers import run_workers
@@ -225,7 +225,7 @@ def _worker(rank, world_size, kind):
     errs, calls = [], {}
     for name, build, uses_edges in _conv_cases() + _model_cases():
         with _Counts() as counts:
-            errs += _compare_model(name, build, uses_edges, graph, parts[rank], _call, _call)
+            errs += compare_model(name, build, uses_edges, graph, parts[rank], _call, _call)
         calls[name] = (counts.kernel, counts.backward, counts.torch)
 
     # no edge-sized float tensor saved, on this worker's shards
@@ -246,7 +246,7 @@ def _worker(rank, world_size, kind):
 
 
 def _check_all(results, world_size):
-    _check([type("R", (), {"rank": r.rank, "value": r.value[0]}) for r in results])
+    check([type("R", (), {"rank": r.rank, "value": r.value[0]}) for r in results])
     for r in results:
         _, calls, bad, fallback_ok = r.value
         for name, (kernel, backward, torch_path) in calls.items():

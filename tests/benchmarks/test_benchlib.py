@@ -6,7 +6,7 @@ import sys
 
 import pytest
 import torch
-from conftest import REPO
+from conftest import run_cli
 
 import benchmarks.common as benchlib
 
@@ -115,23 +115,12 @@ def test_bench_memory_measures_drift_at_the_depths_it_is_given():
 def test_bench_deq_peer_without_torchdeq_names_the_bench_extra(tmp_path):
     """``benchmarks.deq peer`` without torchdeq: one line saying it comes with the bench extra and how to
     install it, not a ModuleNotFoundError traceback."""
-    import os
-
     hide = "import runpy, sys; sys.modules['torchdeq'] = None; "  # as if not installed
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            f"{hide}sys.argv = ['benchmarks.deq', 'peer', '--nodes', '50']; "
-            "runpy.run_module('benchmarks.deq', run_name='__main__', alter_sys=True)",
-        ],
-        cwd=tmp_path,
-        env=dict(os.environ, PYTHONPATH=str(REPO)),
-        capture_output=True,
-        text=True,
-        timeout=300,
+    code = (
+        f"{hide}sys.argv = ['benchmarks.deq', 'peer', '--nodes', '50']; "
+        "runpy.run_module('benchmarks.deq', run_name='__main__', alter_sys=True)"
     )
-    text = (proc.stdout + proc.stderr).strip()
-    assert proc.returncode == 1 and "Traceback" not in text and len(text.splitlines()) == 1, text
+    text = run_cli("-c", code, cwd=tmp_path, expect=1).output
+    assert "Traceback" not in text and len(text.splitlines()) == 1, text
     assert "torchdeq, which is not installed: it comes with revgnn's bench extra" in text, text
     assert 'pip install -e ".[bench]"' in text, text

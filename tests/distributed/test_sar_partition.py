@@ -7,12 +7,10 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
-from conftest import compose
+from conftest import compose, run_cli
 
 from revgnn.cli.partition import partition_from_config, register_partition_config
 from revgnn.distributed.part_files import (
@@ -316,23 +314,16 @@ def _compose(overrides):
 
 def test_partition_command(tmp_path):
     """End to end in a fresh process and directory: only ``out`` appears."""
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "revgnn.cli.partition",
-            "data=proteins_like",
-            "data.num_nodes=400",
-            "num_parts=2",
-            "method=random",
-            "out=parts/pl2",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    res = run_cli(
+        "-m",
+        "revgnn.cli.partition",
+        "data=proteins_like",
+        "data.num_nodes=400",
+        "num_parts=2",
+        "method=random",
+        "out=parts/pl2",
         cwd=tmp_path,
     )
-    assert res.returncode == 0, res.stderr
     summary = json.loads(res.stdout.strip().splitlines()[-1])
     assert summary["parts"] == 2 and sum(summary["part_sizes"]) == 400
     assert sorted(os.listdir(tmp_path)) == ["parts"]  # no Hydra outputs/

@@ -1,41 +1,16 @@
 """The fused GENConv max aggregation equals PyG's GENConv exactly (float64), in both
 implementations: the C++ kernel (revgnn.nn.kernels) and the PyTorch fallback."""
 
-import os
-import shutil
-
 import pytest
 import torch
 import torch_geometric.typing
+from conftest import require_kernel
 from torch_geometric import EdgeIndex
 from torch_geometric.nn import GENConv
 
-from revgnn.nn import GENBlock, LinearEdgeFeatures, kernels, ops
+from revgnn.nn import GENBlock, LinearEdgeFeatures, ops
 from revgnn.nn.gen_max import _csc, gen_max_aggregate
 from revgnn.utils import SavedTensorBytes
-
-
-def require_kernel(name: str = "gen_max") -> None:
-    """Skips without a C++ compiler or with REVGNN_KERNELS=0; fails if a compiler is there but
-    the kernel ``name`` did not build."""
-    if not kernels.enabled():
-        pytest.skip("REVGNN_KERNELS=0")
-    if getattr(kernels, name)() is None:
-        if shutil.which(os.environ.get("CXX", "c++")) is None:
-            pytest.skip("no C++ compiler on this machine: the kernel cannot be built")
-        pytest.fail("the C++ kernel did not build although a compiler is installed (see the warning)")
-
-
-@pytest.fixture(params=["kernel", "torch"])
-def impl(request, monkeypatch):
-    """Runs a test once through the C++ kernels and once through the PyTorch path."""
-    if request.param == "kernel":
-        for name in kernels.KERNELS:
-            require_kernel(name)
-    else:
-        for name in kernels.KERNELS:
-            monkeypatch.setattr(kernels, name, lambda: None)
-    return request.param
 
 
 def graph(n=40, e=200, seed=0):

@@ -3,7 +3,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from test_gen_max import require_kernel
+from conftest import require_kernel
 from torch import nn
 from torch_geometric.nn import GENConv
 

@@ -7,7 +7,8 @@ import json
 
 import pytest
 import torch
-from conftest import compose_train
+from conftest import TIMING, assert_same_run, compose_train
+from loop_models import with_model
 from omegaconf import OmegaConf
 
 from revgnn.engine.checkpoint import load_checkpoint
@@ -16,7 +17,6 @@ from revgnn.testing.workers import run_workers
 DATA = dict(num_nodes=400, window=5, avg_degree=6, max_hops=2)
 DATA_OVERRIDES = [f"data.{k}={v}" for k, v in DATA.items()]
 MODEL = ["model.num_layers=2", "model.hidden_channels=8", "trainer.eval_every=1"]
-TIMING = {"epoch_time_s", "peak_memory_mb"}  # measurements, not results
 
 
 @pytest.fixture(scope="module")
@@ -61,30 +61,6 @@ def _run(cfg, world_size=2, catch=False):
     return [r.value for r in run_workers(_train, world_size, cfg, catch, timeout_s=60, wall_s=600, threads=1)]
 
 
-def _with_model(cfg, target, **kwargs):
-    model = OmegaConf.to_container(cfg.model)
-    model = {k: v for k, v in model.items() if v is not None}
-    cfg.model = OmegaConf.create({**model, "_target_": f"loop_models.{target}", **kwargs})
-    return cfg
-
-
-def _strip(history):
-    return [{k: v for k, v in row.items() if k not in TIMING} for row in history]
-
-
-def _assert_same_run(a_dir, b_dir):
-    a, b = load_checkpoint(str(a_dir / "last.pt")), load_checkpoint(str(b_dir / "last.pt"))
-    assert a["model"].keys() == b["model"].keys()
-    for key in a["model"]:
-        assert torch.equal(a["model"][key], b["model"][key]), key
-    assert _strip(a["history"]) == _strip(b["history"]) and a["best"] == b["best"]
-    read = lambda d: [
-        {k: v for k, v in r.items() if k not in TIMING}  # noqa: E731
-        for r in csv.DictReader(open(d / "metrics.csv"))
-    ]
-    assert read(a_dir) == read(b_dir)
-
-
 def test_sar_resume_is_bitwise_and_checks_the_layout(tmp_path, parts):
     """4 SAR epochs == 2 epochs resumed for 2 more (dropout on: each rank's RNG state is restored);
     a checkpoint of another partitioning or world size is refused, naming both."""
@@ -98,7 +74,7 @@ def test_sar_resume_is_bitwise_and_checks_the_layout(tmp_path, parts):
     }  # same on every worker
     _run(_sar(tmp_path / "half", p2, "trainer.epochs=2"))
     _run(_sar(tmp_path / "resumed", p2, "trainer.epochs=4", f"ckpt_path={tmp_path / 'half' / 'last.pt'}"))
-    _assert_same_run(tmp_path / "full", tmp_path / "resumed")
+    assert_same_run(tmp_path / "full", tmp_path / "resumed")
     summary = json.loads((tmp_path / "full" / "summary.json").read_text())
     assert summary["backend"] == "sar" and summary["world_size"] == 2 and summary["status"] == "completed"
     assert json.loads(full)["highest_valid"] == summary["highest_valid"]
@@ -127,7 +103,7 @@ def test_sar_resume_is_bitwise_and_checks_the_layout(tmp_path, parts):
 def test_sar_nan_stops_every_worker_at_the_same_step(tmp_path, parts):
     """NaN logits on rank 1 only: both workers stop in epoch 2, naming the last good checkpoint,
     whose weights are finite; summary.json says the run diverged."""
-    cfg = _with_model(_sar(tmp_path, parts / "p2", "trainer.epochs=4"), "nan_at", at_call=2, only_rank=1)
+    cfg = with_model(_sar(tmp_path, parts / "p2", "trainer.epochs=4"), "nan_at", at_call=2, only_rank=1)
     errors = _run(cfg, catch=True)
     for e in errors:
         assert e.startswith("TrainingDiverged: loss is nan at epoch 2, step 0"), e
@@ -157,7 +133,7 @@ def test_ddp_divergence_on_one_worker_stops_every_worker_at_the_same_point(tmp_p
     workers before scoring). Both workers stop at the same point as diverged."""
     common = [*MODEL, *DATA_OVERRIDES, "backend=ddp", "backend.timeout_s=60", "trainer.train_parts=2"]
     common.append("trainer.eval_parts=2")  # one evaluation forward per worker
-    cfg = _with_model(
+    cfg = with_model(
         compose_train(tmp_path / "grad", *common, "trainer.epochs=3"),
         "inf_gradient_at",
         at_call=2,
@@ -171,7 +147,7 @@ def test_ddp_divergence_on_one_worker_stops_every_worker_at_the_same_point(tmp_p
     assert ckpt["epoch"] == 1 and all(torch.isfinite(v).all() for v in ckpt["model"].values())
     assert json.loads((tmp_path / "grad" / "summary.json").read_text())["status"] == "diverged"
 
-    cfg = _with_model(
+    cfg = with_model(
         compose_train(tmp_path / "eval", *common, "trainer.epochs=3"), "nan_in_evaluation", only_rank=1
     )
     for e in _run(cfg, catch=True):
@@ -185,7 +161,7 @@ def test_ddp_solver_divergence_on_one_worker_stops_every_worker_at_the_same_step
     wait in the step's all-reduce for a peer that raised; both stop there as diverged, each naming
     worker 1's solver error, and last.pt stays epoch 1's."""
     common = [*MODEL, *DATA_OVERRIDES, "backend=ddp", "backend.timeout_s=60", "trainer.train_parts=2"]
-    cfg = _with_model(
+    cfg = with_model(
         compose_train(tmp_path, *common, "trainer.eval_parts=2", "trainer.epochs=3"),
         "solver_diverges_at",
         at_call=2,
@@ -204,7 +180,7 @@ def test_sar_sigterm_saves_a_checkpoint_that_resumes_exactly(tmp_path, parts):
     inside the epoch, the error names the resume command; resuming equals the uninterrupted run."""
     p2 = parts / "p2"
     _run(_sar(tmp_path / "full", p2, "trainer.epochs=3"))
-    cfg = _with_model(_sar(tmp_path / "cut", p2, "trainer.epochs=3"), "signal_at", at_call=2, only_rank=0)
+    cfg = with_model(_sar(tmp_path / "cut", p2, "trainer.epochs=3"), "signal_at", at_call=2, only_rank=0)
     for e in _run(cfg, catch=True):
         assert (
             e.startswith("TrainingInterrupted") and "SIGTERM" in e and "torchrun" in e and "ckpt_path=" in e
@@ -221,7 +197,7 @@ def test_sar_sigterm_saves_a_checkpoint_that_resumes_exactly(tmp_path, parts):
             "resume_allow=[model._target_,model.at_call,model.only_rank]",
         )
     )  # the same model, no signal
-    _assert_same_run(tmp_path / "full", tmp_path / "cut")
+    assert_same_run(tmp_path / "full", tmp_path / "cut")
 
 
 def _train_interrupted(rank, world_size, cfg):
@@ -239,7 +215,7 @@ def test_sigint_to_one_worker_is_reported_as_sigint_by_every_worker(tmp_path, pa
     """SIGINT (Ctrl-C) to rank 1 alone: rank 0 got no signal of its own, yet both stop at the same
     step and exit with SIGINT's code 130 (not SIGTERM's 143), rank 0 naming the rank it was sent to."""
     cfg = _sar(tmp_path, parts / "p2", "trainer.epochs=3")
-    cfg = _with_model(cfg, "signal_at", at_call=2, only_rank=1, signum=2)  # SIGINT
+    cfg = with_model(cfg, "signal_at", at_call=2, only_rank=1, signum=2)  # SIGINT
     res = run_workers(_train_interrupted, 2, cfg, timeout_s=60, wall_s=600, threads=1)
     (msg0, code0), (msg1, code1) = [r.value for r in res]
     assert code0 == code1 == 130, (msg0, msg1)
@@ -253,7 +229,7 @@ def test_sar_honours_precision_loggers_and_set_epoch(tmp_path, parts):
     best.pt runs on every worker (full graph) and scores what the best epoch's evaluation scored."""
     p2 = parts / "p2"
     _run(_sar(tmp_path / "fp32", p2, "trainer.epochs=1"))
-    cfg = _with_model(
+    cfg = with_model(
         _sar(
             tmp_path / "bf16",
             p2,
@@ -295,13 +271,11 @@ def test_ddp_equals_one_process_accumulating_the_same_parts(tmp_path):
         "trainer.eval_parts=2",
     ]
     _run(
-        _with_model(
-            compose_train(tmp_path / "ddp", "backend=ddp", "backend.timeout_s=60", *common), "float64"
-        )
+        with_model(compose_train(tmp_path / "ddp", "backend=ddp", "backend.timeout_s=60", *common), "float64")
     )
     from revgnn.cli.train import train
 
-    train(_with_model(compose_train(tmp_path / "local", "trainer.parts_per_step=2", *common), "float64"))
+    train(with_model(compose_train(tmp_path / "local", "trainer.parts_per_step=2", *common), "float64"))
     a, b = (
         load_checkpoint(str(tmp_path / "ddp" / "last.pt")),
         load_checkpoint(str(tmp_path / "local" / "last.pt")),

@@ -10,6 +10,8 @@ from hydra import compose, initialize_config_dir
 import revgnn.config
 from revgnn.cli.train import train
 from revgnn.engine.checkpoint import load_checkpoint
+from revgnn.models.paper import MOLHIV
+from revgnn.models.registry import paper_result
 
 CONFIG_DIR = str(Path(revgnn.config.__file__).parent / "configs")
 TINY = [
@@ -56,7 +58,10 @@ def test_graph_training_resumes_exactly(tmp_path):
 
 @pytest.mark.parametrize(
     "experiment,norm,params",
-    [("molhiv_revgnn_graphnorm", "graph", 745_999), ("molhiv_revgnn_batchnorm", "batch", 743_951)],
+    [
+        (experiment, norm, paper_result(experiment)[0].num_parameters)  # the registry's exact count
+        for experiment, norm in (("molhiv_revgnn_graphnorm", "graph"), ("molhiv_revgnn_batchnorm", "batch"))
+    ],
 )
 def test_molhiv_experiments_have_the_paper_model(experiment, norm, params):
     from revgnn.data.graph_dataset import GraphDataset
@@ -74,9 +79,9 @@ def test_molhiv_experiments_have_the_paper_model(experiment, norm, params):
         graphs=[],
         split_idx={k: torch.zeros(0, dtype=torch.long) for k in ("train", "valid", "test")},
         task="multilabel",
-        num_classes=1,
+        num_classes=MOLHIV["out_channels"],
         evaluator="ogbg-molhiv",
-        in_channels=9,
-        edge_channels=3,
+        in_channels=MOLHIV["in_channels"],
+        edge_channels=MOLHIV["edge_channels"],
     )
     assert count_parameters(build_model(cfg.model, data_shapes(shapes))) == params

@@ -6,7 +6,7 @@ import re
 
 import pytest
 import torch
-from conftest import TINY_GRAPH, compose
+from conftest import TIMING, TINY_GRAPH, compose, run_cli
 from omegaconf import OmegaConf
 from torch import nn
 
@@ -73,8 +73,7 @@ def test_resume_is_exact(tmp_path):
     )
     for key in a["model"]:
         assert torch.equal(a["model"][key], b["model"][key]), key
-    timing = {"epoch_time_s", "peak_memory_mb"}  # measurements, not results
-    strip = lambda hist: [{k: v for k, v in row.items() if k not in timing} for row in hist]  # noqa: E731
+    strip = lambda hist: [{k: v for k, v in row.items() if k not in TIMING} for row in hist]  # noqa: E731
     assert strip(a["history"]) == strip(b["history"]) and a["best"] == b["best"]
     for k in ("highest_valid", "final_test", "best_epoch"):
         assert full[k] == resumed[k]
@@ -93,8 +92,7 @@ def test_resume_at_any_epoch_equals_the_uninterrupted_run(tmp_path, split):
     first = train(_cfg(leg, f"trainer.epochs={split}", *every))
     assert first["best_epoch"] == split  # the closing evaluation improved: the case to undo
     train(_cfg(leg, "trainer.epochs=5", *every, f"ckpt_path={leg / 'last.pt'}"))
-    timing = {"epoch_time_s", "peak_memory_mb"}  # measurements, not results
-    strip = lambda rows: [{k: v for k, v in r.items() if k not in timing} for r in rows]  # noqa: E731
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMING} for r in rows]  # noqa: E731
     for name in ("last.pt", "best.pt"):
         a, b = load_checkpoint(str(tmp_path / "full" / name)), load_checkpoint(str(leg / name))
         assert a["epoch"] == b["epoch"] and a["best"] == b["best"], name
@@ -127,9 +125,9 @@ def test_an_infinite_gradient_norm_stops_without_an_update(tmp_path):
     the step applies no update, the run stops as diverged naming the gradient norm, and last.pt of
     epoch 1 holds finite weights."""
     from conftest import compose_train
-    from test_sar_train import _with_model
+    from loop_models import with_model
 
-    cfg = _with_model(compose_train(tmp_path, *TINY, "trainer.epochs=3"), "inf_gradient_at", at_call=3)
+    cfg = with_model(compose_train(tmp_path, *TINY, "trainer.epochs=3"), "inf_gradient_at", at_call=3)
     with pytest.raises(
         TrainingDiverged,
         match=r"gradient norm is (nan|inf) at epoch 2, step 0: training "
@@ -146,9 +144,9 @@ def test_non_finite_predictions_stop_as_diverged_not_in_the_scorer(tmp_path):
     diverged, naming the splits, before OGB's evaluator sees them (scikit-learn would raise "Input
     contains NaN"); summary.json is written and no checkpoint of the diverged epoch is."""
     from conftest import compose_train
-    from test_sar_train import _with_model
+    from loop_models import with_model
 
-    cfg = _with_model(compose_train(tmp_path, *TINY, "trainer.epochs=3"), "nan_in_evaluation")
+    cfg = with_model(compose_train(tmp_path, *TINY, "trainer.epochs=3"), "nan_in_evaluation")
     with pytest.raises(TrainingDiverged) as info:
         train(cfg)
     msg = str(info.value)
@@ -163,9 +161,9 @@ def test_failure_summary_names_the_epoch_that_failed(tmp_path):
     """A model that raises in epoch 3 (its 5th training forward, 2 parts per epoch): summary.json
     says "failed at epoch 3" and last.pt holds epoch 2, the last one that finished."""
     from conftest import compose_train
-    from test_sar_train import _with_model
+    from loop_models import with_model
 
-    cfg = _with_model(compose_train(tmp_path, *TINY, "trainer.epochs=4"), "fail_at", at_call=5)
+    cfg = with_model(compose_train(tmp_path, *TINY, "trainer.epochs=4"), "fail_at", at_call=5)
     with pytest.raises(RuntimeError, match="training forward 5"):
         train(cfg)
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -176,20 +174,10 @@ def test_failure_summary_names_the_epoch_that_failed(tmp_path):
 def test_cli_divergence_is_one_message_and_exit_code_1(tmp_path):
     """`python -m revgnn.train` whose evaluation diverges: one error line naming what was not finite
     and the last good checkpoint, no traceback, exit code 1, summary.json written as diverged."""
-    import os
-    import subprocess
-    import sys
-
-    from conftest import REPO
-
-    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}", REVGNN_ALLOCATOR="system")
     run = tmp_path / "run"
     args = [*TINY, "trainer.epochs=2", "model._target_=loop_models.nan_in_evaluation", f"output_dir={run}"]
-    out = subprocess.run(
-        [sys.executable, "-m", "revgnn.train", *args], env=env, capture_output=True, text=True, timeout=600
-    )
+    out = run_cli("-m", "revgnn.train", *args, timeout=600, expect=1)
     text = out.stdout + out.stderr
-    assert out.returncode == 1, text[-3000:]
     errors = [line for line in text.splitlines() if "[ERROR]" in line]
     assert len(errors) == 1 and "Traceback" not in text, text[-3000:]
     assert "predictions are NaN or infinite" in errors[0] and "Last good checkpoint: none" in errors[0]
@@ -261,19 +249,8 @@ def test_out_of_range_settings_are_named(tmp_path, override, message):
 
 def _refused(args, tmp_path):
     """``python -m revgnn.train *args``: its exit status and whole output (stdout and stderr)."""
-    import os
-    import subprocess
-    import sys
-
-    out = subprocess.run(
-        [sys.executable, "-m", "revgnn.train", *args],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, REVGNN_ALLOCATOR="system"),
-        cwd=tmp_path,
-        timeout=300,
-    )
-    return out.returncode, (out.stdout + out.stderr).strip()
+    out = run_cli("-m", "revgnn.train", *args, cwd=tmp_path, expect=None)
+    return out.returncode, out.output
 
 
 def test_configuration_errors_are_one_message_before_anything_starts(tmp_path, monkeypatch):
@@ -323,10 +300,6 @@ def test_configuration_errors_are_one_message_before_anything_starts(tmp_path, m
 def test_unknown_keys_are_named(tmp_path):
     """Hydra's `+key=value` adds a key composition would refuse; the run refuses it before it starts,
     naming it (and the closest real key), in one line of output and exit status 2."""
-    import os
-    import subprocess
-    import sys
-
     for override, message in (
         ("+foo=1", "unknown key foo: revgnn-train has no such setting; the top level takes model,"),
         ("+trainer.epoch=3", "unknown key trainer.epoch: revgnn-train has no such setting (did you mean "),
@@ -334,15 +307,10 @@ def test_unknown_keys_are_named(tmp_path):
     ):
         with pytest.raises(ValueError, match=re.escape(message)):
             train(_cfg(tmp_path, "trainer.epochs=1", override))
-    out = subprocess.run(
-        [sys.executable, "-m", "revgnn.train", "+foo=1", f"output_dir={tmp_path / 'cli'}"],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, REVGNN_ALLOCATOR="system"),
-        timeout=120,
-    )
-    text = (out.stdout + out.stderr).strip()
-    assert out.returncode == 2 and "unknown key foo" in text, text
+    text = run_cli(
+        "-m", "revgnn.train", "+foo=1", f"output_dir={tmp_path / 'cli'}", timeout=120, expect=2
+    ).output
+    assert "unknown key foo" in text, text
     assert len(text.splitlines()) <= 2 and "Traceback" not in text, text
     assert not (tmp_path / "cli").exists()  # refused before Hydra creates the run directory
 
@@ -351,45 +319,14 @@ def test_cli_output_dir_holds_the_whole_run_and_sweeps_keep_every_job(tmp_path):
     """output_dir=X: checkpoints, metrics, .hydra/ and train.log all in X, nothing under the cwd's
     outputs/. A multirun over a non-seed key gives every job its own directory, named by job
     number and overrides."""
-    import os
-    import subprocess
-    import sys
-
-    from conftest import REPO
-
-    env = dict(os.environ, PYTHONPATH=str(REPO), REVGNN_ALLOCATOR="system")
     run = tmp_path / "run"
-    out = subprocess.run(
-        [sys.executable, "-m", "revgnn.train", *TINY, "trainer.epochs=1", f"output_dir={run}"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
+    run_cli("-m", "revgnn.train", *TINY, "trainer.epochs=1", f"output_dir={run}", cwd=tmp_path, timeout=600)
     for name in ("last.pt", "metrics.csv", "summary.json", "train.log", ".hydra/config.yaml"):
         assert (run / name).exists(), name
     assert not (tmp_path / "outputs").exists()
     sweep = tmp_path / "sweep"
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "revgnn.train",
-            "-m",
-            *TINY,
-            "trainer.epochs=1",
-            "optim.lr=0.001,0.01",
-            f"output_dir={sweep}",
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
+    sweep_args = [*TINY, "trainer.epochs=1", "optim.lr=0.001,0.01", f"output_dir={sweep}"]
+    run_cli("-m", "revgnn.train", "-m", *sweep_args, cwd=tmp_path, timeout=600)
     jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir())
     assert len(jobs) == 2 and jobs[0].startswith("0_") and jobs[1].startswith("1_"), jobs
     assert "optim.lr=0.001" in jobs[0] and "optim.lr=0.01" in jobs[1], jobs
@@ -405,10 +342,6 @@ def test_a_second_run_into_an_output_dir_is_refused_unless_it_resumes_or_overwri
     """A run into a directory that holds an earlier run is refused, naming it, and the earlier run's
     files stay as they were; resuming from a checkpoint there continues it; overwrite=true replaces
     it. From the command line: one line, before Hydra writes .hydra/ or train.log."""
-    import os
-    import subprocess
-    import sys
-
     from conftest import TINY_RUN
 
     from revgnn.config import ConfigError
@@ -430,14 +363,11 @@ def test_a_second_run_into_an_output_dir_is_refused_unless_it_resumes_or_overwri
     assert load_checkpoint(str(a / "last.pt"))["config"]["seed"] == 1
 
     run = tmp_path / "cli"
-    env = dict(os.environ, REVGNN_ALLOCATOR="system")
-    cmd = [sys.executable, "-m", "revgnn.train", *TINY_RUN, f"output_dir={run}"]
-    first = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
-    assert first.returncode == 0, first.stderr[-3000:]
+    cmd = ["-m", "revgnn.train", *TINY_RUN, f"output_dir={run}"]
+    run_cli(*cmd)
     kept = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
-    again = subprocess.run([*cmd, "seed=1"], capture_output=True, text=True, env=env, timeout=300)
-    text = (again.stdout + again.stderr).strip()
-    assert again.returncode == 2 and f"output directory {run} holds an earlier run" in text, text
+    text = run_cli(*cmd, "seed=1", expect=2).output
+    assert f"output directory {run} holds an earlier run" in text, text
     assert len(text.splitlines()) <= 2 and "Traceback" not in text, text
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == kept  # .hydra/, train.log too
 
@@ -493,10 +423,6 @@ def test_a_file_that_is_no_checkpoint_or_a_truncated_one_is_named(tmp_path, caps
     """A text file, a torch file of other content and a truncated last.pt given to train's resume and
     to revgnn-evaluate: "not a revgnn checkpoint: <path>" / "truncated or corrupt checkpoint: <path>",
     one line from each command."""
-    import os
-    import subprocess
-    import sys
-
     from revgnn.cli.evaluate import main as evaluate
     from revgnn.engine.checkpoint import CheckpointError
 
@@ -519,15 +445,9 @@ def test_a_file_that_is_no_checkpoint_or_a_truncated_one_is_named(tmp_path, caps
         assert e.value.code == 2
         err = capsys.readouterr().err.strip()
         assert message in err and len(err.splitlines()) <= 2, err
-    out = subprocess.run(
-        [sys.executable, "-m", "revgnn.train", f"ckpt_path={cut}", f"output_dir={tmp_path / 'cli'}"],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, REVGNN_ALLOCATOR="system"),
-        timeout=120,
-    )
-    output = (out.stdout + out.stderr).strip()
-    assert out.returncode == 2 and f"truncated or corrupt checkpoint: {cut}" in output, output
+    cmd = ["-m", "revgnn.train", f"ckpt_path={cut}", f"output_dir={tmp_path / 'cli'}"]
+    output = run_cli(*cmd, timeout=120, expect=2).output
+    assert f"truncated or corrupt checkpoint: {cut}" in output, output
     assert len(output.splitlines()) <= 2 and "Traceback" not in output, output
 
 
@@ -575,14 +495,14 @@ def test_signal_mid_epoch_saves_and_resumes_exactly(tmp_path):
     """SIGTERM during epoch 2 (a real signal, sent by the model at its 3rd training forward): the
     step finishes, last.pt holds the position inside the epoch, summary.json says interrupted and
     the error names the resume command; resuming equals the uninterrupted run bitwise."""
-    from conftest import compose_train
-    from test_sar_train import _assert_same_run, _with_model
+    from conftest import assert_same_run, compose_train
+    from loop_models import with_model
 
     from revgnn.engine.interrupt import TrainingInterrupted
 
     common = [*TINY, "trainer.epochs=3"]
     train(compose_train(tmp_path / "full", *common))
-    cut = _with_model(compose_train(tmp_path / "cut", *common), "signal_at", at_call=3)
+    cut = with_model(compose_train(tmp_path / "cut", *common), "signal_at", at_call=3)
     with pytest.raises(
         TrainingInterrupted, match=r"(?s)SIGTERM: stopped in epoch 2 after 1 step.*revgnn-train .*ckpt_path="
     ) as e:
@@ -599,44 +519,22 @@ def test_signal_mid_epoch_saves_and_resumes_exactly(tmp_path):
             "resume_allow=[model._target_,model.at_call]",
         )
     )  # the same model, without the signal
-    _assert_same_run(tmp_path / "full", tmp_path / "cut")
+    assert_same_run(tmp_path / "full", tmp_path / "cut")
 
 
 def test_cli_sigterm_exits_non_zero_with_a_resume_command_that_works(tmp_path):
     """`python -m revgnn.train` gets SIGTERM in epoch 2: exit code 143, last.pt and summary.json
     written, and the printed command resumes the run to its end."""
-    import os
     import shlex
-    import subprocess
-    import sys
 
-    from conftest import REPO
-
-    env = dict(
-        os.environ,
-        PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}",
-        LOOP_MODELS_AT_CALL="3",
-        REVGNN_ALLOCATOR="system",
-    )
     run = tmp_path / "run"
     args = [*TINY, "trainer.epochs=3", "model._target_=loop_models.signal_at", f"output_dir={run}"]
-    out = subprocess.run(
-        [sys.executable, "-m", "revgnn.train", *args], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert out.returncode == 143, out.stderr[-3000:]
+    out = run_cli("-m", "revgnn.train", *args, env={"LOOP_MODELS_AT_CALL": "3"}, timeout=600, expect=143)
     assert json.loads((run / "summary.json").read_text())["status"] == "interrupted"
     command = (out.stdout + out.stderr).split("Resume with:")[1].strip().splitlines()[0].strip()
     head, *overrides = shlex.split(command)
     assert head == "revgnn-train" and f"ckpt_path={run / 'last.pt'}" in overrides
-    env.pop("LOOP_MODELS_AT_CALL")
-    out = subprocess.run(
-        [sys.executable, "-m", "revgnn.train", *overrides],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
+    run_cli("-m", "revgnn.train", *overrides, timeout=600)  # without LOOP_MODELS_AT_CALL: no signal
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["epochs"] == 3
 

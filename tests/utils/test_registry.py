@@ -190,18 +190,18 @@ def test_a_user_module_in_imports_registers_a_model_a_conv_and_a_solver(user_mod
     from revgnn.config import import_modules
     from revgnn.engine.loop import build_model
     from revgnn.models import check_model_config
+    from revgnn.models.paper import PROTEINS
 
     cfg = compose([f"imports=[{user_module}]", "model.name=user_revgnn", "model.aggr=mean"])
     import_modules(cfg.imports)
     check_model_config(cfg.model)
-    shapes = dict(in_channels=16, out_channels=112, edge_channels=8, species_channels=8)
-    model = build_model(cfg.model, shapes)
+    model = build_model(cfg.model, PROTEINS)
     assert type(model.layers[0].convs[0]).__name__ == "UserGraphBlock"
     assert model.layers[0].convs[0].conv.aggr == "mean"
     assert "user_revgnn" in {n.removesuffix(".yaml") for n in _stored_models()}  # model=user_revgnn too
     cfg = compose(["model=deq_gnn", "model.solver=user_solver"])
     check_model_config(cfg.model)
-    assert build_model(cfg.model, shapes).deq.solver == "user_solver"
+    assert build_model(cfg.model, PROTEINS).deq.solver == "user_solver"
 
 
 def _stored_models():
@@ -214,24 +214,15 @@ def test_revgnn_train_imports_a_user_module_from_the_working_directory(tmp_path)
     """The whole command: ``revgnn-train imports=[user_zoo] model.name=user_revgnn`` trains the
     user's variant, with its conv and that conv's own option, from a module in the working directory."""
     import json
-    import os
-    import subprocess
-    import sys
 
-    from conftest import REPO, TINY_RUN
+    from conftest import TINY_RUN, run_cli
 
     (tmp_path / "user_zoo.py").write_text(USER_MODULE)
     overrides = [o for o in TINY_RUN if not o.startswith("model.")]
-    out = subprocess.run(
-        [sys.executable, "-m", "revgnn.train", "imports=[user_zoo]", "model.name=user_revgnn"]
-        + ["model.aggr=mean", *overrides, f"output_dir={tmp_path / 'run'}"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, PYTHONPATH=str(REPO), REVGNN_ALLOCATOR="system"),
-        timeout=600,
+    user = ["imports=[user_zoo]", "model.name=user_revgnn", "model.aggr=mean"]
+    run_cli(
+        "-m", "revgnn.train", *user, *overrides, f"output_dir={tmp_path / 'run'}", cwd=tmp_path, timeout=600
     )
-    assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "completed", summary
     log = (tmp_path / "run" / ".hydra" / "config.yaml").read_text()

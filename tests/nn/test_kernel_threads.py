@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import torch
-from test_gen_max import require_kernel
+from conftest import require_kernel
 
 THREADS = (1, 2, 3)
 

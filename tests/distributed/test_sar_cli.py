@@ -7,18 +7,21 @@ import subprocess
 import sys
 import time
 
+from conftest import run_cli
+
 from revgnn.distributed.torchrun import STAMP_FORMAT
 
 
 def _torchrun_sar(tmp_path, *overrides, timeout_s=60):
     """Partitions a 400-node ``proteins_like`` graph for 2 workers under ``tmp_path``; returns the
-    ``torchrun`` command that trains a 2-layer model on it with SAR into ``tmp_path / "run"``."""
+    ``torchrun`` command (:func:`run_cli`'s arguments) that trains a 2-layer model on it with SAR into
+    ``tmp_path / "run"``."""
     from revgnn.data.synthetic import proteins_like
     from revgnn.distributed.partition import partition_dataset
 
     parts = tmp_path / "parts"
     partition_dataset(proteins_like(num_nodes=400), str(parts), 2, "random")
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     return [
         *torchrun,
         "-m",
@@ -33,10 +36,8 @@ def _torchrun_sar(tmp_path, *overrides, timeout_s=60):
 
 
 def test_train_cli_with_sar_backend(tmp_path):
-    env = dict(os.environ, OMP_NUM_THREADS="1", REVGNN_ALLOCATOR="system")
     cmd = _torchrun_sar(tmp_path, "backend.num_threads=1", "trainer.epochs=2")
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    run_cli(*cmd, env={"OMP_NUM_THREADS": "1"})
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["backend"] == "sar" and summary["world_size"] == 2
     assert 0.0 <= summary["highest_valid"] <= 1.0 and summary["epochs"] == 2
@@ -92,22 +93,15 @@ def test_torchrun_ranks_agree_on_rank_0s_run_directory(tmp_path):
 
 
 def test_sar_backend_without_partition_dir_is_a_clear_error(tmp_path):
-    out = subprocess.run(
-        [sys.executable, "-m", "revgnn.train", "backend=sar", f"hydra.run.dir={tmp_path}"],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, REVGNN_ALLOCATOR="system"),
-        timeout=120,
-    )
+    out = run_cli("-m", "revgnn.train", "backend=sar", f"hydra.run.dir={tmp_path}", timeout=120, expect=None)
     assert out.returncode != 0
     assert "partition_dir" in out.stderr
 
 
-def _without_torchrun_env():
-    env = dict(os.environ, REVGNN_ALLOCATOR="system", OMP_NUM_THREADS="1")
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    return {k: v for k, v in env.items() if not k.startswith("TORCHELASTIC_")}
+def _torchrun_env():
+    """The variables torchrun sets for its workers, so that a command started without them is one."""
+    names = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"]
+    return names + [k for k in os.environ if k.startswith("TORCHELASTIC_")]
 
 
 def test_distributed_backend_without_torchrun_says_how_to_launch(tmp_path):
@@ -120,30 +114,15 @@ def test_distributed_backend_without_torchrun_says_how_to_launch(tmp_path):
     parts = tmp_path / "parts"
     partition_dataset(proteins_like(num_nodes=400), str(parts), 2, "random")
     for backend, workers in (["backend=ddp"], "P"), (["backend=sar", f"backend.partition_dir={parts}"], "2"):
-        out = subprocess.run(
-            [sys.executable, "-m", "revgnn.train", *backend, f"output_dir={tmp_path / 'run'}"],
-            capture_output=True,
-            text=True,
-            env=_without_torchrun_env(),
-            timeout=120,
-        )
-        text = (out.stdout + out.stderr).strip()
-        assert out.returncode == 2, text
+        cmd = ["-m", "revgnn.train", *backend, f"output_dir={tmp_path / 'run'}"]
+        out = run_cli(*cmd, env={"OMP_NUM_THREADS": "1"}, unset=_torchrun_env(), timeout=120, expect=2)
+        text = out.output
         assert f"launch it as `torchrun --nproc_per_node={workers} -m revgnn.train {backend[0]} ...`" in text
         assert len(text.splitlines()) <= 2 and "Traceback" not in text, text
 
 
 def _loop_models_env(at_call, rank):
-    from conftest import REPO
-
-    return dict(
-        os.environ,
-        OMP_NUM_THREADS="1",
-        REVGNN_ALLOCATOR="system",
-        LOOP_MODELS_AT_CALL=str(at_call),
-        LOOP_MODELS_RANK=str(rank),
-        PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}",
-    )
+    return {"OMP_NUM_THREADS": "1", "LOOP_MODELS_AT_CALL": str(at_call), "LOOP_MODELS_RANK": str(rank)}
 
 
 def _one_message(text, pattern):
@@ -163,7 +142,7 @@ def test_dead_worker_under_torchrun_ends_the_job_non_zero(tmp_path):
     from revgnn.engine.checkpoint import load_checkpoint
 
     cmd = _torchrun_sar(tmp_path, "trainer.epochs=3", "model._target_=loop_models.exit_at")
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=_loop_models_env(2, 1))
+    out = run_cli(*cmd, env=_loop_models_env(2, 1), timeout=600, expect=None)
     text = out.stdout + out.stderr
     assert out.returncode != 0, text[-3000:]
     assert "exitcode  : 3" in text or "exitcode: 3" in text, text[-3000:]
@@ -189,7 +168,7 @@ def test_stopped_worker_under_torchrun_is_ended_by_its_peer(tmp_path):
         "model._target_=loop_models.stop_in_epoch_stats",
         timeout_s=30,
     )
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=_loop_models_env(4, 1))
+    out = run_cli(*cmd, env=_loop_models_env(4, 1), timeout=600, expect=None)
     text = out.stdout + out.stderr
     assert out.returncode != 0, text[-3000:]
     assert "Unable to shutdown process" not in text, text[-3000:]

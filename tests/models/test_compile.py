@@ -6,9 +6,8 @@ import csv
 
 import pytest
 import torch
-from test_gen_max import impl  # noqa: F401  (the kernel / PyTorch fixture)
-from test_torch2 import PATHS, ZOO, gradients_equal, zoo_case
 from torch._dynamo.utils import counters
+from zoo_cases import PATHS, ZOO, gradients_equal, zoo_case
 
 from revgnn.utils import SavedTensorBytes
 
@@ -84,7 +83,7 @@ def test_compiled_gradients_equal_eager(name):
 
 
 @pytest.mark.parametrize("name", KERNEL_PATHS)
-def test_compiled_gradients_equal_eager_kernels_on_and_off(name, impl):  # noqa: F811
+def test_compiled_gradients_equal_eager_kernels_on_and_off(name, impl):
     _compiled_gradients(name)
 
 

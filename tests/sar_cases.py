@@ -1,0 +1,95 @@
+"""The SAR test cases (``distributed/test_sar.py``, ``distributed/test_sar_kernels.py``): a small
+directed multigraph, its node assignments, and the float64 comparison of a model on SAR workers with
+the same model on the full graph in one process."""
+
+from __future__ import annotations
+
+import torch
+from conftest import rel_err
+
+RTOL = 1e-9
+N, E, F_IN, F_EDGE = 48, 260, 8, 6
+
+
+def make_graph(seed: int = 0):
+    """Small directed multigraph with self loops, duplicate edges and one
+    node without incoming edges."""
+    g = torch.Generator().manual_seed(seed)
+    ei = torch.randint(0, N, (2, E), generator=g)
+    ei[1][ei[1] == N - 1] = 0  # node N-1: no incoming edges
+    ei[:, :4] = torch.tensor([[3, 3, 5, 7], [3, 3, 9, 7]])  # loops, dups
+    x = torch.randn(N, F_IN, generator=g, dtype=torch.float64)
+    ea = torch.randn(E, F_EDGE, generator=g, dtype=torch.float64)
+    return ei, x, ea
+
+
+def make_parts(world_size: int, kind: str) -> torch.Tensor:
+    """Node assignments: 'metis', 'random', 'unbalanced' (30/12/6 split)
+    or 'empty' (part 1 owns no node, so every shard from it is empty)."""
+    ei, _, _ = make_graph()
+    if kind == "unbalanced":
+        parts = torch.zeros(N, dtype=torch.long)
+        parts[30:42], parts[42:] = 1, 2
+        return parts[torch.randperm(N, generator=torch.Generator().manual_seed(1))]
+    if kind == "empty":
+        g = torch.Generator().manual_seed(2)
+        parts = torch.randint(0, world_size - 1, (N,), generator=g)
+        return torch.where(parts >= 1, parts + 1, parts)
+    from revgnn.distributed.partition import partition_nodes
+
+    return partition_nodes(ei, N, world_size, method=kind, seed=0)
+
+
+def compare_model(name, build, uses_edges, graph, part, forward_ref, forward_sar, out_dim_seed=7):
+    """Runs the reference on the full graph and SAR on the local part;
+    returns a list of (name, what, rel err)."""
+    import torch.distributed as dist
+
+    from revgnn.distributed.comm import all_reduce_gradients
+
+    ei, x_full, ea_full = make_graph()
+    torch.manual_seed(1234)
+    ref = build().double()
+    torch.manual_seed(1234)
+    sar = build().double()
+    sar.load_state_dict(ref.state_dict())
+    from revgnn.distributed.convs import convert_to_sar
+
+    convert_to_sar(sar)
+
+    x_ref = x_full.clone().requires_grad_()
+    ea_ref = ea_full.clone().requires_grad_()
+    out_ref = forward_ref(ref, x_ref, ei, ea_ref if uses_edges else None)
+    w = torch.randn(out_ref.shape, generator=torch.Generator().manual_seed(out_dim_seed), dtype=torch.float64)
+    (out_ref * w).sum().backward()
+
+    nid, eid = graph.node_ids, graph.edge_ids
+    x_loc = x_full[nid].clone().requires_grad_()
+    ea_loc = ea_full[eid].clone().requires_grad_()
+    out = forward_sar(sar, x_loc, graph, ea_loc if uses_edges else None)
+    (out * w[nid]).sum().backward()
+    params = list(sar.parameters())
+    if dist.is_initialized():
+        all_reduce_gradients(params)
+    errs = [
+        (name, "output", rel_err(out, out_ref[nid])),
+        (name, "grad x", rel_err(x_loc.grad, x_ref.grad[nid])),
+    ]
+    if uses_edges:
+        errs.append((name, "grad edge_attr", rel_err(ea_loc.grad, ea_ref.grad[eid])))
+    for (pn, p_ref), p in zip(ref.named_parameters(), params):
+        g_ref = p_ref.grad if p_ref.grad is not None else torch.zeros_like(p_ref)
+        errs.append((name, f"grad {pn}", rel_err(p.grad, g_ref)))
+    for (bn, b_ref), b in zip(ref.named_buffers(), sar.buffers()):
+        if b.is_floating_point():  # BatchNorm running statistics
+            errs.append((name, f"buffer {bn}", rel_err(b, b_ref)))
+    return errs
+
+
+def check(results):
+    bad = []
+    for r in results:
+        for name, what, err in r.value:
+            if not err <= RTOL:
+                bad.append(f"rank {r.rank} {name} {what}: rel err {err:.3e}")
+    assert not bad, "\n".join(bad)
