@@ -42,6 +42,7 @@ from revgnn.cli import ranged
 
 if TYPE_CHECKING:
     from revgnn.engine.reports import Summary
+    from revgnn.models.registry import Reported
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 #: ``--launcher``'s choices: revgnn's ``hydra/launcher`` options (``configs/hydra/launcher/``).
@@ -56,9 +57,10 @@ def reproducible_experiments() -> List[str]:
     return sorted(r.experiment for n in list_models() for r in model_info(n).reported if r.experiment)
 
 
-def paper_score(experiment: str) -> Tuple[str, float, Optional[float]]:
+def paper_score(experiment: str) -> Tuple[str, "Reported"]:
     """The published score ``experiment`` reproduces, from the model registry
-    (:func:`revgnn.models.registry.paper_result`): (label, mean, std or :obj:`None`)."""
+    (:func:`revgnn.models.registry.paper_result`): its label for the table and the
+    :class:`~revgnn.models.registry.Reported` score (``.score()`` is how it is written)."""
     from revgnn.models.registry import paper_result
 
     found = paper_result(experiment)
@@ -68,7 +70,7 @@ def paper_score(experiment: str) -> Tuple[str, float, Optional[float]]:
             f"those that do: {', '.join(reproducible_experiments())}"
         )
     info, result = found
-    return f"{result.label}, {info.dataset} {result.metric}", result.value, result.std
+    return f"{result.label}, {info.dataset} {result.metric}", result
 
 
 def _mean_std(values):
@@ -148,7 +150,7 @@ def format_table(
     """The markdown table of ``summaries`` (one per seed). When ``smoke`` or any seed trained fewer than
     ``recipe`` epochs, or ``overrides`` change the recipe (:func:`recipe_changes`: the model, data,
     optimiser or trainer), the title says so and every number of this run carries the label."""
-    label, paper_mean, paper_std = paper_score(experiment)
+    label, reported = paper_score(experiment)
     epochs = [s.epochs for s in summaries]
     short = smoke or min(epochs) < recipe
     changed = [] if smoke else recipe_changes(overrides)  # a smoke run changes everything: it says so
@@ -187,7 +189,7 @@ def format_table(
     memory = max(s.peak_memory_mb for s in summaries)
     epoch_time = statistics.mean(s.epoch_time_s for s in summaries)
     device = summaries[0].device
-    paper = f"{paper_mean:.2f}" + (f" ± {paper_std:.2f}" if paper_std is not None else "")
+    paper = reported.score()
 
     def seed_entry(s: "Summary") -> str:
         entry = f"{s.seed}: {100 * s.highest_valid:.2f} / {100 * s.final_test:.2f} / {s.best_epoch}"
