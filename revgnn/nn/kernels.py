@@ -322,10 +322,14 @@ def _build(name: str, verbose: bool = False) -> ModuleType:
     return result
 
 
-@lru_cache(maxsize=None)
 def _load(name: str) -> Optional[ModuleType]:
-    if not enabled():
-        return None
+    """The kernel ``name``, or :obj:`None` while ``REVGNN_KERNELS=0`` (read on every call, so that
+    setting it back within a process turns the kernels on again) or where it does not build."""
+    return _built(name) if enabled() else None
+
+
+@lru_cache(maxsize=None)
+def _built(name: str) -> Optional[ModuleType]:
     arch()  # an impossible REVGNN_KERNEL_ARCH is the user's error, not a reason to fall back
     try:
         return _build(name)

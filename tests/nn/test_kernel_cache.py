@@ -11,6 +11,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from conftest import require_kernel
 
 from revgnn.nn import kernels
 
@@ -65,7 +66,7 @@ def test_failed_build_falls_back_with_one_warning(tmp_path, monkeypatch):
     monkeypatch.setattr(kernels, "_compile", fail)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert kernels._load.__wrapped__(NAME) is None
+        assert kernels._built.__wrapped__(NAME) is None
     messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
     assert len(messages) == 1 and "slower PyTorch path" in messages[0] and "build stopped" in messages[0]
     assert not (kernels.build_dir(NAME, key) / kernels.MARKER).exists()
@@ -96,10 +97,20 @@ def test_kernel_arch_errors_name_the_level_and_the_missing_flags(monkeypatch):
         kernels.arch()
     monkeypatch.setenv("REVGNN_KERNELS", "1")
     with pytest.raises(ValueError, match="x86-64-v9"):  # an error, not a silent fallback to PyTorch
-        kernels._load.__wrapped__(NAME)
+        kernels._built.__wrapped__(NAME)
     monkeypatch.setenv("REVGNN_KERNEL_ARCH", "x86-64-v3")
     monkeypatch.setattr(kernels.platform, "machine", lambda: "x86_64")
     v2_only = "flags\t: " + " ".join(kernels.ARCHES["x86-64-v2"] + ("avx",))
     monkeypatch.setattr(kernels, "_cpu_flags", lambda: v2_only)
     with pytest.raises(ValueError, match=r"x86-64-v3: this CPU lacks avx2, bmi1, bmi2, f16c, fma"):
         kernels.arch()
+
+
+def test_kernels_come_back_when_re_enabled_in_a_process(monkeypatch):
+    """``REVGNN_KERNELS`` is read on every call: a ``0`` seen first is not remembered once it is set
+    back (the loaded module is, so no rebuild)."""
+    require_kernel(NAME)
+    monkeypatch.setenv("REVGNN_KERNELS", "0")
+    assert getattr(kernels, NAME)() is None
+    monkeypatch.setenv("REVGNN_KERNELS", "1")
+    assert getattr(kernels, NAME)() is not None
