@@ -119,6 +119,22 @@ def solver_diverges_at(name, at_call=None, only_rank=None, **kwargs):
     return _on_call(create_model(name, **kwargs), at_call, only_rank, pre=diverge)
 
 
+def solver_diverges_in_evaluation(name, only_rank=None, **kwargs):
+    """Trains as the zoo model does, but its evaluation forwards raise a DEQ solver's
+    :class:`~revgnn.deq.SolverDivergenceError` on ``only_rank`` (every rank when :obj:`None`)."""
+    from revgnn.deq import SolverDivergenceError
+
+    _, only_rank = _params(0, only_rank)
+    model = create_model(name, **kwargs)
+
+    def diverge(module, args):
+        if not module.training and (only_rank is None or _rank() == only_rank):
+            raise SolverDivergenceError("loop_models.solver_diverges_in_evaluation: f(z) contains NaN/inf")
+
+    model.register_forward_pre_hook(diverge)
+    return model
+
+
 def exit_at(name, at_call=None, only_rank=None, **kwargs):
     """Dies without a word (``os._exit(3)``) at its ``at_call``-th training forward: a crashed worker."""
     return _on_call(create_model(name, **kwargs), at_call, only_rank, pre=lambda call: os._exit(3))

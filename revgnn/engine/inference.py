@@ -10,13 +10,16 @@ for arxiv / products).
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 
 from revgnn.data.node_dataset import NodeDataset
-from revgnn.data.random_parts import Partition, partition_graph
+from revgnn.data.random_parts import Partition, SubGraph, partition_graph
+
+log = logging.getLogger("revgnn.train")
 
 __all__ = ["as_edge_index", "draw_views", "predict", "predict_views", "Scorer"]
 
@@ -109,22 +112,31 @@ def _predict(model, ds, views, num_views, device, autocast, shard) -> Tensor:
     model.eval()
     rank, world_size = shard
     out = torch.zeros(ds.num_nodes, ds.num_classes)
-    for v, partition in enumerate(views):
-        num_parts = len(partition)
-        for k in range(num_parts):
-            if (v * num_parts + k) % world_size != rank:
-                continue
-            sub = partition[k]
-            if sub.num_nodes == 0:  # a uniform partition may leave a part empty
-                continue
-            x = ds.x[sub.node_idx].to(device)
-            edge_index = as_edge_index(sub.edge_index.to(device), sub.num_nodes)
-            edge_attr = None if ds.edge_attr is None else ds.edge_attr[sub.edge_ids].to(device)
-            with autocast if autocast is not None else contextlib.nullcontext():
-                logits = model(x, edge_index, edge_attr)
-            out[sub.node_idx] += logits.float().cpu()
-    model.train(was_training)
+    try:
+        for v, partition in enumerate(views):
+            num_parts = len(partition)
+            for k in range(num_parts):
+                if (v * num_parts + k) % world_size == rank and partition[k].num_nodes:
+                    out[partition[k].node_idx] += _forward(model, ds, partition[k], device, autocast)
+    except FloatingPointError as e:  # e.g. a DEQ solve that diverged, on this worker alone
+        if world_size == 1:
+            raise
+        # every worker sums the logits next: NaN ones stop them all alike there
+        # (revgnn.engine.divergence.check_predictions), where raising would leave them waiting
+        log.error("worker %d: %s: %s; its evaluation logits are NaN", rank, type(e).__name__, e)
+        out.fill_(float("nan"))
+    finally:
+        model.train(was_training)
     return out / num_views
+
+
+def _forward(model, ds, sub: SubGraph, device, autocast) -> Tensor:
+    """``model``'s float32 logits of the part ``sub`` on the CPU."""
+    x = ds.x[sub.node_idx].to(device)
+    edge_index = as_edge_index(sub.edge_index.to(device), sub.num_nodes)
+    edge_attr = None if ds.edge_attr is None else ds.edge_attr[sub.edge_ids].to(device)
+    with autocast if autocast is not None else contextlib.nullcontext():
+        return model(x, edge_index, edge_attr).float().cpu()
 
 
 class Scorer:

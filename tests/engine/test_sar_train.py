@@ -159,7 +159,7 @@ def test_ddp_divergence_on_one_worker_stops_every_worker_at_the_same_point(tmp_p
 def test_ddp_solver_divergence_on_one_worker_stops_every_worker_at_the_same_step(tmp_path):
     """backend=ddp, a DEQ solve that diverges on rank 1 alone in epoch 2's first step: rank 0 does not
     wait in the step's all-reduce for a peer that raised; both stop there as diverged, each naming
-    worker 1's solver error, and last.pt stays epoch 1's."""
+    worker 1's solver error, and last.pt stays epoch 1's. Then in an evaluation (epoch 1's)."""
     common = [*MODEL, *DATA_OVERRIDES, "backend=ddp", "backend.timeout_s=60", "trainer.train_parts=2"]
     cfg = with_model(
         compose_train(tmp_path, *common, "trainer.eval_parts=2", "trainer.epochs=3"),
@@ -173,6 +173,17 @@ def test_ddp_solver_divergence_on_one_worker_stops_every_worker_at_the_same_step
         assert "last.pt (epoch 1)" in e and "worker 0:" not in e, e
     assert load_checkpoint(str(tmp_path / "last.pt"))["epoch"] == 1
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "diverged"
+
+    # the same in an evaluation: worker 1's logits are NaN in the sum every worker scores
+    cfg = with_model(
+        compose_train(tmp_path / "eval", *common, "trainer.eval_parts=2", "trainer.epochs=3"),
+        "solver_diverges_in_evaluation",
+        only_rank=1,
+    )
+    for e in _run(cfg, catch=True):
+        assert e.startswith("TrainingDiverged: the evaluation's predictions are NaN or infinite"), e
+        assert "at epoch 1: training diverged" in e, e
+    assert json.loads((tmp_path / "eval" / "summary.json").read_text())["status"] == "diverged"
 
 
 def test_sar_sigterm_saves_a_checkpoint_that_resumes_exactly(tmp_path, parts):
