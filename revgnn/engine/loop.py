@@ -454,12 +454,13 @@ def train_step(
         f"all_reduce of step {step.index}'s loss",
     )
     loss_value, stopping = float(status[0]), stop.agree(status[1 : ws + 1])
-    if failure is not None or status[ws + 1 :].any() or not math.isfinite(loss_value):
+    any_failed = bool(status[ws + 1 :].any())  # this worker's own failure among them
+    if any_failed or not math.isfinite(loss_value):
         if flat is not None:
             flat.zero_grad()
         else:
             optimizer.zero_grad(set_to_none=True)
-        if status[ws + 1 :].any():
+        if any_failed:
             raise NonFiniteError(_failures(backend, failure, step.index), step.index)
         raise NonFiniteError(f"loss is {loss_value}", step.index)
     # clears the gradients after the update: freed (or zeroed in the flat buffer) here rather than

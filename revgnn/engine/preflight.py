@@ -71,20 +71,20 @@ def sweep_jobs(config: DictConfig) -> list[list[str]] | None:
     return [list(job) for batch in batches for job in batch]
 
 
-def check_sweep_jobs(config: DictConfig) -> None:
+def check_sweep_jobs(config: DictConfig, swept: list[str]) -> None:
     """Checks every job of a multirun with its swept values (:func:`check_config`) before the first
     starts or is submitted, composing each as Hydra will (its config loader's
     ``load_sweep_config``): a bad value in the 40th job of a cluster sweep is refused before any job
-    queues, naming the job and its swept values. A sweeper other than the basic one is left to the
-    jobs themselves (the training loop checks each)."""
+    queues, naming the job and its values of the keys the command line sweeps (``swept``) and of
+    ``hydra.sweeper.params``. A sweeper other than the basic one is left to the jobs themselves (the
+    training loop checks each)."""
     from hydra.core.global_hydra import GlobalHydra
 
     jobs = sweep_jobs(config)
     if not jobs:
         return
     loader = GlobalHydra.instance().config_loader()
-    swept = set(_swept_keys([str(o) for o in config.hydra.overrides.task]))
-    swept |= set((config.hydra.sweeper.get("params") or {}).keys())
+    swept = set(swept) | set((config.hydra.sweeper.get("params") or {}).keys())
     for number, job in enumerate(jobs):
         try:
             check_config(_task_config(loader.load_sweep_config(config, list(job))))
@@ -124,12 +124,12 @@ class CheckBeforeStart(Callback):
         import json
         import os
 
+        swept = _swept_keys([str(o) for o in config.hydra.overrides.task])
         try:  # the run directory and the resume are the jobs' own
             check_config(_task_config(config))
-            check_sweep_jobs(config)
+            check_sweep_jobs(config, swept)
         except ConfigError as e:
             refuse(e)
         # every job's directory is named by its swept values (hydra.sweep.subdir), also in a job
         # that a launcher starts in another process
-        overrides = [str(o) for o in config.hydra.overrides.task]
-        os.environ[SWEPT_KEYS_ENV] = json.dumps(_swept_keys(overrides))
+        os.environ[SWEPT_KEYS_ENV] = json.dumps(swept)

@@ -101,9 +101,9 @@ def destinations(ptr: Tensor, num_edges: int) -> Tensor:
 
 def _in_dtype(like: Tensor):
     """Autocast off for the operators' PyTorch implementations, which then compute in their inputs'
-    dtype as the fused kernels do. Autocast does not stop at a custom operator: without this, the
-    forward's edge projection (``F.linear``) ran in bfloat16 under autocast, while the backward, run
-    by autograd outside it, recomputed the tied nodes' messages in float32 and picked other maxima."""
+    dtype as the fused kernels do. Autocast reaches into a custom operator: the forward's edge
+    projection (``F.linear``) would run in bfloat16, while the backward, which autograd runs outside
+    autocast, recomputes the tied nodes' messages in float32 and would pick other maxima."""
     return torch.autocast(like.device.type, enabled=False)
 
 
