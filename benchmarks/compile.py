@@ -30,7 +30,7 @@ def measure(name: str, graph: str, reps: int, num_layers, backend: str = "induct
 
     from revgnn.engine.inference import as_edge_index
     from revgnn.models import create_model, model_info
-    from revgnn.nn.gen_max import sort_edges
+    from revgnn.nn.graph_input import sort_edges
 
     nodes, edges = graph_size(graph, GRAPHS)
     x, edge_index, edge_attr, y = proteins_subgraph(nodes, edges, "cpu")

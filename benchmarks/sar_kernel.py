@@ -55,10 +55,10 @@ def main(argv=None) -> dict:
     from revgnn.distributed.partition import build_partitions
     from revgnn.distributed.sar import SARGraph
     from revgnn.nn import GENBlock, LinearEdgeFeatures
-    from revgnn.nn.kernels import gen_max
+    from revgnn.nn.kernels import load
     from revgnn.utils import SavedTensorBytes
 
-    if gen_max() is None:
+    if load("gen_max") is None:
         raise SystemExit("the gen_max kernel is not available (compiler? REVGNN_KERNELS?)")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

@@ -135,7 +135,7 @@ def require_kernel(name: str = "gen_max") -> None:
 
     if not kernels.enabled():
         pytest.skip("REVGNN_KERNELS=0")
-    if getattr(kernels, name)() is None:
+    if kernels.load(name) is None:
         if shutil.which(os.environ.get("CXX", "c++")) is None:
             pytest.skip("no C++ compiler on this machine: the kernel cannot be built")
         pytest.fail("the C++ kernel did not build although a compiler is installed (see the warning)")
@@ -147,11 +147,10 @@ def impl(request, monkeypatch):
     from revgnn.nn import kernels
 
     if request.param == "kernel":
-        for name in kernels.KERNELS:
+        for name in kernels.sources():
             require_kernel(name)
     else:
-        for name in kernels.KERNELS:
-            monkeypatch.setattr(kernels, name, lambda: None)
+        monkeypatch.setenv("REVGNN_KERNELS", "0")
     return request.param
 
 

@@ -1,10 +1,12 @@
 """The SAR test cases (``distributed/test_sar.py``, ``distributed/test_sar_kernels.py``): a small
 directed multigraph, its node assignments, and the float64 comparison of a model on SAR workers with
-the same model on the full graph in one process."""
+the same model on the full graph in one process; FactoredGEN, a GENConv max fed factored edge features
+(the SAR kernels' case, also run through the Triton kernels)."""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from conftest import rel_err
 
 RTOL = 1e-9
@@ -93,3 +95,43 @@ def check(results):
             if not err <= RTOL:
                 bad.append(f"rank {r.rank} {name} {what}: rel err {err:.3e}")
     assert not bad, "\n".join(bad)
+
+
+class FactoredGEN(torch.nn.Module):
+    """GENConv max fed the factored edge encoding ``raw W^T + b``: on a SAR
+    graph as a LinearEdgeFeatures (the kernel's factored mode), on the full
+    graph expanded for PyG. ``lin_edge``: the conv has its own edge encoder
+    (composed into the factored map). ``ties``: integer-valued node and edge
+    features and weights (straight-through floor), so most maxima are exact
+    ties, also across shards."""
+
+    def __init__(self, out_channels=F_IN, lin_edge=False, ties=False):
+        super().__init__()
+        from torch_geometric.nn import GENConv
+
+        width = 5 if lin_edge else out_channels
+        self.enc = torch.nn.Linear(F_EDGE, width)
+        self.conv = GENConv(
+            F_IN, out_channels, aggr="max", norm="layer", bias=True, edge_dim=width if lin_edge else None
+        )
+        self.ties = ties
+        if ties:
+            with torch.no_grad():
+                self.enc.weight.copy_(torch.randint(-1, 2, self.enc.weight.shape))
+                self.enc.bias.copy_(torch.randint(-1, 2, self.enc.bias.shape))
+
+    @staticmethod
+    def _int(t):
+        return torch.floor(2 * t) + (t - t.detach())
+
+    def forward(self, x, edge_index, edge_attr):
+        from revgnn.distributed.sar import SARGraph
+        from revgnn.nn import LinearEdgeFeatures
+
+        if self.ties:
+            x, edge_attr = self._int(x), self._int(edge_attr).clamp(0, 1)
+        if isinstance(edge_index, SARGraph):
+            edges = LinearEdgeFeatures.from_linear(edge_attr, self.enc)
+        else:
+            edges = F.linear(edge_attr, self.enc.weight, self.enc.bias)
+        return self.conv(x, edge_index, edges)

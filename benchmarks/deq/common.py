@@ -74,7 +74,7 @@ def deq_gnn_map(nodes: int, seed: int = 0):
     """deq_gnn_small's equilibrium map on proteins_like, untrained, float64, evaluation mode."""
     import torch
 
-    from revgnn.nn.gen_max import sort_edges
+    from revgnn.nn.graph_input import sort_edges
 
     data = load_graph(nodes)
     torch.manual_seed(seed)

@@ -1,4 +1,4 @@
-r"""GENConv's max aggregation under SAR through the C++ kernel, edge features factored.
+r"""GENConv's max aggregation under SAR through the fused kernel (C++ or Triton), edge features factored.
 
 On one process :func:`revgnn.nn.gen_max.gen_max_aggregate` computes
 
@@ -44,9 +44,10 @@ rows (sent home with :meth:`~revgnn.distributed.sar.SARGraph.return_grads`),
 of :math:`\mathbf{W}, \mathbf{b}` and, if they require it, of the raw
 features, in :math:`O(NCd)` per shard.
 
-:func:`sar_gen_max` returns :obj:`None` where the kernel does not apply (no
-compiler, ``REVGNN_KERNELS=0``, CUDA, other dtypes); the caller then takes the
-PyTorch path of :mod:`revgnn.distributed.sar`.
+:func:`sar_gen_max` returns :obj:`None` where no fused kernel applies (the dispatch
+table, :func:`revgnn.nn.dispatch.select`: the C++ kernel on CPU, the Triton kernel on CUDA or under
+``REVGNN_KERNELS=triton``; none with ``REVGNN_KERNELS=0``, no compiler or other dtypes); the caller
+then takes the PyTorch path of :mod:`revgnn.distributed.sar`.
 """
 
 from __future__ import annotations
@@ -57,22 +58,12 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from revgnn.nn import ops
+from revgnn.nn import dispatch, ops
 from revgnn.nn.edge_features import LinearEdgeFeatures
 
 from .sar import SARGraph
 
 __all__ = ["sar_gen_max", "SARGENMax"]
-
-
-def _kernel():
-    """The compiled ``gen_max`` module if it has the shard entry points, else None."""
-    from revgnn.nn import kernels
-
-    module = kernels.gen_max()
-    if module is None or not hasattr(module, "shard_forward"):
-        return None
-    return module
 
 
 class _ShardCSC:
@@ -92,7 +83,7 @@ class _ShardCSC:
             if dst.numel() > 1 and bool((dst[1:] < dst[:-1]).any()):
                 perm = torch.sort(dst, stable=True).indices
                 src, dst = src[perm], dst[perm]
-            ptr = torch.zeros(n + 1, dtype=torch.long)
+            ptr = torch.zeros(n + 1, dtype=torch.long, device=dst.device)
             ptr[1:] = torch.cumsum(torch.bincount(dst, minlength=n), 0)
             rows = n if q == graph.rank else graph.num_needed[q]
             if src.numel() and (int(src.min()) < 0 or int(src.max()) >= rows):
@@ -261,14 +252,7 @@ def sar_gen_max(
         return None
     if weight is None and attr is not None and attr.size(-1) != channels:
         return None
-    if not (
-        x.device.type == "cpu"
-        and x.dim() == 2
-        and x.dtype in (torch.float32, torch.float64)
-        and all(t is None or (t.dtype == x.dtype and t.device == x.device) for t in (attr, weight, bias))
-        and graph.num_edges < 2**31
-        and _kernel() is not None
-    ):
+    if x.dim() != 2 or dispatch.select("gen_max", x, attr, weight, bias, num_edges=graph.num_edges) is None:
         return None
     keep = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, attr, weight, bias))
     return SARGENMax.apply(graph, float(eps), keep, x, attr, weight, bias)

@@ -8,7 +8,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from revgnn.nn.gen_max import sort_edges
+from revgnn.nn.graph_input import sort_edges
 from revgnn.utils.signature import keyword_parameters
 
 

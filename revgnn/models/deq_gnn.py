@@ -17,7 +17,8 @@ from revgnn.models.paper import ABLATION_112, LI_2021, PROTEINS
 from revgnn.models.registry import Reported, register_model
 from revgnn.nn import LinearEdgeFeatures, SharedDropout
 from revgnn.nn.blocks import GENAggr
-from revgnn.nn.gen_max import SortedEdges, gen_conv, pyg_edge_index, sort_edges
+from revgnn.nn.gen_max import gen_conv
+from revgnn.nn.graph_input import SortedEdges, pyg_edge_index, sort_edges
 from revgnn.utils.signature import check_arguments, keyword_parameters
 
 __all__ = ["DEQGNNLayer", "DEQGNN", "deq_gnn", "deq_gnn_small"]

@@ -22,7 +22,7 @@ from revgnn.models.paper import LI_2021, MOLHIV
 from revgnn.models.registry import Reported, register_model
 from revgnn.nn import GENBlock, Shared, SharedDropout
 from revgnn.nn.blocks import GENAggr, Norm, make_norm
-from revgnn.nn.gen_max import sort_edges
+from revgnn.nn.graph_input import sort_edges
 
 __all__ = ["GraphRevGNN", "READOUTS", "ENCODERS"]
 

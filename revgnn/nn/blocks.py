@@ -27,7 +27,8 @@ from torch_geometric.typing import Adj, OptTensor
 
 from revgnn.nn.conv_registry import register_conv
 from revgnn.nn.edge_features import LinearEdgeFeatures
-from revgnn.nn.gen_max import gen_conv, pyg_edge_index
+from revgnn.nn.gen_max import gen_conv
+from revgnn.nn.graph_input import pyg_edge_index
 from revgnn.nn.norm_act import layer_norm_relu
 
 NORMS = ("layer", "batch", "graph", None)

@@ -38,12 +38,13 @@ for the compiler is used). A build logs one line when it starts ("building revgn
 C++ kernels, about a minute, once per environment") and one when it is done
 (logger ``revgnn.nn.kernels``; printed to stderr when logging is not set up).
 
-Where a kernel cannot be built, its accessor (:func:`gen_max`,
-:func:`layer_norm_relu`) returns :obj:`None` after one warning and callers fall
-back to their PyTorch implementation (same function, slower).
+Where a kernel cannot be built, :func:`load` returns :obj:`None` after one warning and the
+operators fall back to their PyTorch implementation (same function, slower).
 ``REVGNN_KERNELS=0`` turns the kernels off; ``REVGNN_KERNELS=triton`` takes the Triton kernels
 (:mod:`revgnn.nn.triton_kernels`) for every tensor, which on CPU tensors run in Triton's interpreter
-(``TRITON_INTERPRET=1``): how CI checks the GPU path without a GPU.
+(``TRITON_INTERPRET=1``): how CI checks the GPU path without a GPU. Which implementation of an
+operator runs on which inputs is decided in one place, the dispatch table
+(:mod:`revgnn.nn.dispatch`).
 
     python -m revgnn.nn.kernels      # build them all now (verbose) and say where
 """
@@ -77,7 +78,14 @@ ARCHES: Dict[str, tuple] = {
     "x86-64-v4": ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"),
 }
 LDFLAGS = ("-fopenmp",)
-KERNELS = ("gen_max", "layer_norm_relu")
+
+
+def sources() -> list:
+    """The kernels' sources: the stems of ``revgnn/csrc/*.cpp``, each one extension module, sorted.
+    Which operator uses which is the dispatch table's (:mod:`revgnn.nn.dispatch`)."""
+    return sorted(path.stem for path in SOURCE_DIR.glob("*.cpp"))
+
+
 MARKER = "built.json"
 _LAYOUT = "2"  # bump when the cache layout or the key's meaning changes
 
@@ -101,30 +109,6 @@ def mode() -> str:
 def enabled() -> bool:
     """False when ``REVGNN_KERNELS=0`` (or ``false``/``off``)."""
     return mode() != "off"
-
-
-@lru_cache(maxsize=None)
-def triton(name: str):
-    """The Triton implementation of kernel ``name`` as a module-like namespace with the C++ module's
-    entry points (``forward``, ``backward``, and for ``gen_max`` ``shard_forward``/``shard_backward``),
-    or :obj:`None` where Triton is not installed (:mod:`revgnn.nn.triton_kernels`)."""
-    from types import SimpleNamespace
-
-    from revgnn.nn import triton_kernels as tk
-
-    if not tk.AVAILABLE:
-        return None
-    if name == "gen_max":
-        return SimpleNamespace(
-            forward=tk.gen_max_forward,
-            backward=tk.gen_max_backward,
-            shard_forward=tk.gen_max_shard_forward,
-            shard_backward=tk.gen_max_shard_backward,
-            interpreted=tk.INTERPRETED,
-        )
-    return SimpleNamespace(
-        forward=tk.layer_norm_relu_forward, backward=tk.layer_norm_relu_backward, interpreted=tk.INTERPRETED
-    )
 
 
 def _cpu_flags() -> str:
@@ -322,9 +306,11 @@ def _build(name: str, verbose: bool = False) -> ModuleType:
     return result
 
 
-def _load(name: str) -> Optional[ModuleType]:
-    """The kernel ``name``, or :obj:`None` while ``REVGNN_KERNELS=0`` (read on every call, so that
-    setting it back within a process turns the kernels on again) or where it does not build."""
+def load(name: str) -> Optional[ModuleType]:
+    """The C++ module built from ``revgnn/csrc/<name>.cpp``, or :obj:`None` while ``REVGNN_KERNELS=0``
+    (read on every call, so that setting it back within a process turns the kernels on again) or
+    where it does not build. Which operator runs which module is the dispatch table's
+    (:mod:`revgnn.nn.dispatch`)."""
     return _built(name) if enabled() else None
 
 
@@ -345,19 +331,9 @@ def _built(name: str) -> Optional[ModuleType]:
         return None
 
 
-def gen_max() -> Optional[ModuleType]:
-    """The fused GENConv-max kernel module (``forward``/``backward``), or :obj:`None`."""
-    return _load("gen_max")
-
-
-def layer_norm_relu() -> Optional[ModuleType]:
-    """The fused LayerNorm + ReLU (+ mask) kernel module (``forward``/``backward``), or :obj:`None`."""
-    return _load("layer_norm_relu")
-
-
 if __name__ == "__main__":
     log.addHandler(logging.StreamHandler())  # the build's start and end lines, on stderr
     log.setLevel(logging.INFO)
-    for kernel in KERNELS:
+    for kernel in sources():
         module = _build(kernel, verbose=True)
         print(f"built {module.__name__} from {SOURCE_DIR / f'{kernel}.cpp'}: {module.__file__}")

@@ -28,9 +28,9 @@ implementations of the same function, chosen per call from the inputs alone:
   (``gen_max`` forms the :math:`E \times C` messages once, transiently, and keeps only the winners
   for backward, like the kernel).
 
-The choice (:func:`kernel_for`) is made inside the operator, which ``torch.compile`` does not trace
-into. The shard operators have only the fused implementations (their caller takes PyTorch's SAR path
-elsewhere).
+The choice is the dispatch table's (:func:`revgnn.nn.dispatch.select`, one rule for every operator),
+made inside the operator, which ``torch.compile`` does not trace into. The shard operators have only
+the fused implementations, C++ or Triton (their caller takes PyTorch's SAR path elsewhere).
 """
 
 from __future__ import annotations
@@ -40,46 +40,21 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from revgnn.nn.dispatch import select
+
 __all__ = [
     "gen_max",
     "gen_max_backward",
     "layer_norm_relu",
     "layer_norm_relu_backward",
-    "kernel_for",
     "uses_kernel",
 ]
 
-_FLOATS = (torch.float32, torch.float64)
-
-
-def kernel_for(name: str, x: Tensor, *others: Optional[Tensor], num_edges: int = 0):
-    """The module whose entry points the operators call for these inputs, or :obj:`None` for the
-    PyTorch implementation: the C++ kernel ``name`` (``"gen_max"``, ``"layer_norm_relu"``) for CPU
-    float32/64 with fewer than 2^31 edges (a winner's offset is int32) where it built; the Triton
-    kernels for CUDA tensors where Triton is installed, or for every tensor under
-    ``REVGNN_KERNELS=triton`` (:func:`revgnn.nn.kernels.mode`). All tensors must share ``x``'s dtype
-    and device."""
-    from revgnn.nn import kernels
-
-    mode = kernels.mode()
-    if mode == "off" or not all(t is None or (t.dtype == x.dtype and t.device == x.device) for t in others):
-        return None
-    if mode == "triton" or x.device.type == "cuda":
-        module = kernels.triton(name) if x.dtype in (*_FLOATS, torch.bfloat16) else None
-        if mode == "triton" and (module is None or (x.device.type == "cpu" and not module.interpreted)):
-            raise RuntimeError(
-                "REVGNN_KERNELS=triton needs Triton (pip install triton) and, for CPU tensors, "
-                "TRITON_INTERPRET=1 set before Triton is first imported"
-            )
-        return module
-    if x.device.type == "cpu" and x.dtype in _FLOATS and num_edges < 2**31:
-        return getattr(kernels, name)()
-    return None
-
 
 def uses_kernel(name: str, x: Tensor, *others: Optional[Tensor], num_edges: int = 0) -> bool:
-    """Whether the operators run a fused kernel (C++ or Triton, :func:`kernel_for`) on these inputs."""
-    return kernel_for(name, x, *others, num_edges=num_edges) is not None
+    """Whether the operators run a fused kernel (C++ or Triton) on these inputs
+    (:func:`revgnn.nn.dispatch.select`)."""
+    return select(name, x, *others, num_edges=num_edges) is not None
 
 
 def _empty(like: Tensor) -> Tensor:
@@ -205,7 +180,7 @@ def gen_max(
     kernel); ``arg`` ``[N, C]`` int32 is the first winning edge's offset in its node's segment (-1
     where the maximum is not positive), ``tied`` ``[N]`` uint8 whether a positive maximum was reached
     by several edges."""
-    kernel = kernel_for("gen_max", x, attr, weight, bias, num_edges=src.numel())
+    kernel = select("gen_max", x, attr, weight, bias, num_edges=src.numel())
     if kernel is not None:
         wt = weight.t().contiguous() if weight is not None else None
         return tuple(kernel.forward(x, ptr, src, attr, wt, bias, eps))
@@ -237,7 +212,7 @@ def gen_max_backward(
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """The gradients of :func:`gen_max`'s ``out`` for ``x``, ``attr``, ``weight``, ``bias`` (an empty
     tensor where not asked for, or where that input is absent)."""
-    kernel = kernel_for("gen_max", x, attr, weight, bias, num_edges=src.numel())
+    kernel = select("gen_max", x, attr, weight, bias, num_edges=src.numel())
     if kernel is not None:
         wt = weight.t().contiguous() if weight is not None else None
         grads = kernel.backward(
@@ -306,7 +281,7 @@ def layer_norm_relu(
 ) -> Tuple[Tensor, Tensor, Tensor]:
     r"""``(out, mean, rstd)``: ``out = relu((x - mean) * rstd * weight + bias) * mask`` over the last
     dimension of ``x`` ``[N, C]`` (rows may be strided), ``mask`` optional; ``mean``, ``rstd`` ``[N]``."""
-    kernel = kernel_for("layer_norm_relu", x, weight, bias, mask)
+    kernel = select("layer_norm_relu", x, weight, bias, mask)
     if kernel is not None:
         return tuple(kernel.forward(x, weight, bias, eps, mask))
     with _in_dtype(x):
@@ -336,7 +311,7 @@ def layer_norm_relu_backward(
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """The gradients of :func:`layer_norm_relu`'s ``out`` for ``x``, ``weight``, ``bias`` (an empty
     tensor where not asked for)."""
-    kernel = kernel_for("layer_norm_relu", x, weight, bias, mask)
+    kernel = select("layer_norm_relu", x, weight, bias, mask)
     if kernel is not None:
         grads = kernel.backward(grad, x, weight, bias, mean, rstd, mask, need_x, need_w, need_b)
     else:
@@ -391,8 +366,8 @@ def gen_max_shard(
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """GEN max over one shard of a SAR graph: the sources are the rows of ``x`` (a fetched block), the
     destinations ``ptr.numel() - 1``; ``(max, arg, tied, count)`` with the ReLU'd maximum without
-    :math:`\\epsilon` and the per (node, channel) tie counts (C++ kernel only)."""
-    kernel = kernel_for("gen_max", x, attr, weight, bias, num_edges=src.numel())
+    :math:`\\epsilon` and the per (node, channel) tie counts (fused kernels only: C++ or Triton)."""
+    kernel = select("gen_max", x, attr, weight, bias, num_edges=src.numel())
     if kernel is None:
         raise RuntimeError("revgnn.gen_max_shard: no fused kernel for these inputs (the caller checks first)")
     wt = weight.t().contiguous() if weight is not None else None
@@ -427,7 +402,7 @@ def gen_max_shard_backward(
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """The gradients of :func:`gen_max_shard` for the fetched rows (always), ``attr``, ``weight`` and
     ``bias`` (an empty tensor where not asked for)."""
-    kernel = kernel_for("gen_max", x, attr, weight, bias, num_edges=src.numel())
+    kernel = select("gen_max", x, attr, weight, bias, num_edges=src.numel())
     if kernel is None:
         raise RuntimeError("revgnn.gen_max_shard_backward: no fused kernel for these inputs")
     wt = weight.t().contiguous() if weight is not None else None

@@ -1,12 +1,13 @@
 r"""Triton implementations of revgnn's fused kernels, call-compatible with ``revgnn/csrc``.
 
 Each function here takes and returns exactly what the C++ entry point of the same name does
-(``kernels.gen_max().forward`` etc.), so that a caller can swap one for the other; the tensors are
+(``kernels.load("gen_max").forward`` etc.), so that a caller can swap one for the other; the tensors are
 CUDA tensors, or CPU tensors with ``TRITON_INTERPRET=1`` set **before Triton is first imported**
 in the process (Triton picks interpreter or compiler when a function is decorated, its own
 ``tl.sum``/``tl.max`` included; PyG imports Triton when it is installed, so set it before
-importing ``torch_geometric`` too). :data:`INTERPRETED` says which. revgnn itself imports this
-module nowhere (nor Triton); :data:`AVAILABLE` is False where Triton is not installed (every
+importing ``torch_geometric`` too). :data:`INTERPRETED` says which. revgnn imports this module
+only when the dispatch table (:mod:`revgnn.nn.dispatch`) picks Triton (a CUDA tensor, or
+``REVGNN_KERNELS=triton``); :data:`AVAILABLE` is False where Triton is not installed (every
 function then raises :class:`RuntimeError`). Launches go through
 :func:`torch.library.wrap_triton` when :data:`WRAP_TRITON` is set (for ``triton_op`` bodies).
 The kernels use only long-standing Triton language features (loads/stores with masks, reductions,
@@ -573,7 +574,7 @@ def gen_max_forward(
     bias: Optional[Tensor],
     eps: float,
 ) -> Tuple[Tensor, Tensor, Tensor]:
-    """``(out [N, C], arg [N, C] int32, tied [N] uint8)``, as ``kernels.gen_max().forward``."""
+    """``(out [N, C], arg [N, C] int32, tied [N] uint8)``, as ``kernels.load("gen_max").forward``."""
     _check(x, ptr, src, attr, wt, bias, True)
     out, arg, tied, _ = _forward(x, ptr, src, attr, wt, bias, eps, False)
     return out, arg, tied
@@ -583,7 +584,7 @@ def gen_max_shard_forward(
     x: Tensor, ptr: Tensor, src: Tensor, attr: Optional[Tensor], wt: Optional[Tensor], bias: Optional[Tensor]
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(max [N, C], arg, tied, count [N, C])`` over one SAR shard (``N = ptr.numel() - 1``, any
-    number of rows of ``x``, no eps), as ``kernels.gen_max().shard_forward``."""
+    number of rows of ``x``, no eps), as ``kernels.load("gen_max").shard_forward``."""
     _check(x, ptr, src, attr, wt, bias, False)
     return _forward(x, ptr, src, attr, wt, bias, 0.0, True)
 
@@ -705,7 +706,7 @@ def gen_max_backward(
     need_b: bool,
 ):
     """``(grad_x [N, C], grad_attr, grad_w [C, d], grad_b [C])``, each :obj:`None` where not needed
-    or not applicable (as the C++ kernel's undefined tensors), as ``kernels.gen_max().backward``."""
+    or not applicable (as the C++ kernel's undefined tensors), as ``kernels.load("gen_max").backward``."""
     _check(x, ptr, src, attr, wt, bias, True)
     if grad.shape != x.shape or not grad.is_contiguous() or grad.dtype != x.dtype:
         raise RuntimeError("gen_max: grad must be contiguous and shaped like x")
@@ -728,7 +729,7 @@ def gen_max_shard_backward(
     need_b: bool,
 ):
     """Backward of one shard: ``grad`` ``[N, C]`` over the destinations, grad_x ``[rows of x, C]``;
-    as ``kernels.gen_max().shard_backward``."""
+    as ``kernels.load("gen_max").shard_backward``."""
     _check(x, ptr, src, attr, wt, bias, False)
     N, C = ptr.numel() - 1, x.size(1)
     if grad.dim() != 2 or tuple(grad.shape) != (N, C) or not grad.is_contiguous() or grad.dtype != x.dtype:
@@ -761,7 +762,7 @@ def _ln_rows(bc: int) -> int:
 def layer_norm_relu_forward(
     x: Tensor, w: Tensor, b: Tensor, eps: float, mask: Optional[Tensor]
 ) -> Tuple[Tensor, Tensor, Tensor]:
-    """``(out [N, C], mean [N], rstd [N])``, as ``kernels.layer_norm_relu().forward`` (mean and
+    """``(out [N, C], mean [N], rstd [N])``, as ``kernels.load("layer_norm_relu").forward`` (mean and
     rstd are float32 for a bf16 input)."""
     _ln_check(x, w, b, mask)
     N, C = x.shape
@@ -793,7 +794,7 @@ def layer_norm_relu_backward(
     need_b: bool,
 ):
     """``(grad_x, grad_w, grad_b)``, each :obj:`None` where not needed, as
-    ``kernels.layer_norm_relu().backward``; grad_w/grad_b summed per fixed block of ``LN_ROWS`` rows,
+    ``kernels.load("layer_norm_relu").backward``; grad_w/grad_b summed per fixed block of ``LN_ROWS`` rows,
     then over the blocks in order."""
     _ln_check(x, w, b, mask)
     if not grad_out.is_contiguous() or grad_out.shape != x.shape:

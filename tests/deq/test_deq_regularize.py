@@ -268,7 +268,7 @@ def test_training_loop_adds_the_auxiliary_loss_and_logs_jacobian_stats(tmp_path)
 def test_deq_gnn_layer_twice_differentiable_map_is_the_same_map():
     """The PyG path used for the Jacobian term computes the fused kernels' function and Jacobian."""
     from revgnn.models.deq_gnn import DEQGNNLayer
-    from revgnn.nn.gen_max import sort_edges
+    from revgnn.nn.graph_input import sort_edges
 
     torch.manual_seed(0)
     layer = DEQGNNLayer(6, edge_channels=3).double()

@@ -9,54 +9,15 @@ cost on small machines). Helpers and the graph come from tests/sar_cases.py.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
-import torch.nn.functional as F
 from conftest import rel_err, require_kernel
-from sar_cases import F_EDGE, F_IN, N, check, compare_model, make_graph, make_parts
+from sar_cases import F_EDGE, F_IN, FactoredGEN, N, check, compare_model, make_graph, make_parts
 
 from revgnn.distributed.partition import build_partitions
 from revgnn.testing.workers import run_workers
-
-
-class FactoredGEN(torch.nn.Module):
-    """GENConv max fed the factored edge encoding ``raw W^T + b``: on a SAR
-    graph as a LinearEdgeFeatures (the kernel's factored mode), on the full
-    graph expanded for PyG. ``lin_edge``: the conv has its own edge encoder
-    (composed into the factored map). ``ties``: integer-valued node and edge
-    features and weights (straight-through floor), so most maxima are exact
-    ties, also across shards."""
-
-    def __init__(self, out_channels=F_IN, lin_edge=False, ties=False):
-        super().__init__()
-        from torch_geometric.nn import GENConv
-
-        width = 5 if lin_edge else out_channels
-        self.enc = torch.nn.Linear(F_EDGE, width)
-        self.conv = GENConv(
-            F_IN, out_channels, aggr="max", norm="layer", bias=True, edge_dim=width if lin_edge else None
-        )
-        self.ties = ties
-        if ties:
-            with torch.no_grad():
-                self.enc.weight.copy_(torch.randint(-1, 2, self.enc.weight.shape))
-                self.enc.bias.copy_(torch.randint(-1, 2, self.enc.bias.shape))
-
-    @staticmethod
-    def _int(t):
-        return torch.floor(2 * t) + (t - t.detach())
-
-    def forward(self, x, edge_index, edge_attr):
-        from revgnn.distributed.sar import SARGraph
-        from revgnn.nn import LinearEdgeFeatures
-
-        if self.ties:
-            x, edge_attr = self._int(x), self._int(edge_attr).clamp(0, 1)
-        if isinstance(edge_index, SARGraph):
-            edges = LinearEdgeFeatures.from_linear(edge_attr, self.enc)
-        else:
-            edges = F.linear(edge_attr, self.enc.weight, self.enc.bias)
-        return self.conv(x, edge_index, edges)
 
 
 class PlainGEN(torch.nn.Module):
@@ -188,7 +149,7 @@ def _fallback_is_todays_path(graph):
     GENConv expands the factored features and runs the PyTorch path: the
     same bits as handing it the expanded tensor (today's path)."""
     from revgnn.distributed.convs import convert_to_sar
-    from revgnn.nn import LinearEdgeFeatures, kernels
+    from revgnn.nn import LinearEdgeFeatures
 
     _, x, ea = make_graph()
     torch.manual_seed(5)
@@ -196,8 +157,8 @@ def _fallback_is_todays_path(graph):
     x_loc, raw = x[graph.node_ids], ea[graph.edge_ids]
     w = torch.randn(graph.num_local, F_IN, generator=torch.Generator().manual_seed(graph.rank))
     results = []
-    real = kernels.gen_max
-    kernels.gen_max = lambda: None
+    before = os.environ.get("REVGNN_KERNELS")
+    os.environ["REVGNN_KERNELS"] = "0"  # the PyTorch SAR path (read on every dispatch)
     try:
         for factored in (True, False):
             xx, rr = x_loc.clone().requires_grad_(), raw.clone().requires_grad_()
@@ -209,7 +170,10 @@ def _fallback_is_todays_path(graph):
             assert counts.kernel == 0 and counts.torch == 1
             model.zero_grad()
     finally:
-        kernels.gen_max = real
+        if before is None:
+            del os.environ["REVGNN_KERNELS"]
+        else:
+            os.environ["REVGNN_KERNELS"] = before
     return all(torch.equal(a, b) for a, b in zip(*results))
 
 

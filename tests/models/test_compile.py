@@ -94,7 +94,7 @@ def test_compiled_graph_holds_no_edge_index_subclass():
     back to eager, frame by frame. Checked with an ``EdgeIndex`` input (the loop's batches) too."""
     from torch_geometric import EdgeIndex
 
-    from revgnn.nn.gen_max import sort_edges
+    from revgnn.nn.graph_input import sort_edges
 
     seen = []
 

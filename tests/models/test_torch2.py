@@ -184,7 +184,7 @@ def test_sparse_adjacency_equals_the_edge_index(name):
 
 
 def test_sparse_adjacency_errors():
-    from revgnn.nn.gen_max import sparse_to_edge_index
+    from revgnn.nn.graph_input import sparse_to_edge_index
 
     ei = torch.tensor([[0, 0, 1], [1, 1, 2]])
     summed = torch.sparse_coo_tensor(ei.flip(0), torch.ones(3), (3, 3)).coalesce()  # the duplicate becomes 2

@@ -77,7 +77,7 @@ def main(root: Path, name: str) -> None:
     assert len(builds) == built_a + 1
 
     # a fresh process of environment A starts without a build and without a log line of one
-    code = f"from revgnn.nn import kernels; print(kernels.{name}().__file__)"
+    code = f"from revgnn.nn import kernels; print(kernels.load({name!r}).__file__)"
     proc = subprocess.run(
         [sys.executable, "-c", code],
         env=dict(os.environ),

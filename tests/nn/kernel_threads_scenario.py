@@ -37,11 +37,14 @@ def gen_max_cases():
 
 def run(threads: int) -> dict:
     from revgnn.nn import LinearEdgeFeatures, kernels
-    from revgnn.nn.gen_max import _csc, gen_max_aggregate
+    from revgnn.nn.gen_max import gen_max_aggregate
+    from revgnn.nn.graph_input import csc
     from revgnn.nn.norm_act import layer_norm_relu
 
     torch.set_num_threads(threads)
-    assert kernels.gen_max() is not None and kernels.layer_norm_relu() is not None, "kernels did not build"
+    assert kernels.load("gen_max") is not None and kernels.load("layer_norm_relu") is not None, (
+        "kernels did not build"
+    )
     results = {}
     for name, ei, x, raw, weight, bias, grad in gen_max_cases():
         for mode in ("none", "dense", "factored"):
@@ -64,9 +67,9 @@ def run(threads: int) -> dict:
             for i, gr in enumerate(torch.autograd.grad(out, wrt, grad)):
                 results[f"gen_max/{name}/{mode}/grad{i}"] = gr
         # a SAR shard: the sources a fetched block of other rows
-        src, _, ptr, raw_s = _csc(ei, raw, x.size(0))
+        src, _, ptr, raw_s = csc(ei, raw, x.size(0))
         block = x.flip(0).contiguous()
-        kernel = kernels.gen_max()
+        kernel = kernels.load("gen_max")
         wt = weight.t().contiguous()
         max_, arg, tied, count = kernel.shard_forward(block, ptr, src, raw_s, wt, bias)
         gx, ga, gw, gb = kernel.shard_backward(

@@ -9,7 +9,8 @@ from torch_geometric import EdgeIndex
 from torch_geometric.nn import GENConv
 
 from revgnn.nn import GENBlock, LinearEdgeFeatures, ops
-from revgnn.nn.gen_max import _csc, gen_max_aggregate
+from revgnn.nn.gen_max import gen_max_aggregate
+from revgnn.nn.graph_input import csc
 from revgnn.utils import SavedTensorBytes
 
 
@@ -113,7 +114,7 @@ def test_kernel_gradcheck():
     torch.manual_seed(0)
     n, c, d = 12, 5, 3
     (ei,) = sort(graph(n, 60), n)
-    src, _, ptr, _ = _csc(ei, None, n)
+    src, _, ptr, _ = csc(ei, None, n)
     raw = torch.randn(ei.size(1), d, dtype=torch.float64, requires_grad=True)
     x = torch.randn(n, c, dtype=torch.float64, requires_grad=True)
     w = torch.randn(c, d, dtype=torch.float64, requires_grad=True)

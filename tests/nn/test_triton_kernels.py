@@ -57,7 +57,7 @@ EPS = 1e-7
 def cpp(name):
     if not kernels.enabled():
         pytest.skip("REVGNN_KERNELS=0")
-    module = getattr(kernels, name)()
+    module = kernels.load(name)
     if module is None:
         pytest.skip("the C++ kernels are not built here")
     return module
@@ -450,11 +450,10 @@ def test_reversible_model_through_the_triton_kernels(monkeypatch):
     """The functions are the operators' Triton implementation: a 3-layer reversible GENConv model (2
     groups, factored edge features, a dropout mask) under ``REVGNN_KERNELS=triton`` runs them and gives
     the float64 PyTorch path's loss and gradients (to float32 rounding)."""
-    from types import SimpleNamespace
 
     from torch_geometric import EdgeIndex
 
-    from revgnn.nn import GENBlock, GroupAddRev, LinearEdgeFeatures, kernels
+    from revgnn.nn import GENBlock, GroupAddRev, LinearEdgeFeatures
 
     calls = {}
 
@@ -465,17 +464,14 @@ def test_reversible_model_through_the_triton_kernels(monkeypatch):
 
         return call
 
-    triton = {
-        "gen_max": SimpleNamespace(
-            forward=counted(tk.gen_max_forward), backward=counted(tk.gen_max_backward), interpreted=True
-        ),
-        "layer_norm_relu": SimpleNamespace(
-            forward=counted(tk.layer_norm_relu_forward),
-            backward=counted(tk.layer_norm_relu_backward),
-            interpreted=True,
-        ),
-    }
-    monkeypatch.setattr(kernels, "triton", triton.__getitem__)
+    # the dispatch table looks its Triton functions up in triton_kernels on every call
+    for name in (
+        "gen_max_forward",
+        "gen_max_backward",
+        "layer_norm_relu_forward",
+        "layer_norm_relu_backward",
+    ):
+        monkeypatch.setattr(tk, name, counted(getattr(tk, name)))
     n, c, e, d = 16, 8, 64, 3
     ptr, src, dst = graph(n, e=e)
     ei = EdgeIndex(torch.stack([src, dst]), sparse_size=(n, n), sort_order="col")
@@ -624,3 +620,51 @@ def test_training_step_runs_the_triton_kernels(monkeypatch, model_name, aggr):
         scale = g64.abs().max().item()
         err, err_torch = ((t.double() - g64).abs().max().item() for t in (g, g32))
         assert err <= 4 * err_torch + 16 * unit * scale, (err, err_torch, scale)
+
+
+def test_sar_shards_take_the_triton_kernels(monkeypatch):
+    """The dispatch table sends SAR's shard operators to Triton under ``REVGNN_KERNELS=triton`` (as
+    on CUDA tensors, where SAR used to be gated to the C++ kernel): a SAR GENConv max with factored
+    edge features on one part launches the shard kernels and equals the one-process float64
+    reference (the same function; only summation orders differ, so 1e-12)."""
+    from conftest import rel_err
+    from sar_cases import FactoredGEN, N, make_graph
+
+    from revgnn.distributed.convs import convert_to_sar
+    from revgnn.distributed.partition import build_partitions
+    from revgnn.distributed.sar import SARGraph
+    from revgnn.nn import LinearEdgeFeatures
+
+    monkeypatch.setenv("REVGNN_KERNELS", "triton")
+    ei, x, ea = make_graph()
+    x, ea = x.double(), ea.double()
+    graph = SARGraph(build_partitions(ei, N, 1, edge_attr=ea)[0])
+    torch.manual_seed(0)
+    ref = FactoredGEN().double()
+    sar = convert_to_sar(FactoredGEN().double())
+    sar.load_state_dict(ref.state_dict())
+    xr, er = x.clone().requires_grad_(), ea.clone().requires_grad_()
+    monkeypatch.setenv("REVGNN_KERNELS", "0")
+    out_ref = ref(xr, ei, er)
+    w = torch.randn(out_ref.shape, dtype=torch.float64)
+    (out_ref * w).sum().backward()
+    monkeypatch.setenv("REVGNN_KERNELS", "triton")
+    launches = {}
+    launch = tk._launch
+
+    def counted(kernel):
+        name = kernel.fn.__name__ if hasattr(kernel, "fn") else kernel.__name__
+        launches[name] = launches.get(name, 0) + 1
+        return launch(kernel)
+
+    monkeypatch.setattr(tk, "_launch", counted)
+    nid, eid = graph.node_ids, graph.edge_ids
+    xl, el = x[nid].clone().requires_grad_(), ea[eid].clone().requires_grad_()
+    out = sar.conv(xl, graph, LinearEdgeFeatures.from_linear(el, sar.enc))
+    (out * w[nid]).sum().backward()
+    assert launches.get("_gen_max_fwd_kernel", 0) >= 1 and launches.get("_grad_dst_kernel", 0) >= 1, launches
+    assert rel_err(out, out_ref[nid]) <= 1e-12
+    assert rel_err(xl.grad, xr.grad[nid]) <= 1e-12
+    assert rel_err(el.grad, er.grad[eid]) <= 1e-12
+    for p, q in zip(sar.parameters(), ref.parameters()):
+        assert rel_err(p.grad, q.grad) <= 1e-12

@@ -1,0 +1,167 @@
+r"""The graph a block receives: its input forms, destination sorting, caching and tracing.
+
+Every conv, model and operator of revgnn reads the graph through this module. The forms a user may
+pass are a ``[2, E]`` ``edge_index`` tensor (source in row 0, destination in row 1), a PyG
+:class:`~torch_geometric.EdgeIndex` (sorted or not), a ``torch.sparse`` CSR/COO ``adj_t`` in PyG's
+convention (:func:`sparse_to_edge_index`), or a graph that is not a tensor (a PyG ``SparseTensor``,
+a distributed ``SARGraph``), which is passed through. :func:`sort_edges` turns a tensor form into
+destination-sorted edges with their CSC pointer once per forward pass (an ``EdgeIndex`` eagerly, a
+:class:`SortedEdges` under ``torch.compile``, ``torch.export`` and :mod:`torch.func`), so every layer
+aggregates over contiguous segments; :func:`csc` unpacks that into plain tensors for the operators,
+and :func:`pyg_edge_index` hands the graph to a PyG conv in a form that conv can trace.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional, Tuple
+
+import torch
+from torch import Tensor
+from torch_geometric import EdgeIndex
+
+from revgnn.nn import ops
+from revgnn.utils.functional import transforms_active
+
+__all__ = ["SortedEdges", "csc", "pyg_edge_index", "sort_edges", "sparse_to_edge_index", "tracing"]
+
+
+def sparse_to_edge_index(adj_t: Tensor, num_nodes: int) -> EdgeIndex:
+    """The ``[2, E]`` (source, destination) :class:`~torch_geometric.EdgeIndex` of a ``torch.sparse``
+    adjacency in PyG's ``adj_t`` convention (``adj_t[i, j]`` stored: an edge ``j -> i``), its edges in
+    the sparse tensor's stored order (CSR: destination-sorted, so no sort follows). The values are the
+    graph's structure only and must be 1: edge features go in ``edge_attr``, in that order."""
+    if adj_t.dim() != 2 or tuple(adj_t.shape) != (num_nodes, num_nodes):
+        raise ValueError(
+            f"a sparse adj_t must be [{num_nodes}, {num_nodes}] (the nodes), got {list(adj_t.shape)}"
+        )
+    if adj_t.layout == torch.sparse_csr:
+        ptr, src, values = adj_t.crow_indices(), adj_t.col_indices(), adj_t.values()
+        dst = ops.destinations(ptr, src.numel())
+        order = "col"
+    elif adj_t.layout == torch.sparse_coo:
+        (dst, src), values = adj_t._indices(), adj_t._values()
+        order = None
+    else:
+        raise TypeError(f"a sparse adj_t must be in CSR or COO layout, got {adj_t.layout}")
+    if values.numel() and bool((values != 1).any()):
+        raise ValueError(
+            "a sparse adj_t with values other than 1 (a weighted graph, or duplicate edges that coalescing "
+            "summed): revgnn's models read the structure only; pass a 0/1 pattern (uncoalesced COO keeps "
+            "duplicate edges) and the edge features as edge_attr, in the sparse tensor's order"
+        )
+    edge_index = torch.stack([src.long(), dst.long()])
+    return EdgeIndex(edge_index, sparse_size=(num_nodes, num_nodes), sort_order=order)
+
+
+class SortedEdges(NamedTuple):
+    """A destination-sorted graph in plain tensors: what :func:`sort_edges` returns under
+    ``torch.compile``, ``torch.export`` and :mod:`torch.func` transforms in place of a
+    :class:`~torch_geometric.EdgeIndex`, which does not trace there (:func:`pyg_edge_index` says how it
+    fails). Not a tensor subclass, so a compiled graph only ever holds the two tensors."""
+
+    edge_index: Tensor  #: ``[2, E]`` (source, destination), sorted by destination
+    ptr: Tensor  #: ``[N + 1]`` CSC pointer: the edges into node ``i`` are ``ptr[i]:ptr[i + 1]``
+
+
+def tracing() -> bool:
+    """Whether ``torch.compile`` or ``torch.export`` is tracing, or a :mod:`torch.func` transform
+    runs: where a graph travels as :class:`SortedEdges` rather than as an ``EdgeIndex``."""
+    return torch.compiler.is_compiling() or transforms_active()
+
+
+def sort_edges(edge_index, edge_attr: Optional[Tensor], num_nodes: int):
+    """Destination-sorted edges (and edge features in that order) with their CSC pointer.
+
+    Sorting once per forward pass lets every layer aggregate over contiguous
+    segments (CSR) instead of sorting or scattering in each of hundreds of
+    layers. ``edge_index`` is a ``[2, E]`` tensor or ``EdgeIndex``, or a ``torch.sparse`` CSR/COO
+    ``adj_t`` (:func:`sparse_to_edge_index`). Run eagerly it returns a
+    :class:`torch_geometric.EdgeIndex`, its CSC pointer filled; traced (:func:`tracing`) a
+    :class:`SortedEdges`, sorted inside the graph for a plain tensor. A graph sorted already is
+    returned unchanged, and so is one that is not a tensor (a ``SparseTensor``, a distributed
+    ``SARGraph``).
+    """
+    if isinstance(edge_index, SortedEdges):
+        return edge_index, edge_attr
+    if not tracing():
+        if (
+            isinstance(edge_index, EdgeIndex)
+            and edge_index.is_sorted_by_col
+            and edge_index._indptr is not None
+        ):
+            return edge_index, edge_attr
+        if not isinstance(edge_index, Tensor):
+            return edge_index, edge_attr
+        return _sorted(edge_index, edge_attr, num_nodes)
+    if not isinstance(edge_index, Tensor):
+        return edge_index, edge_attr
+    if isinstance(edge_index, EdgeIndex) or edge_index.layout != torch.strided:
+        if torch.compiler.is_compiling() and not torch.compiler.is_exporting():
+            # unpacked eagerly (one graph break): an EdgeIndex must not become a compiled graph's input
+            return _unpacked(edge_index, edge_attr, num_nodes)
+        if isinstance(edge_index, EdgeIndex):
+            edge_index = edge_index.as_tensor()
+        else:
+            edge_index = sparse_to_edge_index(edge_index, num_nodes).as_tensor()
+    # traceable: static shapes, no host sync (a stable sort keeps parallel edges in input order)
+    perm = edge_index[1].argsort(stable=True)
+    edge_index = edge_index.index_select(1, perm)
+    if edge_attr is not None:
+        edge_attr = edge_attr.index_select(0, perm)
+    nodes = torch.arange(num_nodes + 1, device=edge_index.device, dtype=edge_index.dtype)
+    return SortedEdges(edge_index, torch.searchsorted(edge_index[1], nodes)), edge_attr
+
+
+@torch.compiler.disable
+def _sorted(edge_index: Tensor, edge_attr: Optional[Tensor], num_nodes: int):
+    if edge_index.layout != torch.strided:
+        edge_index = sparse_to_edge_index(edge_index, num_nodes)
+    if not (isinstance(edge_index, EdgeIndex) and edge_index.is_sorted_by_col):
+        if not isinstance(edge_index, EdgeIndex):
+            edge_index = EdgeIndex(edge_index.contiguous(), sparse_size=(num_nodes, num_nodes))
+        edge_index, perm = edge_index.sort_by("col")
+        if edge_attr is not None and perm is not None:
+            edge_attr = edge_attr.index_select(0, perm)
+    edge_index.get_csc()  # filled once here, not lazily in every layer
+    return edge_index, edge_attr
+
+
+@torch.compiler.disable
+def _unpacked(edge_index: Tensor, edge_attr: Optional[Tensor], num_nodes: int):
+    edge_index, edge_attr = _sorted(edge_index, edge_attr, num_nodes)
+    (ptr, _), _ = edge_index.get_csc()
+    return SortedEdges(edge_index.as_tensor(), ptr), edge_attr
+
+
+def pyg_edge_index(edge_index):
+    """The graph as revgnn hands it to a PyG conv: a :class:`~torch_geometric.EdgeIndex` as it is when
+    run eagerly (PyG then aggregates over its CSC pointer and fuses sparse matrix products), its plain
+    ``[2, E]`` tensor (same edges, same order) under ``torch.compile``, ``torch.export`` and
+    :mod:`torch.func` transforms; for a :class:`SortedEdges`, its ``edge_index``.
+
+    PyG's ``EdgeIndex`` is a tensor subclass whose operations (``edge_index[i]`` in every
+    ``propagate``) do not trace there (torch 2.13, PyG 2.8.1): ``torch.export`` fails ("Unable to cast
+    NotImplemented to Tensor"), ``torch.func.grad`` too ("Cannot access storage of TensorWrapper"), and
+    a compiled graph holding one fails whenever ``torch.__trace`` has a handler (``TORCH_TRACE``, or
+    pytest's log capture): AOTAutograd's trace log prints the graph's metadata, ``EdgeIndex.__repr__``
+    reads the fake tensor's values, the compile fails and dynamo, falling back frame by frame, breaks
+    inside ``Index.__new__`` ("'Index' object has no attribute '_data'"). On the plain tensor PyG takes
+    its scatter path, which all three trace."""
+    if isinstance(edge_index, SortedEdges):
+        return edge_index.edge_index
+    if isinstance(edge_index, EdgeIndex) and tracing():
+        return edge_index.as_tensor()
+    return edge_index
+
+
+def csc(
+    edge_index: Tensor, edge_attr: Optional[Tensor], num_nodes: int
+) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
+    """(source, destination) per edge in destination order, the CSC pointer ``[N + 1]``, and
+    the edge features in that order."""
+    edge_index, edge_attr = sort_edges(edge_index, edge_attr, num_nodes)
+    if isinstance(edge_index, SortedEdges):
+        return edge_index.edge_index[0], edge_index.edge_index[1], edge_index.ptr, edge_attr
+    (colptr, _), _ = edge_index.get_csc()
+    plain = edge_index.as_tensor()
+    return plain[0], plain[1], colptr, edge_attr
