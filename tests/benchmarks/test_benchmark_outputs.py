@@ -195,6 +195,29 @@ def test_memory(isolated, capsys):
 
 
 @pytest.mark.slow  # starts child processes
+def test_scale(isolated, capsys):
+    """One recipe on a tiny graph: a training step at depth 2 and PyG's conv beside it, a child each."""
+    from benchmarks import scale as bench
+
+    results = bench.main(
+        ["--graph", "200:4000", "--recipes", "sage", "--modes", "train", "--pyg", "--out", "out/s.md"]
+    )
+    capsys.readouterr()
+    assert [(r["recipe"], r["mode"], r["layers"]) for r in results] == [
+        ("sage", "train", 2),
+        ("sage", "pyg", 1),
+    ]
+    for r in results:
+        assert "error" not in r, r
+        assert finite(r["seconds"], r["ns_per_edge_channel_layer"], r["peak_rss_gb"], r["graph_rss_gb"])
+        assert r["peak_rss_gb"] >= r["graph_rss_gb"] > 0
+    (header, rows), *_ = tables((isolated / "out" / "s.md").read_text())
+    assert header[-1] == "ns/(E·C·L)" and len(rows) == 2
+    with pytest.raises(SystemExit):
+        bench.main(["--graph", "200:4000", "--recipes", "sag"])
+
+
+@pytest.mark.slow  # starts child processes
 def test_contention(isolated, capsys):
     """The ``deep`` model idle and "loaded" (no spinners: ``--load-per-core 0``; a spinner per CPU
     would take every core of a shared machine), each a child. The ``small`` model's rows run

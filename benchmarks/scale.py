@@ -1,0 +1,289 @@
+"""Full-graph training steps and inference at the real data sets' sizes: peak RSS, seconds, ns per
+edge × channel × layer, for each conv recipe of the zoo.
+
+Each row is one fresh child process (so that its peak RSS is its own), run one after the other:
+
+1. it generates a random graph of the named size (``proteins``: 132,534 nodes, 79,122,504 directed
+   edges, 8-d edge features, 16-d node input, 112 binary tasks; ``products``: 2,449,029 nodes,
+   123,718,280 directed edges, 100-d node input, 47 classes, no edge features; or ``NODES:EDGES``),
+   sorts it by destination once (a PyG ``EdgeIndex`` with its CSC pointer, as the zoo's models do)
+   and records the process's RSS: the **graph** column, what the data alone costs;
+2. it builds a :class:`revgnn.models.RevGNN` of the recipe (2 groups, dropout 0.1; ``--hidden``
+   channels, default 80 on proteins as RevGNN-Deep, 160 on products as the PyG products example) with
+   ``--layers`` reversible blocks;
+3. ``train``: one full-graph training step (forward, loss over every node, backward, Adam step);
+   ``infer``: one forward under ``torch.no_grad``. Timed once after one untimed warm-up call (the
+   first call builds caches and kernels); **peak** is the process's ``ru_maxrss`` at the end, and
+   **ns/(E·C·L)** the timed seconds over edges × hidden channels × layers.
+
+The recipes are the conv blocks of the zoo: ``gen_max`` (GENConv max, RevGNN-Deep's), ``gen_mean``,
+``gen_softmax`` (learnable temperature), ``sage``, ``gcn``, ``gin``, ``gat`` (2 heads; edge
+features where the graph has them). ``--pyg`` adds, per recipe, one layer of PyG's own conv on the
+same graph (forward + backward, its messages formed as PyG forms them): the side-by-side figure where
+it fits in memory, ``out of memory`` where it does not.
+
+    python -m benchmarks.scale --graph proteins --recipes gen_max,sage --modes train,infer
+    python -m benchmarks.scale --graph products --recipes sage --layers 2,8
+    python -m benchmarks.scale --graph 20000:2000000 --pyg          # a small graph, every recipe
+
+The table goes to ``bench_out/scale.md`` (``--out``) and each row to stdout as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List
+
+from benchmarks.common import ChildFailed, child_env, graph_size, markdown_table, run_child
+
+#: name -> (nodes, edges, node input, edge features, outputs, multi-label, default hidden channels)
+SIZES: Dict[str, tuple] = {
+    "proteins": (132_534, 79_122_504, 16, 8, 112, True, 80),
+    "products": (2_449_029, 123_718_280, 100, 0, 47, False, 160),
+}
+#: recipe -> (conv, conv options)
+RECIPES: Dict[str, tuple] = {
+    "gen_max": ("gen", {"aggr": "max"}),
+    "gen_mean": ("gen", {"aggr": "mean"}),
+    "gen_softmax": ("gen", {"aggr": "softmax", "learn_t": True}),
+    "sage": ("sage", {"aggr": "mean"}),
+    "gcn": ("gcn", {}),
+    "gin": ("gin", {}),
+    "gat": ("gat", {"heads": 2}),
+}
+
+
+def _rss_bytes() -> int:
+    """The process's current resident set size (``/proc/self/statm``)."""
+    import os
+
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _peak_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def shape_of(graph: str):
+    """``(nodes, edges, in, edge_dim, out, multilabel, hidden)`` of a named size or ``NODES:EDGES``
+    (a small proteins-like graph)."""
+    if graph in SIZES:
+        return SIZES[graph]
+    nodes, edges = graph_size(graph, {k: v[:2] for k, v in SIZES.items()})
+    return (nodes, edges, 16, 8, 112, True, 32)
+
+
+def make_graph(nodes: int, edges: int, in_channels: int, edge_dim: int, out: int, multilabel: bool):
+    """A uniformly random directed graph (self loops and parallel edges allowed), sorted by
+    destination as an ``EdgeIndex`` with its CSC pointer filled; features and labels."""
+    import torch
+
+    from revgnn.nn.graph_input import sort_edges
+
+    g = torch.Generator().manual_seed(0)
+    edge_index = torch.randint(0, nodes, (2, edges), generator=g)
+    edge_attr = torch.rand(edges, edge_dim, generator=g) if edge_dim else None
+    edge_index, edge_attr = sort_edges(edge_index, edge_attr, nodes)
+    x = torch.randn(nodes, in_channels, generator=g)
+    if multilabel:
+        y = (torch.rand(nodes, out, generator=g) < 0.2).float()
+    else:
+        y = torch.randint(0, out, (nodes,), generator=g)
+    return x, edge_index, edge_attr, y
+
+
+def child(args) -> dict:
+    """One row: the graph, the model, one timed call; the row's figures."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    nodes, edges, fin, edge_dim, out, multilabel, hidden = shape_of(args.graph)
+    hidden = args.hidden or hidden
+    x, edge_index, edge_attr, y = make_graph(nodes, edges, fin, edge_dim, out, multilabel)
+    conv, options = RECIPES[args.recipe]
+    uses_edges = conv in ("gen", "gat") and edge_attr is not None
+    if not uses_edges:
+        edge_attr = None
+    graph_rss = _rss_bytes()
+    if args.mode == "pyg":
+        hidden //= 2  # one group's width: the conv a block of 2 groups runs twice per layer
+        seconds = _pyg_layer(conv, options, hidden, x, edge_index, edge_attr)
+        layers = 1
+    else:
+        from revgnn.models import RevGNN
+
+        torch.manual_seed(0)
+        model = RevGNN(
+            fin,
+            hidden,
+            out,
+            args.layers,
+            conv=conv,
+            edge_channels=edge_dim if uses_edges else None,
+            dropout=0.1,
+            **options,
+        )
+        loss_fn = torch.nn.BCEWithLogitsLoss() if multilabel else torch.nn.CrossEntropyLoss()
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+        def call():
+            if args.mode == "infer":
+                model.eval()
+                with torch.no_grad():
+                    model(x, edge_index, edge_attr)
+                return
+            model.train()
+            optimizer.zero_grad(set_to_none=True)
+            loss_fn(model(x, edge_index, edge_attr), y).backward()
+            optimizer.step()
+
+        call()  # warm-up: caches, kernels
+        start = time.perf_counter()
+        call()
+        seconds = time.perf_counter() - start
+        layers = args.layers
+    return {
+        "graph": args.graph,
+        "recipe": args.recipe,
+        "mode": args.mode,
+        "layers": layers,
+        "hidden": hidden,
+        "nodes": nodes,
+        "edges": edges,
+        "seconds": seconds,
+        "ns_per_edge_channel_layer": seconds * 1e9 / (edges * hidden * layers),
+        "graph_rss_gb": graph_rss / 1e9,
+        "peak_rss_gb": _peak_bytes() / 1e9,
+    }
+
+
+def _pyg_layer(conv: str, options: dict, channels: int, x, edge_index, edge_attr) -> float:
+    """Seconds of one forward + backward of PyG's own conv of the recipe on one group's width."""
+    import torch
+    from torch_geometric.nn import GATConv, GCNConv, GENConv, GINConv, SAGEConv
+
+    h = torch.randn(x.size(0), channels, requires_grad=True)
+    e = torch.randn(edge_index.size(1), channels) if edge_attr is not None and conv == "gen" else None
+    layer = {
+        "gen": lambda: GENConv(
+            channels, channels, aggr=options["aggr"], learn_t=options.get("learn_t", False)
+        ),
+        "sage": lambda: SAGEConv(channels, channels, aggr=options["aggr"]),
+        "gcn": lambda: GCNConv(channels, channels),
+        "gin": lambda: GINConv(torch.nn.Linear(channels, channels), train_eps=True),
+        "gat": lambda: GATConv(
+            channels,
+            channels // options["heads"],
+            heads=options["heads"],
+            edge_dim=edge_attr.size(1) if edge_attr is not None else None,
+        ),
+    }[conv]()
+    args = (h, edge_index) + (
+        (e,) if e is not None else ((edge_attr,) if conv == "gat" and edge_attr is not None else ())
+    )
+    start = time.perf_counter()
+    layer(*args).sum().backward()
+    return time.perf_counter() - start
+
+
+def rows_of(args) -> List[dict]:
+    rows = []
+    for recipe in args.recipes:
+        for mode in args.modes:
+            for layers in args.layers:
+                rows.append(dict(recipe=recipe, mode=mode, layers=layers))
+        if args.pyg:
+            rows.append(dict(recipe=recipe, mode="pyg", layers=1))
+    return rows
+
+
+def table(results: List[dict]) -> List[str]:
+    header = ["recipe", "mode", "layers", "hidden", "graph RSS GB", "peak RSS GB", "s", "ns/(E·C·L)"]
+    lines = []
+    for r in results:
+        if "error" in r:
+            lines.append([r["recipe"], r["mode"], r["layers"], "", "", "", r["error"], ""])
+            continue
+        lines.append(
+            [
+                r["recipe"],
+                "PyG conv, 1 layer" if r["mode"] == "pyg" else r["mode"],
+                r["layers"],
+                r["hidden"],
+                f"{r['graph_rss_gb']:.2f}",
+                f"{r['peak_rss_gb']:.2f}",
+                f"{r['seconds']:.2f}",
+                f"{r['ns_per_edge_channel_layer']:.2f}",
+            ]
+        )
+    return markdown_table(header, lines, align="lllrrrrr")
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--graph", default="proteins", help="proteins, products, or NODES:EDGES")
+    p.add_argument("--recipes", default=",".join(RECIPES), help=f"comma-separated, of {', '.join(RECIPES)}")
+    p.add_argument("--modes", default="train,infer", help="comma-separated: train, infer")
+    p.add_argument("--layers", default="2", help="comma-separated depths (default: 2)")
+    p.add_argument("--hidden", type=int, default=0, help="hidden channels (default: the size's recipe)")
+    p.add_argument("--pyg", action="store_true", help="add one layer of PyG's own conv per recipe")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds per row")
+    p.add_argument("--out", default="bench_out/scale.md")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--recipe", help=argparse.SUPPRESS)
+    p.add_argument("--mode", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.recipes = [r for r in args.recipes.split(",") if r]
+    unknown = [r for r in args.recipes if r not in RECIPES]
+    if unknown:
+        p.error(f"unknown recipe(s) {', '.join(unknown)}; choose from {', '.join(RECIPES)}")
+    args.modes = [m for m in args.modes.split(",") if m]
+    if any(m not in ("train", "infer") for m in args.modes):
+        p.error("--modes takes train and/or infer")
+    if not args.child:
+        args.layers = [int(v) for v in args.layers.split(",") if v]
+    else:
+        args.layers = int(args.layers)
+    shape_of(args.graph)  # a bad --graph is an error before any child starts
+    return args
+
+
+def main(argv=None) -> List[dict]:
+    args = parse(argv)
+    if args.child:
+        print(json.dumps(child(args)), flush=True)
+        return []
+    results = []
+    for row in rows_of(args):
+        cmd = [sys.executable, "-m", "benchmarks.scale", "--child", "--graph", args.graph]
+        cmd += ["--recipe", row["recipe"], "--mode", row["mode"], "--layers", str(row["layers"])]
+        cmd += ["--hidden", str(args.hidden), "--threads", str(args.threads)]
+        try:
+            result = run_child(cmd, env=child_env(), timeout=args.timeout)[-1]
+        except ChildFailed as err:
+            oom = "can't allocate memory" in err.stderr or err.returncode in (-9, 137)
+            result = {**row, "error": "out of memory" if oom else f"failed ({err.returncode})"}
+        print(json.dumps(result), flush=True)
+        results.append(result)
+    lines = table(results)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    nodes, edges = shape_of(args.graph)[:2]
+    out.write_text(
+        f"Graph {args.graph}: {nodes:,} nodes, {edges:,} edges; {args.threads} threads.\n\n"
+        + "\n".join(lines)
+        + "\n"
+    )
+    print("\n".join(lines))
+    return results
+
+
+if __name__ == "__main__":
+    main()
