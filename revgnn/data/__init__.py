@@ -22,6 +22,8 @@ _HOME = {
     "random_partition": "random_parts",
     "OGBN_SPECS": "ogbn",
     "OgbnSpec": "ogbn",
+    "node_order": "ordering",
+    "reorder": "ordering",
 }
 __all__ = list(_HOME)
 __getattr__ = lazy_exports(__name__, _HOME)
