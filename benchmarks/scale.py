@@ -100,6 +100,9 @@ def make_graph(nodes: int, edges: int, in_channels: int, edge_dim: int, out: int
 
 def child(args) -> dict:
     """One row: the graph, the model, one timed call; the row's figures."""
+    if args.memory_limit_gb:  # fail with "can't allocate memory" rather than wake the OOM killer
+        limit = int(args.memory_limit_gb * 1e9)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     import torch
 
     torch.set_num_threads(args.threads)
@@ -235,6 +238,12 @@ def parse(argv=None):
     p.add_argument("--pyg", action="store_true", help="add one layer of PyG's own conv per recipe")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per row")
+    p.add_argument(
+        "--memory-limit-gb",
+        type=float,
+        default=0.0,
+        help="address-space limit per row (RLIMIT_AS): a row past it reports out of memory (default: none)",
+    )
     p.add_argument("--out", default="bench_out/scale.md")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--recipe", help=argparse.SUPPRESS)
@@ -265,10 +274,12 @@ def main(argv=None) -> List[dict]:
         cmd = [sys.executable, "-m", "benchmarks.scale", "--child", "--graph", args.graph]
         cmd += ["--recipe", row["recipe"], "--mode", row["mode"], "--layers", str(row["layers"])]
         cmd += ["--hidden", str(args.hidden), "--threads", str(args.threads)]
+        cmd += ["--memory-limit-gb", str(args.memory_limit_gb)]
         try:
             result = run_child(cmd, env=child_env(), timeout=args.timeout)[-1]
         except ChildFailed as err:
-            oom = "can't allocate memory" in err.stderr or err.returncode in (-9, 137)
+            oom = any(m in err.stderr for m in ("can't allocate memory", "MemoryError", "std::bad_alloc"))
+            oom = oom or err.returncode in (-9, 137)
             result = {**row, "error": "out of memory" if oom else f"failed ({err.returncode})"}
         print(json.dumps(result), flush=True)
         results.append(result)
