@@ -1,0 +1,231 @@
+"""SAGE, GIN and GCN through the fused aggregations (revgnn.nn.linear_aggr, torch.ops.revgnn.aggregate
+and segment_max) equal PyG's own convs exactly in float64, outputs and every gradient, on every graph
+form, alone and inside GroupAddRev; and no E x C tensor is allocated or saved for backward."""
+
+import pytest
+import torch
+from torch_geometric import EdgeIndex
+from torch_geometric.nn import SAGEConv
+from torch_geometric.utils import scatter
+
+from revgnn.nn import GCNBlock, GINBlock, GroupAddRev, SAGEBlock, linear_aggr, ops
+from revgnn.nn.graph_input import segments
+from revgnn.utils import SavedTensorBytes
+from revgnn.utils.memory import LargestAllocation
+
+BLOCKS = {
+    "sage_mean": lambda c: SAGEBlock(c, aggr="mean"),
+    "sage_sum": lambda c: SAGEBlock(c, aggr="sum"),
+    "sage_max": lambda c: SAGEBlock(c, aggr="max"),
+    "gin": lambda c: GINBlock(c),
+    "gcn": lambda c: GCNBlock(c),
+}
+
+
+def rel_err(a, b):
+    """Largest elementwise error relative to the reference, the denominator floored at 1e-3 of the
+    reference's largest entry (so entries that are 0 by cancellation do not divide by 0)."""
+    floor = max(b.abs().max().item(), 1e-300) * 1e-3
+    return ((a - b).abs() / b.abs().clamp_min(floor)).max().item()
+
+
+def graph(n=30, e=160, seed=0):
+    """Edges among nodes 0..n-4 (the last 3 have none), with parallel edges, self loops and a
+    duplicated self loop."""
+    g = torch.Generator().manual_seed(seed)
+    ei = torch.randint(0, n - 3, (2, e), generator=g)
+    loops = torch.tensor([[1, 2, 2, 5], [1, 2, 2, 5]])
+    return torch.cat([ei, ei[:, :7], loops], dim=1)
+
+
+def forms(ei, n):
+    """The graph forms a block takes, with the plain [2, E] edge list in the same edge order."""
+    perm = (ei[1] * n + ei[0]).argsort()
+    s = ei[:, perm]
+    ones = torch.ones(s.size(1))
+    coo = torch.sparse_coo_tensor(s.flip(0), ones, (n, n))  # uncoalesced: keeps the duplicates
+    csr = torch.sparse_csr_tensor(
+        torch.searchsorted(s[1], torch.arange(n + 1)), s[0], torch.ones(s.size(1)), (n, n)
+    )
+    return {
+        "tensor": (ei, ei),
+        "edge_index": (EdgeIndex(s, sparse_size=(n, n), sort_order="col"), s),
+        "coo": (coo, s),
+        "csr": (csr, s),
+    }
+
+
+def run(block, x, graph, grad, fused, monkeypatch):
+    """Output and gradients (x, then every parameter) of the block's conv on ``x``; ``fused=False``
+    takes PyG's conv (the fused path's graph test patched to refuse)."""
+    with monkeypatch.context() as m:
+        if not fused:
+            m.setattr(linear_aggr, "_graph", lambda x, edge_index: None)
+        xx = x.clone().requires_grad_()
+        out = block.conv_forward(xx, graph, None)
+        out.backward(grad)
+    grads = [xx.grad] + [p.grad.clone() for p in block.conv.parameters()]
+    block.zero_grad()
+    return out.detach(), grads
+
+
+@pytest.mark.parametrize("kind", BLOCKS)
+@pytest.mark.parametrize("form", ["tensor", "edge_index", "coo", "csr"])
+def test_block_equals_pyg_conv_in_float64(impl, kind, form, monkeypatch):
+    n, c = 30, 6
+    ei = graph(n)
+    torch.manual_seed(0)
+    block = BLOCKS[kind](c).double()
+    ours_graph, plain = forms(ei, n)[form]
+    x = torch.randn(n, c, dtype=torch.float64)
+    grad = torch.randn(n, c, dtype=torch.float64)
+    out, grads = run(block, x, ours_graph, grad, True, monkeypatch)
+    ref, ref_grads = run(block, x, plain, grad, False, monkeypatch)
+    assert rel_err(out, ref) <= 1e-12
+    assert len(grads) == len(ref_grads)
+    for g, r in zip(grads, ref_grads):
+        assert g is not None and rel_err(g, r) <= 1e-12
+    if kind == "gin":  # the trainable eps got a gradient
+        assert block.conv.eps.requires_grad and ref_grads[1].abs().item() > 0
+
+
+@pytest.mark.parametrize("kind", BLOCKS)
+def test_inside_group_add_rev(impl, kind, monkeypatch):
+    """The reversible recompute re-runs the fused path; gradients equal those of the PyG path."""
+    n, c = 30, 8
+    ei = graph(n)
+    torch.manual_seed(0)
+    rev = GroupAddRev(BLOCKS[kind](c // 2), num_groups=2).double()
+    x = torch.randn(n, c, dtype=torch.float64)
+    grad = torch.randn(n, c, dtype=torch.float64)
+    results = []
+    for fused in (True, False):
+        with monkeypatch.context() as m:
+            if not fused:
+                m.setattr(linear_aggr, "_graph", lambda x, edge_index: None)
+            xx = x.clone().requires_grad_()
+            out = rev(xx, ei)
+            out.backward(grad)
+        results.append([out.detach(), xx.grad] + [p.grad.clone() for p in rev.parameters()])
+        rev.zero_grad()
+    for a, b in zip(*results):
+        assert rel_err(a, b) <= 1e-12
+
+
+def test_sage_max_ties_split_the_gradient_like_pyg(impl, monkeypatch):
+    """Integer-valued features make most maxima ties, many of them 0 (where torch's scatter_reduce
+    backward counts the initial zero as one more tie); the gradients equal PyG's exactly."""
+    n, c = 24, 5
+    g = torch.Generator().manual_seed(3)
+    ei = torch.randint(3, n, (2, 300), generator=g)
+    x = torch.randint(-2, 2, (n, c), generator=g).double()
+    conv = SAGEConv(c, c, aggr="max").double()
+    grad = torch.randn(n, c, generator=g, dtype=torch.float64)
+    results = []
+    for fused in (True, False):
+        with monkeypatch.context() as m:
+            if not fused:
+                m.setattr(linear_aggr, "_graph", lambda x, edge_index: None)
+            xx = x.clone().requires_grad_()
+            out = linear_aggr.sage_conv(conv, xx, ei)
+            out.backward(grad)
+        results.append([out.detach(), xx.grad] + [p.grad.clone() for p in conv.parameters()])
+        conv.zero_grad()
+    for a, b in zip(*results):
+        assert rel_err(a, b) <= 1e-12
+    # the case is what it claims: ties at a maximum of 0 and above
+    top = scatter(x[ei[0]], ei[1], dim_size=n, reduce="max")
+    ties = scatter((x[ei[0]] == top[ei[1]]).long(), ei[1], dim_size=n, reduce="sum")
+    assert ((ties > 1) & (top == 0)).any() and ((ties > 1) & (top > 0)).any()
+
+
+@pytest.mark.parametrize("mean", [False, True])
+def test_weighted_aggregate_gradients(impl, mean):
+    """The weighted sum / mean with its gradient to the edge weights, against PyG's scatter and by
+    gradcheck."""
+    n, c = 20, 4
+    ei = graph(n, 80)
+    torch.manual_seed(1)
+    x = torch.randn(n, c, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(ei.size(1), dtype=torch.float64, requires_grad=True)
+    grad = torch.randn(n, c, dtype=torch.float64)
+    out = linear_aggr.aggregate(x, ei, w, "mean" if mean else "sum")
+    ours = [out.detach(), *torch.autograd.grad(out, (x, w), grad)]
+    ref_out = scatter(w.view(-1, 1) * x[ei[0]], ei[1], dim_size=n, reduce="mean" if mean else "sum")
+    ref = [ref_out.detach(), *torch.autograd.grad(ref_out, (x, w), grad)]
+    for a, b in zip(ours, ref):
+        assert rel_err(a, b) <= 1e-12
+    g = segments(ei, n)
+    weight = w.detach()[(ei[1] * n + ei[0]).argsort(stable=True)].requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda x, w: ops.aggregate(x, g.ptr, g.src, w, mean, g.sptr, g.sdst, g.sperm), (x, weight)
+    )
+    assert torch.autograd.gradcheck(lambda x: ops.segment_max(x, g.ptr, g.src, g.sptr, g.sdst)[0], (x,))
+
+
+def test_bad_inputs_are_clear_errors():
+    x = torch.randn(5, 3)
+    ei = torch.tensor([[0, 1], [1, 2]])
+    with pytest.raises(ValueError, match="reduce must be 'sum', 'add' or 'mean', got 'max'"):
+        linear_aggr.aggregate(x, ei, reduce="max")
+    with pytest.raises(ValueError, match=r"edge_weight must be \[E\] = \[2\], got \[3\]"):
+        linear_aggr.aggregate(x, ei, torch.ones(3))
+    g = segments(ei, 5)
+    with pytest.raises(ValueError, match=r"revgnn.aggregate: weight must be \[E\] = \[2\]"):
+        ops.aggregate(x, g.ptr, g.src, torch.ones(2, 1), False, g.sptr, g.sdst, g.sperm)
+
+
+# ---- no E x C tensor: N = 300, E = 30,000, C = 32 (E x C float32 = 3.84 MB; E int64 = 240 kB)
+N, E, C = 300, 30_000, 32
+BOUND = E * C * 4 // 4
+
+
+def big_graph():
+    g = torch.Generator().manual_seed(0)
+    ei = torch.randint(0, N, (2, E), generator=g)
+    perm = (ei[1] * N + ei[0]).argsort()
+    return EdgeIndex(ei[:, perm], sparse_size=(N, N), sort_order="col")
+
+
+def measure(module, x, ei):
+    """Largest single allocation and bytes saved for backward during forward + backward (which
+    holds GroupAddRev's recompute)."""
+    xx = x.clone().requires_grad_()
+    with LargestAllocation() as largest, SavedTensorBytes() as saved:
+        out = module(xx, ei)
+        out.backward(torch.ones_like(out))
+    return largest.bytes, saved.bytes
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    # the PyTorch implementation's chunk must be well below E for the guard to mean anything here
+    monkeypatch.setattr(ops, "CHUNK_EDGES", 2**12)
+
+
+@pytest.mark.parametrize("kind", BLOCKS)
+@pytest.mark.parametrize("rev", [False, True])
+def test_no_edge_by_channel_tensor(impl, kind, rev, small_chunks):
+    torch.manual_seed(0)
+    ei = big_graph()
+    ei.get_csr()  # the graph's cached forms are the graph's, made once before the layers
+    module = GroupAddRev(BLOCKS[kind](C), num_groups=2) if rev else BLOCKS[kind](C)
+    x = torch.randn(N, 2 * C if rev else C)
+    largest, saved = measure(module, x, ei)
+    assert largest < BOUND, (largest, BOUND)
+    # the operators save the graph's own index arrays (cached with it, shared by every layer) and
+    # node-sized tensors
+    graph_bytes = sum(
+        {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in segments(ei, N)}.values()
+    )
+    assert saved < graph_bytes + BOUND, (saved, graph_bytes, BOUND)
+
+
+@pytest.mark.parametrize("kind", BLOCKS)
+def test_the_guard_catches_pyg_path(kind, monkeypatch):
+    """The same measure on PyG's conv (the fused path refused) sees its E x C tensors: the guard
+    above can fail."""
+    monkeypatch.setattr(linear_aggr, "_graph", lambda x, edge_index: None)
+    torch.manual_seed(0)
+    largest, _ = measure(BLOCKS[kind](C), torch.randn(N, C), big_graph())
+    assert largest >= E * C * 4
