@@ -4,11 +4,12 @@ form, alone and inside GroupAddRev; and no E x C tensor is allocated or saved fo
 
 import pytest
 import torch
+from conftest import require_kernel
 from torch_geometric import EdgeIndex
 from torch_geometric.nn import SAGEConv
 from torch_geometric.utils import scatter
 
-from revgnn.nn import GCNBlock, GINBlock, GroupAddRev, SAGEBlock, linear_aggr, ops
+from revgnn.nn import GCNBlock, GINBlock, GroupAddRev, SAGEBlock, dispatch, linear_aggr, ops
 from revgnn.nn.graph_input import segments
 from revgnn.utils import SavedTensorBytes
 from revgnn.utils.memory import LargestAllocation
@@ -173,6 +174,93 @@ def test_bad_inputs_are_clear_errors():
     g = segments(ei, 5)
     with pytest.raises(ValueError, match=r"revgnn.aggregate: weight must be \[E\] = \[2\]"):
         ops.aggregate(x, g.ptr, g.src, torch.ones(2, 1), False, g.sptr, g.sdst, g.sperm)
+    bad = g.src.clone()
+    bad[1] = 5  # a node id past N would read or write out of bounds
+    with pytest.raises(IndexError, match=r"revgnn.segment_max: a source id is outside \[0, 5\)"):
+        ops.segment_max(x, g.ptr, bad, g.sptr, g.sdst)
+    with pytest.raises(ValueError, match=r"ptr must be \[N \+ 1\] = \[6\] ending at E = 2"):
+        ops.aggregate(x, g.ptr[:-1], g.src, None, False, g.sptr, g.sdst, g.sperm)
+
+
+def test_the_kernel_runs_where_it_should(impl):
+    x = torch.zeros(4, 3)
+    want = "cpp" if impl == "kernel" else "torch"
+    assert dispatch.implementation("aggregate", x) == want
+    assert dispatch.implementation("segment_max", x.double()) == want
+    assert dispatch.implementation("aggregate", x.half()) == "torch"
+
+
+@pytest.mark.parametrize("op", ["sum", "mean", "weighted", "max"])
+def test_float32_within_float32_rounding(impl, op):
+    """float32 against float64: within 4x PyTorch's own float32 deviation on the same case (PyG's
+    scatter), plus a few float32 units of the tensor's scale (the kernels sum in another order)."""
+    n, c = 40, 16
+    ei = graph(n, 400)
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(n, c, generator=g, dtype=torch.float64)
+    w = torch.randn(ei.size(1), generator=g, dtype=torch.float64)
+    grad = torch.randn(n, c, generator=g, dtype=torch.float64)
+
+    def ours(x, w):
+        if op == "max":
+            return linear_aggr.max_aggregate(x, ei)
+        return linear_aggr.aggregate(
+            x, ei, w if op == "weighted" else None, "mean" if op == "mean" else "sum"
+        )
+
+    def pyg(x, w):
+        msg = x[ei[0]] * w.view(-1, 1) if op == "weighted" else x[ei[0]]
+        return scatter(msg, ei[1], dim_size=n, reduce={"sum": "sum", "weighted": "sum"}.get(op, op))
+
+    def run(fn, dtype):
+        xx, ww = x.to(dtype).requires_grad_(), w.to(dtype).requires_grad_()
+        out = fn(xx, ww)
+        gx, gw = torch.autograd.grad(out, (xx, ww), grad.to(dtype), allow_unused=True)
+        return [t.double() for t in (out, gx, gw) if t is not None]
+
+    unit = torch.finfo(torch.float32).eps
+    for mine, theirs, ref in zip(run(ours, torch.float32), run(pyg, torch.float32), run(pyg, torch.float64)):
+        scale = ref.abs().max().item()
+        err, err_torch = (mine - ref).abs().max().item(), (theirs - ref).abs().max().item()
+        assert err <= 4 * err_torch + 8 * unit * scale, (err, err_torch, scale)
+
+
+def test_kernel_threads_are_deterministic():
+    """Forward and backward are bitwise independent of the thread count: every output row is
+    reduced by one task."""
+    require_kernel("aggregate")
+    require_kernel("segment_max")
+    n, c = 2000, 16
+    g = torch.Generator().manual_seed(0)
+    ei = torch.randint(0, n, (2, 40_000), generator=g)
+    x = torch.randn(n, c, generator=g)
+    w = torch.rand(ei.size(1), generator=g)
+    results = []
+    threads = torch.get_num_threads()
+    try:
+        for t in (1, 2, 4):
+            torch.set_num_threads(t)
+            xx, ww = x.clone().requires_grad_(), w.clone().requires_grad_()
+            out = linear_aggr.aggregate(xx, ei, ww, "mean") + linear_aggr.max_aggregate(xx, ei)
+            results.append((out, *torch.autograd.grad(out, (xx, ww), torch.ones_like(out))))
+    finally:
+        torch.set_num_threads(threads)
+    for other in results[1:]:
+        for u, v in zip(results[0], other):
+            assert torch.equal(u, v)
+
+
+def test_operators_pass_opcheck():
+    """Schema, fake implementation and registered autograd of the four operators
+    (torch.library.opcheck), on both implementations where the kernels build."""
+    n, c = 12, 3
+    g = segments(graph(n, 40), n)
+    x = torch.randn(n, c, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(g.src.numel(), dtype=torch.float64, requires_grad=True)
+    for mean in (False, True):
+        torch.library.opcheck(ops.aggregate, (x, g.ptr, g.src, w, mean, g.sptr, g.sdst, g.sperm))
+        torch.library.opcheck(ops.aggregate, (x, g.ptr, g.src, None, mean, g.sptr, g.sdst, g.sperm))
+    torch.library.opcheck(ops.segment_max, (x, g.ptr, g.src, g.sptr, g.sdst))
 
 
 # ---- no E x C tensor: N = 300, E = 30,000, C = 32 (E x C float32 = 3.84 MB; E int64 = 240 kB)
