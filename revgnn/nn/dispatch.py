@@ -124,8 +124,18 @@ register_kernel(
     {"forward": "layer_norm_relu_forward", "backward": "layer_norm_relu_backward"},
 )
 # the linear aggregations (sum, mean, edge weights) and the plain max of SAGE, GIN and GCN (#33 a)
-register_kernel("aggregate", "aggregate", {})
-register_kernel("segment_max", "segment_max", {})
+register_kernel(
+    "aggregate",
+    "aggregate",
+    {"forward": "aggregate_forward", "backward": "aggregate_backward"},
+    triton_dtypes=_FLOATS,
+)
+register_kernel(
+    "segment_max",
+    "segment_max",
+    {"forward": "segment_max_forward", "backward": "segment_max_backward"},
+    triton_dtypes=_FLOATS,
+)
 
 
 def _triton(spec: KernelSpec) -> Optional[SimpleNamespace]:

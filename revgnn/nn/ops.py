@@ -11,7 +11,11 @@ and autograd see them as single ops.
   ``torch.ops.revgnn.layer_norm_relu_backward``: its gradients;
 * ``torch.ops.revgnn.gen_max_shard``: GEN max over one shard of a SAR graph (no :math:`\epsilon`, with
   tie counts; :mod:`revgnn.distributed.gen_max_sar`); ``torch.ops.revgnn.gen_max_shard_backward``: its
-  gradients.
+  gradients;
+* ``torch.ops.revgnn.aggregate``: the sum / mean / edge-weighted sum over destination-sorted edges
+  (SAGE, GIN, GCN; :mod:`revgnn.nn.linear_aggr`), ``torch.ops.revgnn.segment_max``: the plain
+  per-channel maximum with tie counts (SAGE max); each with its ``_backward``, chunked over edges in
+  PyTorch (no :math:`E \times C` tensor in any implementation).
 
 Each operator has a fake (meta) implementation, so it traces with FakeTensors, and ``gen_max`` and
 ``layer_norm_relu`` have their autograd formula registered (their backward operators are
