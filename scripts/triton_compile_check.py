@@ -71,6 +71,18 @@ def record_launches(tk, dtypes, channels, smoke=False):
                         [(True, True, True)] if smoke else [(True, True, True), (False, True, False)]
                     ):
                         tk.layer_norm_relu_backward(grad, xl, wl, bl, stats, stats, m, *flags)
+                if dt in (torch.float32, torch.float64):  # the aggregations take no bfloat16
+                    weight, perm, count = (
+                        torch.randn(e).to(dt),
+                        torch.arange(e),
+                        torch.ones(n, c, dtype=torch.int32),
+                    )
+                    for wgt in (weight,) if smoke else (None, weight):
+                        for mean in (True,) if smoke else (False, True):
+                            tk.aggregate_forward(x, ptr, src, wgt, mean)
+                            tk.aggregate_backward(grad, x, ptr, src, wgt, mean, ptr, src, perm, True, True)
+                    tk.segment_max_forward(x, ptr, src)
+                    tk.segment_max_backward(grad, x, x, count, ptr, src)
     finally:
         tk.INTERPRETED = interpreted
         for name, fn in originals.items():

@@ -29,6 +29,7 @@ from revgnn.nn.conv_registry import register_conv
 from revgnn.nn.edge_features import LinearEdgeFeatures
 from revgnn.nn.gen_max import gen_conv
 from revgnn.nn.graph_input import pyg_edge_index
+from revgnn.nn.linear_aggr import gcn_conv, gin_conv, sage_conv
 from revgnn.nn.norm_act import layer_norm_relu
 
 NORMS = ("layer", "batch", "graph", None)
@@ -228,19 +229,23 @@ class GATBlock(PreActBlock):
 
 @register_conv("gcn")
 class GCNBlock(PreActBlock):
-    r"""GCNConv (Kipf & Welling, 2017) in a pre-activation block (no edge features)."""
+    r"""GCNConv (Kipf & Welling, 2017) in a pre-activation block (no edge features); its symmetric
+    normalisation and aggregation run as one weighted segment sum (:func:`~revgnn.nn.linear_aggr.gcn_conv`),
+    never forming the :math:`E \times C` messages."""
 
     def __init__(self, channels: int, norm: Norm = "layer", preact: bool = True):
         super().__init__(channels, norm, preact)
         self.conv = GCNConv(channels, channels)
 
     def conv_forward(self, h: Tensor, edge_index: Adj, edge_attr: OptTensor) -> Tensor:
-        return self.conv(h, pyg_edge_index(edge_index))
+        return gcn_conv(self.conv, h, edge_index)
 
 
 @register_conv("sage")
 class SAGEBlock(PreActBlock):
-    r"""SAGEConv (Hamilton et al., 2017) in a pre-activation block (no edge features)."""
+    r"""SAGEConv (Hamilton et al., 2017) in a pre-activation block (no edge features); its mean, sum or
+    max aggregation runs as one segment reduction (:func:`~revgnn.nn.linear_aggr.sage_conv`), never
+    forming the :math:`E \times C` messages."""
 
     def __init__(
         self,
@@ -253,12 +258,14 @@ class SAGEBlock(PreActBlock):
         self.conv = SAGEConv(channels, channels, aggr=aggr)
 
     def conv_forward(self, h: Tensor, edge_index: Adj, edge_attr: OptTensor) -> Tensor:
-        return self.conv(h, pyg_edge_index(edge_index))
+        return sage_conv(self.conv, h, edge_index)
 
 
 @register_conv("gin")
 class GINBlock(PreActBlock):
-    r"""GINConv (Xu et al., 2019) with a 2-layer MLP in a pre-activation block."""
+    r"""GINConv (Xu et al., 2019) with a 2-layer MLP in a pre-activation block; its sum aggregation
+    runs as one segment sum (:func:`~revgnn.nn.linear_aggr.gin_conv`), never forming the
+    :math:`E \times C` messages."""
 
     def __init__(self, channels: int, norm: Norm = "layer", preact: bool = True):
         super().__init__(channels, norm, preact)
@@ -266,7 +273,7 @@ class GINBlock(PreActBlock):
         self.conv = GINConv(mlp, train_eps=True)
 
     def conv_forward(self, h: Tensor, edge_index: Adj, edge_attr: OptTensor) -> Tensor:
-        return self.conv(h, pyg_edge_index(edge_index))
+        return gin_conv(self.conv, h, edge_index)
 
 
 class Residual(nn.Module):

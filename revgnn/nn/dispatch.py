@@ -30,7 +30,7 @@ Example:
     >>> kernel_spec("gen_maxx")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    revgnn.utils.registry.UnknownName: unknown kernel 'gen_maxx' (did you mean 'gen_max'?); ...
+    revgnn.utils.registry.UnknownName: unknown kernel 'gen_maxx' (did you mean 'gen_max'...?); ...
 """
 
 from __future__ import annotations
@@ -122,6 +122,19 @@ register_kernel(
     "layer_norm_relu",
     "layer_norm_relu",
     {"forward": "layer_norm_relu_forward", "backward": "layer_norm_relu_backward"},
+)
+# the linear aggregations (sum, mean, edge weights) and the plain max of SAGE, GIN and GCN (#33 a)
+register_kernel(
+    "aggregate",
+    "aggregate",
+    {"forward": "aggregate_forward", "backward": "aggregate_backward"},
+    triton_dtypes=_FLOATS,
+)
+register_kernel(
+    "segment_max",
+    "segment_max",
+    {"forward": "segment_max_forward", "backward": "segment_max_backward"},
+    triton_dtypes=_FLOATS,
 )
 
 

@@ -22,7 +22,16 @@ from torch_geometric import EdgeIndex
 from revgnn.nn import ops
 from revgnn.utils.functional import transforms_active
 
-__all__ = ["SortedEdges", "csc", "pyg_edge_index", "sort_edges", "sparse_to_edge_index", "tracing"]
+__all__ = [
+    "Segments",
+    "SortedEdges",
+    "csc",
+    "segments",
+    "pyg_edge_index",
+    "sort_edges",
+    "sparse_to_edge_index",
+    "tracing",
+]
 
 
 def sparse_to_edge_index(adj_t: Tensor, num_nodes: int) -> EdgeIndex:
@@ -165,3 +174,35 @@ def csc(
     (colptr, _), _ = edge_index.get_csc()
     plain = edge_index.as_tensor()
     return plain[0], plain[1], colptr, edge_attr
+
+
+class Segments(NamedTuple):
+    """A graph's edges in both orders, as int64 tensors for the aggregation operators
+    (:func:`revgnn.nn.ops.aggregate`): destination order for the forward pass, source order (E int64s
+    each, no channels) for the backward pass's reduction to the sources."""
+
+    src: Tensor  #: ``[E]`` the source of each edge, in destination order
+    dst: Tensor  #: ``[E]`` the destination of each edge, in destination order
+    ptr: Tensor  #: ``[N + 1]`` CSC pointer over destinations
+    sptr: Tensor  #: ``[N + 1]`` CSR pointer over sources
+    sdst: Tensor  #: ``[E]`` the destination of each edge, in source order
+    sperm: Tensor  #: ``[E]`` the id (position in destination order) of each edge, in source order
+
+
+def segments(edge_index, num_nodes: int) -> Segments:
+    """The :class:`Segments` of a tensor graph (any form :func:`sort_edges` takes). Eagerly the
+    source order is the sorted :class:`~torch_geometric.EdgeIndex`'s ``get_csr()``, which the
+    ``EdgeIndex`` caches: computed once per graph, not in every layer; traced it is sorted inside the
+    graph (a stable ``argsort`` of the sources)."""
+    edge_index, _ = sort_edges(edge_index, None, num_nodes)
+    if isinstance(edge_index, SortedEdges):
+        (src, dst), ptr = edge_index.edge_index, edge_index.ptr
+        sperm = src.argsort(stable=True)
+        nodes = torch.arange(num_nodes + 1, device=src.device, dtype=src.dtype)
+        sptr = torch.searchsorted(src.index_select(0, sperm), nodes)
+        sdst = dst.index_select(0, sperm)
+    else:
+        (ptr, _), _ = edge_index.get_csc()
+        src, dst = edge_index.as_tensor()
+        (sptr, sdst), sperm = edge_index.get_csr()
+    return Segments(*(t.long().contiguous() for t in (src, dst, ptr, sptr, sdst, sperm)))

@@ -11,7 +11,11 @@ and autograd see them as single ops.
   ``torch.ops.revgnn.layer_norm_relu_backward``: its gradients;
 * ``torch.ops.revgnn.gen_max_shard``: GEN max over one shard of a SAR graph (no :math:`\epsilon`, with
   tie counts; :mod:`revgnn.distributed.gen_max_sar`); ``torch.ops.revgnn.gen_max_shard_backward``: its
-  gradients.
+  gradients;
+* ``torch.ops.revgnn.aggregate``: the sum / mean / edge-weighted sum over destination-sorted edges
+  (SAGE, GIN, GCN; :mod:`revgnn.nn.linear_aggr`), ``torch.ops.revgnn.segment_max``: the plain
+  per-channel maximum with tie counts (SAGE max); each with its ``_backward``, chunked over edges in
+  PyTorch (no :math:`E \times C` tensor in any implementation).
 
 Each operator has a fake (meta) implementation, so it traces with FakeTensors, and ``gen_max`` and
 ``layer_norm_relu`` have their autograd formula registered (their backward operators are
@@ -415,3 +419,236 @@ def gen_max_shard_backward(
 @gen_max_shard_backward.register_fake
 def _(grad, arg, tied, x, ptr, src, attr, weight, bias, need_attr, need_w, need_b):
     return _fake_grads(x, attr, weight, bias, True, need_attr, need_w, need_b)
+
+
+# ------------------------------------------------- linear aggregations and SAGE max (#33 a)
+
+#: Edges per chunk in the PyTorch implementations of :func:`aggregate` and :func:`segment_max`: their
+#: largest temporary is ``CHUNK_EDGES x C`` (16 MiB at 64 float32 channels), never :math:`E \times C`.
+CHUNK_EDGES = 2**16
+
+
+def _edge_chunks(num_edges: int):
+    """Consecutive slices of at most :data:`CHUNK_EDGES` edges covering ``range(num_edges)``."""
+    return (slice(s, s + CHUNK_EDGES) for s in range(0, num_edges, CHUNK_EDGES))
+
+
+def _check_graph(name: str, x: Tensor, ptr: Tensor, src: Tensor, weight: Optional[Tensor]) -> None:
+    if x.dim() != 2 or ptr.dim() != 1 or src.dim() != 1:
+        raise ValueError(
+            f"revgnn.{name}: x must be [N, C], ptr [N + 1], src [E]; got {list(x.shape)}, "
+            f"{list(ptr.shape)}, {list(src.shape)}"
+        )
+    if weight is not None and tuple(weight.shape) != (src.numel(),):
+        raise ValueError(f"revgnn.{name}: weight must be [E] = [{src.numel()}], got {list(weight.shape)}")
+    # an id out of range would read (C++) or write (PyTorch's index_add_) out of bounds: one pass
+    # over E integers, small beside the E x C work that follows
+    if ptr.numel() != x.size(0) + 1 or int(ptr[-1]) != src.numel():
+        raise ValueError(
+            f"revgnn.{name}: ptr must be [N + 1] = [{x.size(0) + 1}] ending at E = {src.numel()}"
+        )
+    if src.numel() and (int(src.min()) < 0 or int(src.max()) >= x.size(0)):
+        raise IndexError(f"revgnn.{name}: a source id is outside [0, {x.size(0)})")
+
+
+def _aggregate_torch(x: Tensor, ptr: Tensor, src: Tensor, weight: Optional[Tensor], mean: bool) -> Tensor:
+    dst = destinations(ptr, src.numel())
+    out = x.new_zeros(ptr.numel() - 1, x.size(1))
+    for part in _edge_chunks(src.numel()):
+        msg = x.index_select(0, src[part])
+        if weight is not None:
+            msg.mul_(weight[part].view(-1, 1))
+        out.index_add_(0, dst[part], msg)
+    # PyG's mean divides the sum by the clamped count; x / d and x * (1 / d) differ in the last bit
+    return out.div_(ptr.diff().clamp_min(1).to(x.dtype).view(-1, 1)) if mean else out
+
+
+def _aggregate_backward_torch(grad, x, ptr, src, weight, mean, need_x, need_w):
+    """``grad`` scaled per destination, then per edge chunk: to the sources (``index_add_``, the
+    transposed aggregation) and to the weights (a dot product per edge)."""
+    dst = destinations(ptr, src.numel())
+    g = grad / ptr.diff().clamp_min(1).to(grad.dtype).view(-1, 1) if mean else grad
+    gx = torch.zeros_like(x) if need_x else None
+    gw = weight.new_empty(src.numel()) if need_w and weight is not None else None
+    for part in _edge_chunks(src.numel()):
+        g_edge = g.index_select(0, dst[part])
+        if gw is not None:
+            gw[part] = (g_edge * x.index_select(0, src[part])).sum(1)
+        if gx is not None:
+            gx.index_add_(
+                0, src[part], g_edge.mul_(weight[part].view(-1, 1)) if weight is not None else g_edge
+            )
+    return gx, gw
+
+
+@torch.library.custom_op("revgnn::aggregate", mutates_args=())
+def aggregate(
+    x: Tensor,
+    ptr: Tensor,
+    src: Tensor,
+    weight: Optional[Tensor],
+    mean: bool,
+    sptr: Tensor,
+    sdst: Tensor,
+    sperm: Tensor,
+) -> Tensor:
+    r"""``out[i] = sum_{e = (j -> i)} w[e] x[j]`` (divided by the in-degree of ``i`` if ``mean``; 0
+    for nodes without in-edges) over destination-sorted edges (``ptr`` ``[N + 1]`` over
+    destinations, ``src`` ``[E]``), ``w`` the optional edge weights ``[E]`` in that order (1 where
+    :obj:`None`). ``sptr``, ``sdst``, ``sperm`` are the same edges in source order (pointer ``[N + 1]``
+    over sources, each edge's destination, its id in destination order: PyG's ``EdgeIndex.get_csr()``),
+    which the backward pass reduces over; nothing edge-sized but these is kept for it."""
+    _check_graph("aggregate", x, ptr, src, weight)
+    kernel = select("aggregate", x, weight, num_edges=src.numel())
+    if kernel is not None:
+        return kernel.forward(x, ptr, src, weight, mean)
+    with _in_dtype(x):
+        return _aggregate_torch(x, ptr, src, weight, mean)
+
+
+@aggregate.register_fake
+def _(x, ptr, src, weight, mean, sptr, sdst, sperm):
+    return x.new_empty(ptr.size(0) - 1, x.size(1))
+
+
+@torch.library.custom_op("revgnn::aggregate_backward", mutates_args=())
+def aggregate_backward(
+    grad: Tensor,
+    x: Tensor,
+    ptr: Tensor,
+    src: Tensor,
+    weight: Optional[Tensor],
+    mean: bool,
+    sptr: Tensor,
+    sdst: Tensor,
+    sperm: Tensor,
+    need_x: bool,
+    need_w: bool,
+) -> Tuple[Tensor, Tensor]:
+    r"""The gradients of :func:`aggregate` for ``x`` (the transposed aggregation
+    :math:`\sum_{e = (j \to i)} w_e \mathbf{g}_i`, over source-sorted edges) and ``weight``
+    (:math:`\langle \mathbf{g}_i, \mathbf{x}_j \rangle` per edge); an empty tensor where not asked for
+    (or where ``weight`` is :obj:`None`)."""
+    kernel = select("aggregate", x, grad, weight, num_edges=src.numel())
+    need_w = need_w and weight is not None
+    if kernel is not None:
+        grads = kernel.backward(grad, x, ptr, src, weight, mean, sptr, sdst, sperm, need_x, need_w)
+    else:
+        with _in_dtype(x):
+            grads = _aggregate_backward_torch(grad, x, ptr, src, weight, mean, need_x, need_w)
+    return tuple(_or_empty(g, x) for g in grads)
+
+
+@aggregate_backward.register_fake
+def _(grad, x, ptr, src, weight, mean, sptr, sdst, sperm, need_x, need_w):
+    gx = torch.empty_like(x) if need_x else x.new_empty(0)
+    gw = torch.empty_like(weight) if need_w and weight is not None else x.new_empty(0)
+    return gx, gw
+
+
+def _aggregate_setup(ctx, inputs, output):
+    x, ptr, src, weight, mean, sptr, sdst, sperm = inputs
+    ctx.mean = mean
+    ctx.save_for_backward(x, ptr, src, weight, sptr, sdst, sperm)
+
+
+def _aggregate_grad(ctx, grad_out):
+    x, ptr, src, weight, sptr, sdst, sperm = ctx.saved_tensors
+    need_x, _, _, need_w, *_ = ctx.needs_input_grad
+    gx, gw = aggregate_backward(
+        grad_out.contiguous(), x, ptr, src, weight, ctx.mean, sptr, sdst, sperm, need_x, need_w
+    )
+    return gx if need_x else None, None, None, gw if need_w else None, None, None, None, None
+
+
+aggregate.register_autograd(_aggregate_grad, setup_context=_aggregate_setup)
+
+
+def _segment_max_torch(x: Tensor, ptr: Tensor, src: Tensor) -> Tuple[Tensor, Tensor]:
+    n, c, e = ptr.numel() - 1, x.size(1), src.numel()
+    dst = destinations(ptr, e)
+    top = x.new_full((n, c), float("-inf"))
+    for part in _edge_chunks(e):  # the maximum ...
+        d = dst[part]
+        top.scatter_reduce_(0, d.view(-1, 1).expand(-1, c), x.index_select(0, src[part]), "amax")
+    count = torch.zeros((n, c), dtype=torch.int32, device=x.device)
+    for part in _edge_chunks(e):  # ... and how many edges reach it
+        d = dst[part]
+        reached = x.index_select(0, src[part]) == top.index_select(0, d)
+        count.index_add_(0, d, reached.int())
+    return top.masked_fill_((ptr.diff() == 0).view(-1, 1), 0.0), count
+
+
+def _tie_divisor(out: Tensor, count: Tensor) -> Tensor:
+    """What each (node, channel)'s gradient is divided by among the edges reaching its maximum:
+    ``count``, plus 1 where the maximum is 0. PyG aggregates with ``scatter_reduce_`` amax
+    (``include_self=False``) into zeros, and torch's backward of that counts the untouched zero as one
+    more tie where the maximum equals it (its share is dropped); matched here so that gradients equal
+    PyG's on integer-valued features. 1 for nodes without in-edges (no edge reads it)."""
+    return count + (out == 0).to(count.dtype)
+
+
+def _segment_max_backward_torch(grad, x, out, count, ptr, src):
+    """Each (node, channel)'s gradient split evenly among the edges reaching its maximum, as
+    ``scatter_reduce`` amax's backward does: ``(x_j == out_i) * (g_i / n_i)`` (:func:`_tie_divisor`)."""
+    dst = destinations(ptr, src.numel())
+    share = grad / _tie_divisor(out, count).to(grad.dtype)
+    gx = torch.zeros_like(x)
+    for part in _edge_chunks(src.numel()):
+        d, s = dst[part], src[part]
+        reached = x.index_select(0, s) == out.index_select(0, d)
+        gx.index_add_(0, s, torch.where(reached, share.index_select(0, d), 0.0))
+    return gx
+
+
+@torch.library.custom_op("revgnn::segment_max", mutates_args=())
+def segment_max(x: Tensor, ptr: Tensor, src: Tensor, sptr: Tensor, sdst: Tensor) -> Tuple[Tensor, Tensor]:
+    r"""``(out, count)``: ``out[i] = max_{e = (j -> i)} x[j]`` per channel (0 for nodes without
+    in-edges, as PyG's max aggregation) over destination-sorted edges (``ptr``, ``src`` as in
+    :func:`aggregate`), and ``count`` ``[N, C]`` int32 the number of edges reaching each maximum, by
+    which the gradient is split among ties. ``sptr``, ``sdst`` are the edges in source order (pointer,
+    destinations), which the backward pass reduces over."""
+    _check_graph("segment_max", x, ptr, src, None)
+    kernel = select("segment_max", x, num_edges=src.numel())
+    if kernel is not None:
+        return tuple(kernel.forward(x, ptr, src))
+    with _in_dtype(x):
+        return _segment_max_torch(x, ptr, src)
+
+
+@segment_max.register_fake
+def _(x, ptr, src, sptr, sdst):
+    n, c = ptr.size(0) - 1, x.size(1)
+    return x.new_empty(n, c), x.new_empty(n, c, dtype=torch.int32)
+
+
+@torch.library.custom_op("revgnn::segment_max_backward", mutates_args=())
+def segment_max_backward(
+    grad: Tensor, x: Tensor, out: Tensor, count: Tensor, ptr: Tensor, src: Tensor, sptr: Tensor, sdst: Tensor
+) -> Tensor:
+    """The gradient of :func:`segment_max`'s ``out`` for ``x``."""
+    kernel = select("segment_max", x, grad, out, num_edges=src.numel())
+    if kernel is not None:
+        return kernel.backward(grad, x, out, count, sptr, sdst)
+    with _in_dtype(x):
+        return _segment_max_backward_torch(grad, x, out, count, ptr, src)
+
+
+@segment_max_backward.register_fake
+def _(grad, x, out, count, ptr, src, sptr, sdst):
+    return torch.empty_like(x)
+
+
+def _segment_max_setup(ctx, inputs, output):
+    x, ptr, src, sptr, sdst = inputs
+    out, count = output
+    ctx.save_for_backward(x, out, count, ptr, src, sptr, sdst)
+
+
+def _segment_max_grad(ctx, grad_out, _grad_count):
+    x, out, count, ptr, src, sptr, sdst = ctx.saved_tensors
+    gx = segment_max_backward(grad_out.contiguous(), x, out, count, ptr, src, sptr, sdst)
+    return gx if ctx.needs_input_grad[0] else None, None, None, None, None
+
+
+segment_max.register_autograd(_segment_max_grad, setup_context=_segment_max_setup)

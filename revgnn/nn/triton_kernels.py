@@ -69,6 +69,14 @@ backward :math:`\partial x_{ic} = r_i (g_{ic} w_c - \overline{g w}_i - \hat x_{i
 fixed block of ``LN_ROWS`` rows, then over blocks in order. Rows of ``x`` and the mask may be
 strided (a channel group of a wider tensor).
 
+**Linear aggregations and SAGE max** (:func:`aggregate_forward`, :func:`aggregate_backward`,
+:func:`segment_max_forward`, :func:`segment_max_backward`: ``revgnn/csrc/aggregate.cpp`` and
+``segment_max.cpp``): :math:`\mathbf{o}_i = s_i \sum_{e = (j \to i)} w_e \mathbf{x}_j` (``s_i`` the
+inverse clamped in-degree for the mean, else 1) and the per-channel maximum with tie counts; one
+program per destination in forward, per source for ``grad_x`` (a gather over the source order the
+caller passes: ``sptr``, ``sdst``, ``sperm``), per destination for the edge weights' gradient;
+float32 and float64 only.
+
 dtypes: float32, float64 and bfloat16 (bf16 loads are accumulated in float32; for bf16 the saved
 LayerNorm statistics are float32, ``count`` is bf16 (exact up to 256 ties)). Channel counts need
 not be multiples of the block: lanes are masked. Memory: beyond the outputs, forward allocates
@@ -105,6 +113,10 @@ __all__ = [
     "layer_norm_relu_forward",
     "layer_norm_relu_backward",
     "source_order",
+    "aggregate_forward",
+    "aggregate_backward",
+    "segment_max_forward",
+    "segment_max_backward",
 ]
 
 #: destination nodes per partial sum of grad_W / grad_b (fixed: results independent of the device)
@@ -819,3 +831,235 @@ def layer_norm_relu_backward(
         gw.sum(0).to(w.dtype) if need_w else None,
         gb.sum(0).to(b.dtype) if need_b else None,
     )
+
+
+# ------------------------------------------------- linear aggregations and SAGE max (#33 a)
+# The Triton versions of revgnn/csrc/aggregate.cpp and segment_max.cpp, call-compatible with their
+# entry points: one program per output row (a destination in forward, a source for grad_x), which
+# walks its edge segment in tiles of BE edges; no atomics, every sum in a fixed order. float32 and
+# float64 (accumulated in their own dtype).
+
+if AVAILABLE:
+
+    @triton.jit
+    def _agg_fwd_kernel(
+        x_ptr, ptr_ptr, src_ptr, w_ptr, out_ptr, C,
+        HAS_W: tl.constexpr, MEAN: tl.constexpr, ACC: tl.constexpr, BE: tl.constexpr, BC: tl.constexpr,
+    ):  # fmt: skip
+        i = tl.program_id(0).to(tl.int64)
+        e0 = tl.load(ptr_ptr + i)
+        e1 = tl.load(ptr_ptr + i + 1)
+        c = tl.arange(0, BC)
+        cm = c < C
+        acc = tl.zeros([BC], ACC)
+        for s in range(e0, e1, BE):
+            e = s + tl.arange(0, BE)
+            em = e < e1
+            m2 = em[:, None] & cm[None, :]
+            row = tl.load(src_ptr + e, mask=em, other=0)
+            xv = tl.load(x_ptr + row[:, None] * C + c[None, :], mask=m2, other=0.0).to(ACC)
+            if HAS_W:
+                xv = xv * tl.load(w_ptr + e, mask=em, other=0.0).to(ACC)[:, None]
+            acc += tl.sum(xv, axis=0)
+        if MEAN:  # PyG divides the sum by the clamped count
+            acc = acc / tl.maximum(e1 - e0, 1).to(ACC)
+        tl.store(out_ptr + i * C + c, acc, mask=cm)
+
+    @triton.jit
+    def _agg_src_kernel(
+        g_ptr, ptr_ptr, sptr_ptr, sdst_ptr, sperm_ptr, w_ptr, gx_ptr, C,
+        HAS_W: tl.constexpr, MEAN: tl.constexpr, ACC: tl.constexpr, BE: tl.constexpr, BC: tl.constexpr,
+    ):  # fmt: skip
+        """grad_x of source row j: sum over j's out-edges e = (j -> i) of w_e g_i (/ deg_i)."""
+        j = tl.program_id(0).to(tl.int64)
+        o0 = tl.load(sptr_ptr + j)
+        o1 = tl.load(sptr_ptr + j + 1)
+        c = tl.arange(0, BC)
+        cm = c < C
+        acc = tl.zeros([BC], ACC)
+        for s in range(o0, o1, BE):
+            o = s + tl.arange(0, BE)
+            om = o < o1
+            m2 = om[:, None] & cm[None, :]
+            i = tl.load(sdst_ptr + o, mask=om, other=0)
+            gv = tl.load(g_ptr + i[:, None] * C + c[None, :], mask=m2, other=0.0).to(ACC)
+            if MEAN:
+                deg = tl.load(ptr_ptr + i + 1, mask=om, other=1) - tl.load(ptr_ptr + i, mask=om, other=0)
+                gv = gv / tl.maximum(deg, 1).to(ACC)[:, None]
+            if HAS_W:
+                e = tl.load(sperm_ptr + o, mask=om, other=0)
+                gv = gv * tl.load(w_ptr + e, mask=om, other=0.0).to(ACC)[:, None]
+            acc += tl.sum(gv, axis=0)
+        tl.store(gx_ptr + j * C + c, acc, mask=cm)
+
+    @triton.jit
+    def _agg_w_kernel(
+        g_ptr, x_ptr, ptr_ptr, src_ptr, gw_ptr, C,
+        MEAN: tl.constexpr, ACC: tl.constexpr, BE: tl.constexpr, BC: tl.constexpr,
+    ):  # fmt: skip
+        """grad_w of the edges into destination i: <g_i (/ deg_i), x_j> per edge."""
+        i = tl.program_id(0).to(tl.int64)
+        e0 = tl.load(ptr_ptr + i)
+        e1 = tl.load(ptr_ptr + i + 1)
+        c = tl.arange(0, BC)
+        cm = c < C
+        gi = tl.load(g_ptr + i * C + c, mask=cm, other=0.0).to(ACC)
+        if MEAN:
+            gi = gi / tl.maximum(e1 - e0, 1).to(ACC)
+        for s in range(e0, e1, BE):
+            e = s + tl.arange(0, BE)
+            em = e < e1
+            m2 = em[:, None] & cm[None, :]
+            row = tl.load(src_ptr + e, mask=em, other=0)
+            xv = tl.load(x_ptr + row[:, None] * C + c[None, :], mask=m2, other=0.0).to(ACC)
+            tl.store(gw_ptr + e, tl.sum(xv * gi[None, :], axis=1), mask=em)
+
+    @triton.jit
+    def _smax_fwd_kernel(
+        x_ptr, ptr_ptr, src_ptr, out_ptr, count_ptr, C,
+        ACC: tl.constexpr, BE: tl.constexpr, BC: tl.constexpr,
+    ):  # fmt: skip
+        """Per channel the maximum over i's in-edges (NaN wins; 0 without in-edges) and how many
+        edges reach it (0 where it is NaN)."""
+        i = tl.program_id(0).to(tl.int64)
+        e0 = tl.load(ptr_ptr + i)
+        e1 = tl.load(ptr_ptr + i + 1)
+        c = tl.arange(0, BC)
+        cm = c < C
+        best = tl.full([BC], float("-inf"), ACC)
+        cnt = tl.zeros([BC], tl.int32)
+        nan = tl.zeros([BC], tl.int32)
+        for s in range(e0, e1, BE):
+            e = s + tl.arange(0, BE)
+            em = e < e1
+            m2 = em[:, None] & cm[None, :]
+            row = tl.load(src_ptr + e, mask=em, other=0)
+            m = tl.load(x_ptr + row[:, None] * C + c[None, :], mask=m2, other=0.0).to(ACC)
+            nan = tl.maximum(nan, tl.max((m2 & (m != m)).to(tl.int32), axis=0))
+            mm = tl.where(m2 & (m == m), m, float("-inf"))
+            tmax = tl.max(mm, axis=0)
+            tcnt = tl.sum((m2 & (m == m) & (mm == tmax[None, :])).to(tl.int32), axis=0)
+            gt = tmax > best
+            cnt = tl.where(gt, tcnt, tl.where(tmax == best, cnt + tcnt, cnt))
+            best = tl.where(gt, tmax, best)
+        isnan = nan != 0
+        o = tl.where(isnan, float("nan"), best)
+        o = tl.where(e1 > e0, o, 0.0)
+        cnt = tl.where(isnan | (e1 == e0), 0, cnt)
+        tl.store(out_ptr + i * C + c, o, mask=cm)
+        tl.store(count_ptr + i * C + c, cnt, mask=cm)
+
+    @triton.jit
+    def _smax_bwd_kernel(
+        g_ptr, x_ptr, out_ptr, count_ptr, sptr_ptr, sdst_ptr, gx_ptr, C,
+        ACC: tl.constexpr, BE: tl.constexpr, BC: tl.constexpr,
+    ):  # fmt: skip
+        """grad_x of source row j: g_i / (count_i + [out_i == 0]) over j's out-edges reaching
+        their destination's maximum (torch's scatter_reduce amax split, as segment_max.cpp)."""
+        j = tl.program_id(0).to(tl.int64)
+        o0 = tl.load(sptr_ptr + j)
+        o1 = tl.load(sptr_ptr + j + 1)
+        c = tl.arange(0, BC)
+        cm = c < C
+        xj = tl.load(x_ptr + j * C + c, mask=cm, other=0.0).to(ACC)
+        acc = tl.zeros([BC], ACC)
+        for s in range(o0, o1, BE):
+            o = s + tl.arange(0, BE)
+            om = o < o1
+            m2 = om[:, None] & cm[None, :]
+            i = tl.load(sdst_ptr + o, mask=om, other=0)
+            at = i[:, None] * C + c[None, :]
+            oi = tl.load(out_ptr + at, mask=m2, other=0.0).to(ACC)
+            gi = tl.load(g_ptr + at, mask=m2, other=0.0).to(ACC)
+            ki = tl.load(count_ptr + at, mask=m2, other=1) + (oi == 0).to(tl.int32)
+            hit = m2 & (xj[None, :] == oi)
+            acc += tl.sum(tl.where(hit, gi / tl.maximum(ki, 1).to(ACC), 0.0), axis=0)
+        tl.store(gx_ptr + j * C + c, acc, mask=cm)
+
+
+def _agg_check(name: str, x: Tensor, *index: Tensor) -> None:
+    _require(x)
+    if x.dim() != 2 or not x.is_contiguous() or x.dtype not in (torch.float32, torch.float64):
+        raise RuntimeError(f"{name}: x must be a contiguous [N, C] float32/float64 tensor")
+    if any(t.dtype != torch.long or not t.is_contiguous() for t in index):
+        raise RuntimeError(f"{name}: the graph's index tensors must be contiguous int64")
+
+
+def aggregate_forward(x: Tensor, ptr: Tensor, src: Tensor, weight: Optional[Tensor], mean: bool) -> Tensor:
+    """``out [N, C]``, as ``kernels.load("aggregate").forward``."""
+    _agg_check("aggregate", x, ptr, src)
+    N, C = ptr.numel() - 1, x.size(1)
+    out = torch.empty((N, C), dtype=x.dtype, device=x.device)
+    if N > 0:
+        bc = _pow2(C)
+        _launch(_agg_fwd_kernel)[(N,)](
+            x, ptr, src, weight if weight is not None else x, out, C,
+            HAS_W=weight is not None, MEAN=bool(mean), ACC=_acc(x.dtype)[0], BE=_edge_block(bc), BC=bc,
+        )  # fmt: skip
+    return out
+
+
+def aggregate_backward(
+    grad: Tensor,
+    x: Tensor,
+    ptr: Tensor,
+    src: Tensor,
+    weight: Optional[Tensor],
+    mean: bool,
+    sptr: Tensor,
+    sdst: Tensor,
+    sperm: Tensor,
+    need_x: bool,
+    need_w: bool,
+) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+    """``(grad_x, grad_w)``, each :obj:`None` where not needed, as ``kernels.load("aggregate").backward``."""
+    _agg_check("aggregate", x, ptr, src, sptr, sdst, sperm)
+    if not grad.is_contiguous() or grad.shape != x.shape or grad.dtype != x.dtype:
+        raise RuntimeError("aggregate: grad must be contiguous and shaped like x")
+    N, C = x.shape
+    need_w = need_w and weight is not None
+    gx = torch.empty((N, C), dtype=x.dtype, device=x.device) if need_x else None
+    gw = torch.empty((src.numel(),), dtype=x.dtype, device=x.device) if need_w else None
+    bc = _pow2(C)
+    acc = _acc(x.dtype)[0]
+    if N > 0 and need_x:
+        _launch(_agg_src_kernel)[(N,)](
+            grad, ptr, sptr, sdst, sperm, weight if weight is not None else x, gx, C,
+            HAS_W=weight is not None, MEAN=bool(mean), ACC=acc, BE=_edge_block(bc), BC=bc,
+        )  # fmt: skip
+    if N > 0 and need_w:
+        _launch(_agg_w_kernel)[(N,)](
+            grad, x, ptr, src, gw, C, MEAN=bool(mean), ACC=acc, BE=_edge_block(bc), BC=bc
+        )  # fmt: skip
+    return gx, gw
+
+
+def segment_max_forward(x: Tensor, ptr: Tensor, src: Tensor) -> Tuple[Tensor, Tensor]:
+    """``(out [N, C], count [N, C] int32)``, as ``kernels.load("segment_max").forward``."""
+    _agg_check("segment_max", x, ptr, src)
+    N, C = ptr.numel() - 1, x.size(1)
+    out = torch.empty((N, C), dtype=x.dtype, device=x.device)
+    count = torch.empty((N, C), dtype=torch.int32, device=x.device)
+    if N > 0:
+        bc = _pow2(C)
+        _launch(_smax_fwd_kernel)[(N,)](
+            x, ptr, src, out, count, C, ACC=_acc(x.dtype)[0], BE=_edge_block(bc), BC=bc
+        )  # fmt: skip
+    return out, count
+
+
+def segment_max_backward(
+    grad: Tensor, x: Tensor, out: Tensor, count: Tensor, sptr: Tensor, sdst: Tensor
+) -> Tensor:
+    """``grad_x [N, C]``, as ``kernels.load("segment_max").backward``."""
+    _agg_check("segment_max", x, sptr, sdst)
+    if any(not t.is_contiguous() or t.shape != x.shape for t in (grad, out, count)):
+        raise RuntimeError("segment_max: grad, out and count must be contiguous and shaped like x")
+    N, C = x.shape
+    gx = torch.empty((N, C), dtype=x.dtype, device=x.device)
+    if N > 0:
+        bc = _pow2(C)
+        _launch(_smax_bwd_kernel)[(N,)](
+            grad, x, out, count, sptr, sdst, gx, C, ACC=_acc(x.dtype)[0], BE=_edge_block(bc), BC=bc
+        )  # fmt: skip
+    return gx
