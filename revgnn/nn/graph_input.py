@@ -9,6 +9,9 @@ destination-sorted edges with their CSC pointer once per forward pass (an ``Edge
 :class:`SortedEdges` under ``torch.compile``, ``torch.export`` and :mod:`torch.func`), so every layer
 aggregates over contiguous segments; :func:`csc` unpacks that into plain tensors for the operators,
 and :func:`pyg_edge_index` hands the graph to a PyG conv in a form that conv can trace.
+:func:`check_graph` (node ids in range, ``[2, E]`` integers, ``edge_attr`` rows) runs once per graph
+object, as it is sorted, before anything indexes with the ids; :func:`check_features` checks the
+features' dtype and device against a model's.
 """
 
 from __future__ import annotations
@@ -198,8 +201,10 @@ def sort_edges(edge_index, edge_attr: Optional[Tensor], num_nodes: int):
     plain = None if torch.compiler.is_compiling() else _plain_values(edge_index)
     if plain is not None:
         # torch.func runs eagerly: the ids can be read. A compiled or exported graph cannot read them
-        # without a host sync (a graph break, or an export failure): the graph is checked where a
-        # compiled model unpacks it eagerly (_unpacked), and an exported one trusts its caller.
+        # without a host sync (a graph break, or an export failure), so a plain edge_index sorted in
+        # the graph is not checked here: an EdgeIndex or sparse adj_t is, where a compiled model
+        # unpacks it eagerly (_unpacked), and the C++ kernel's own checks refuse the pointer or ids
+        # that a bad plain edge_index leads to (a RuntimeError, measured: no corruption).
         check_graph(plain, edge_attr, num_nodes)
     # traceable: static shapes, no host sync (a stable sort keeps parallel edges in input order)
     perm = edge_index[1].argsort(stable=True)
