@@ -191,3 +191,22 @@ def test_kernel_checks_mode_checks_backward_winners(impl, monkeypatch):
     bad[int(ptr.diff().argmax()), 0] = int(ptr.diff().max()) + 1
     with pytest.raises((ValueError, RuntimeError), match="arg must hold winner offsets"):
         ops.gen_max_backward(torch.ones_like(out), bad, tied, x, ptr, src, attr, w, b, True, True, True, True)
+
+
+def test_a_compiled_model_refuses_bad_ids_through_the_kernels_checks(data, monkeypatch):
+    """Under torch.compile a plain edge_index is sorted inside the graph, unchecked (a host sync would
+    break it); the C++ kernel's own checks then refuse the pointer or ids it leads to: an error, never
+    corrupted memory or NaN."""
+    require_kernel()
+    monkeypatch.setenv("REVGNN_KERNEL_CHECKS", "0")  # the C++ kernel's own, always-on checks
+    x, edge_index, edge_attr = data
+    torch.manual_seed(0)
+    model = create_model(
+        "revgnn_small", in_channels=16, edge_channels=8, out_channels=3, species_channels=0, num_layers=1
+    ).eval()
+    compiled = torch.compile(model)
+    with torch.no_grad():
+        assert compiled(x, edge_index, edge_attr).isfinite().all()
+        for row, value in ((1, N), (0, N + 1), (0, -1), (1, -1)):
+            with pytest.raises(RuntimeError, match="gen_max: (ptr must|every source id)"):
+                compiled(x, with_id(edge_index, row, value), edge_attr)
