@@ -22,6 +22,10 @@ os.environ.setdefault(
     "TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"torchinductor_revgnn_{_LEVEL}")
 )
 
+# The operators check their graph inputs (pointer, source ids, winner offsets) before any kernel runs,
+# so a test that hands one a broken graph fails with an error rather than reading out of bounds.
+os.environ.setdefault("REVGNN_KERNEL_CHECKS", "1")
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 

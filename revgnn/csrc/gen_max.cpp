@@ -390,6 +390,23 @@ void dispatch(const at::Tensor& x, int mode, Fn&& fn) {
   });
 }
 
+// The kernels index x with src and the edges with ptr unchecked: a pointer that does not run from 0
+// to E without decreasing, or a source outside x's rows, would read (and in backward write) out of
+// bounds. One O(N + E) pass over integers before the O(E C) work: always on (see the commit that
+// added it for the measured cost), so no input can corrupt memory whoever calls the kernel.
+void check_graph(const at::Tensor& ptr, const at::Tensor& src, int64_t rows) {
+  const int64_t n = ptr.numel() - 1, E = src.numel();
+  const int64_t* p = ptr.data_ptr<int64_t>();
+  TORCH_CHECK(p[0] == 0 && p[n] == E, "gen_max: ptr must run from 0 to E = ", E, ", got ", p[0], " to ", p[n]);
+  bool monotone = true;
+  for (int64_t i = 0; i < n; ++i) monotone &= p[i] <= p[i + 1];
+  TORCH_CHECK(monotone, "gen_max: ptr must be non-decreasing (destination-sorted edges)");
+  const int64_t* s = src.data_ptr<int64_t>();
+  bool inside = true;  // one unsigned comparison catches negative ids too
+  for (int64_t e = 0; e < E; ++e) inside &= static_cast<uint64_t>(s[e]) < static_cast<uint64_t>(rows);
+  TORCH_CHECK(inside, "gen_max: every source id must be in [0, ", rows, ") (the rows of x)");
+}
+
 void check(const at::Tensor& x, const at::Tensor& ptr, const at::Tensor& src,
            const c10::optional<at::Tensor>& attr, const c10::optional<at::Tensor>& wt,
            const c10::optional<at::Tensor>& bias, bool square = true) {
@@ -399,6 +416,7 @@ void check(const at::Tensor& x, const at::Tensor& ptr, const at::Tensor& src,
   TORCH_CHECK(!square || ptr.numel() == x.size(0) + 1, "gen_max: ptr must have N + 1 entries");
   TORCH_CHECK(ptr.numel() >= 1, "gen_max: ptr must have N + 1 entries");
   const int64_t E = src.numel();
+  check_graph(ptr, src, x.size(0));
   if (attr.has_value()) {
     TORCH_CHECK(attr->scalar_type() == x.scalar_type() && attr->is_contiguous() && attr->dim() == 2 && attr->size(0) == E,
                 "gen_max: edge features must be a contiguous [E, *] tensor of x's dtype");
@@ -437,6 +455,23 @@ std::vector<at::Tensor> run_backward(const at::Tensor& grad, const at::Tensor& a
                                      const c10::optional<at::Tensor>& bias, int64_t N, bool need_x,
                                      bool need_attr, bool need_w, bool need_b) {
   const int64_t C = x.size(1);
+  TORCH_CHECK(arg.scalar_type() == at::kInt && arg.is_contiguous() && arg.numel() == N * C &&
+              tied.scalar_type() == at::kByte && tied.is_contiguous() && tied.numel() == N,
+              "gen_max: arg [N, C] int32 and tied [N] uint8 from forward");
+  {  // a winner offset indexes its node's segment: -1 (none) or below the node's in-degree
+    const int64_t* p = ptr.data_ptr<int64_t>();
+    const int32_t* a = arg.data_ptr<int32_t>();
+    bool inside = true;
+    for (int64_t i = 0; i < N; ++i) {
+      // in unsigned arithmetic -1 + 1 = 0 and every offset outside [-1, degree) lands at or above
+      // degree + 1: one comparison per element, which vectorises
+      const uint32_t bound = static_cast<uint32_t>(std::min<int64_t>(p[i + 1] - p[i], INT32_MAX)) + 1u;
+      uint32_t bad = 0;
+      for (int64_t c = 0; c < C; ++c) bad |= static_cast<uint32_t>(static_cast<uint32_t>(a[i * C + c]) + 1u >= bound);
+      inside &= bad == 0;
+    }
+    TORCH_CHECK(inside, "gen_max: arg must hold winner offsets from forward (-1, or below each in-degree)");
+  }
   const int mode = mode_of(attr, wt);
   const int64_t d = mode == kFactored ? attr->size(1) : 0;
   auto opts = x.options();

@@ -66,15 +66,34 @@ class GraphDataset:
             raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
         if self.batch_size < 1:
             raise ValueError(f"{self.name}: batch_size must be >= 1, got {self.batch_size}")
+        self.validate()
+
+    def validate(self) -> None:
+        """Raises one :class:`ValueError` listing every problem found: a split missing, not integer,
+        or holding graph ids outside ``[0, G)`` (negative included); in the graphs, edge ids outside
+        each graph's ``[0, n)``, node features other than ``in_channels`` wide, labels other than
+        ``[1, num_classes]`` per graph, non-finite node or edge features. One vectorised pass over
+        the collated storage of a PyG ``InMemoryDataset`` (OGB's), else one pass over the graphs."""
+        import torch
+
+        problems = []
         for key in ("train", "valid", "test"):
             if key not in self.split_idx:
-                raise ValueError(f"{self.name}: split_idx lacks {key!r}")
+                problems.append(f"split_idx lacks {key!r}")
+                continue
             idx = self.split_idx[key]
-            if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= len(self.graphs)):
-                raise ValueError(
-                    f"{self.name}: split {key!r} refers to graph {int(idx.max())} but there "
-                    f"are {len(self.graphs)} graphs"
+            if idx.is_floating_point() or idx.dtype == torch.bool:
+                problems.append(f"split {key!r} must hold integer graph ids, got {idx.dtype}")
+            elif idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= len(self.graphs)):
+                low, high = int(idx.min()), int(idx.max())
+                problems.append(
+                    f"split {key!r} refers to graph {low if low < 0 else high}, outside "
+                    f"[0, {len(self.graphs)}) ({len(self.graphs)} graphs)"
                 )
+        width = self.num_classes if self.task == "multilabel" else 1
+        problems += _graph_problems(self.graphs, self.in_channels, width)
+        if problems:
+            raise ValueError(f"{self.name}: the data set is not valid:\n  - " + "\n  - ".join(problems))
 
     @property
     def num_graphs(self) -> int:
@@ -113,6 +132,49 @@ class GraphDataset:
             + ", ".join(f"{k}={v.numel()}" for k, v in self.split_idx.items())
             + ")"
         )
+
+
+def _graph_problems(graphs: Sequence, in_channels: int, num_classes: int) -> List[str]:
+    """The problems of :meth:`GraphDataset.validate` in the graphs themselves (``num_classes``: the
+    label width, the tasks of a multilabel set, 1 for a class index)."""
+    import torch
+
+    storage = getattr(graphs, "_data", None)
+    slices = getattr(graphs, "slices", None)
+    if storage is not None and slices and "edge_index" in slices and "x" in slices:
+        # an InMemoryDataset: every graph's edges and nodes collated, edge ids local to their graph
+        nodes = slices["x"].diff()
+        xs, edge_index = [storage.x], storage.edge_index
+        per_edge = torch.repeat_interleave(nodes, slices["edge_index"].diff())
+        edge_attrs, ys = [getattr(storage, "edge_attr", None)], [storage.y]
+        y_rows = slices["y"].diff() if "y" in slices else None
+    else:
+        if not len(graphs):
+            return []
+        nodes = torch.tensor([g.num_nodes for g in graphs])
+        xs, edge_attrs = [g.x for g in graphs], [getattr(g, "edge_attr", None) for g in graphs]
+        edge_index = torch.cat([g.edge_index for g in graphs], dim=1)
+        per_edge = torch.repeat_interleave(nodes, torch.tensor([g.edge_index.size(1) for g in graphs]))
+        ys, y_rows = [g.y.view(1, -1) for g in graphs], None
+    problems = []
+    if edge_index.numel():
+        bad = (edge_index < 0) | (edge_index >= per_edge)
+        if bool(bad.any()):
+            problems.append(
+                f"{int(bad.any(0).sum())} edge(s) hold node ids outside their graph's [0, n) "
+                f"(e.g. {int(edge_index[bad][0])}); edge ids are local to each graph"
+            )
+    widths = {x.size(-1) for x in xs if x is not None}
+    if widths - {in_channels}:
+        problems.append(f"node features are {sorted(widths)} wide, in_channels is {in_channels}")
+    for what, ts in (("x", xs), ("edge_attr", edge_attrs)):
+        count = sum(int((~torch.isfinite(t)).sum()) for t in ts if t is not None and t.is_floating_point())
+        if count:
+            problems.append(f"{what} has {count} non-finite value(s) (NaN or inf)")
+    y = torch.cat([t.reshape(-1, t.size(-1)) for t in ys]) if ys and ys[0] is not None else None
+    if y is not None and (y.size(-1) != num_classes or (y_rows is not None and bool((y_rows != 1).any()))):
+        problems.append(f"labels must be [1, {num_classes}] per graph, got {y.size(-1)} wide")
+    return problems
 
 
 # ------------------------------------------------------------------------------------------- OGB

@@ -8,7 +8,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from revgnn.nn.graph_input import sort_edges
+from revgnn.nn.graph_input import check_features, sort_edges
 from revgnn.utils.signature import keyword_parameters
 
 
@@ -239,5 +239,6 @@ class DeepNodeGNN(nn.Module):
 
     def _encode(self, x: Tensor, edge_index, edge_attr: Optional[Tensor]):
         """(node embedding, destination-sorted edge index, shared edge embedding)."""
+        check_features(next(self.parameters()), x=x, edge_attr=edge_attr)
         edge_index, edge_attr = sort_edges(edge_index, edge_attr, x.size(0))
         return (self.node_encoder(x), edge_index, encode_edges(self.edge_encoder, edge_attr, self.conv))

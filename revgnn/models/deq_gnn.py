@@ -18,7 +18,7 @@ from revgnn.models.registry import Reported, register_model
 from revgnn.nn import LinearEdgeFeatures, SharedDropout
 from revgnn.nn.blocks import GENAggr
 from revgnn.nn.gen_max import gen_conv
-from revgnn.nn.graph_input import SortedEdges, pyg_edge_index, sort_edges
+from revgnn.nn.graph_input import SortedEdges, check_features, pyg_edge_index, sort_edges
 from revgnn.utils.signature import check_arguments, keyword_parameters
 
 __all__ = ["DEQGNNLayer", "DEQGNN", "deq_gnn", "deq_gnn_small"]
@@ -317,6 +317,7 @@ class DEQGNN(nn.Module):
         self.deq.reset_parameters()
 
     def forward(self, x: Tensor, edge_index: Adj, edge_attr: OptTensor = None) -> Tensor:
+        check_features(next(self.parameters()), x=x, edge_attr=edge_attr)
         edge_index, edge_attr = sort_edges(edge_index, edge_attr, x.size(0))  # CSR once per pass
         h = self.node_encoder(x)
         mask = self.dropout(h)  # one mask, fixed across all solver iterations

@@ -22,7 +22,7 @@ from revgnn.models.paper import LI_2021, MOLHIV
 from revgnn.models.registry import Reported, register_model
 from revgnn.nn import GENBlock, Shared, SharedDropout
 from revgnn.nn.blocks import GENAggr, Norm, make_norm
-from revgnn.nn.graph_input import sort_edges
+from revgnn.nn.graph_input import check_features, sort_edges
 
 __all__ = ["GraphRevGNN", "READOUTS", "ENCODERS"]
 
@@ -189,6 +189,7 @@ class GraphRevGNN(nn.Module):
                 f"the model expects {self.in_channels} node features, got {x.size(-1)}; "
                 f"set in_channels to match the data"
             )
+        check_features(next(self.parameters()), x=x, edge_attr=edge_attr)
         if batch is None:
             batch = torch.zeros(x.size(0), dtype=torch.long, device=x.device)
         if num_graphs is None:

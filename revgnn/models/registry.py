@@ -193,7 +193,7 @@ def register_model(
 
         def factory(**overrides: Any) -> nn.Module:
             _check_arguments(cls, overrides, owner=f"{key!r}: ", defaults=defaults)
-            return cls(**{**defaults, **overrides})
+            return cls(**{**own_conv_options(cls, defaults, overrides), **overrides})
 
         factory.__name__ = factory.__qualname__ = key
         factory.__module__ = arguments.__module__
@@ -251,6 +251,23 @@ def forwarded_options(
     return cls.forwarded_options(arguments, prefix)
 
 
+def own_conv_options(
+    cls: Type[nn.Module], defaults: Mapping[str, Any], overrides: Mapping[str, Any]
+) -> Mapping[str, Any]:
+    """A variant's ``defaults`` as they apply under ``overrides``: when the overrides switch ``conv`` to
+    another conv, the options the variant set for its own conv (GEN's ``aggr='max'``, ...) are dropped,
+    so the other conv starts from its own defaults rather than being refused (``conv='gat'``: GAT has no
+    ``aggr``) or silently given them (``conv='sage'`` with GEN's max in place of SAGE's mean). The
+    model's own arguments are kept."""
+    if "conv" not in overrides or overrides["conv"] == defaults.get("conv"):
+        return defaults
+    options, _ = forwarded_options(cls, defaults)
+    if not options:
+        return defaults
+    params = keyword_parameters(cls)
+    return {k: v for k, v in defaults.items() if k in params or k not in options}
+
+
 def _check_arguments(
     cls: Type[nn.Module],
     arguments: Mapping[str, Any],
@@ -263,6 +280,7 @@ def _check_arguments(
     annotation says, and in its range; ``prefix`` goes before every key an error names
     (``"model."``), ``owner`` says whose arguments they are."""
     params = keyword_parameters(cls)
+    defaults = own_conv_options(cls, defaults, arguments)
     forwarded, whose = forwarded_options(cls, {**defaults, **arguments}, prefix)
     if forwarded is None:  # the class takes any keyword and checks none: neither can this
         forwarded = {k: inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY) for k in arguments}

@@ -9,14 +9,18 @@ destination-sorted edges with their CSC pointer once per forward pass (an ``Edge
 :class:`SortedEdges` under ``torch.compile``, ``torch.export`` and :mod:`torch.func`), so every layer
 aggregates over contiguous segments; :func:`csc` unpacks that into plain tensors for the operators,
 and :func:`pyg_edge_index` hands the graph to a PyG conv in a form that conv can trace.
+:func:`check_graph` (node ids in range, ``[2, E]`` integers, ``edge_attr`` rows) runs once per graph
+object, as it is sorted, before anything indexes with the ids; :func:`check_features` checks the
+features' dtype and device against a model's.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Tuple
+from typing import Any, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
+from torch.utils.weak import WeakIdKeyDictionary
 from torch_geometric import EdgeIndex
 
 from revgnn.nn import ops
@@ -25,6 +29,8 @@ from revgnn.utils.functional import transforms_active
 __all__ = [
     "Segments",
     "SortedEdges",
+    "check_features",
+    "check_graph",
     "csc",
     "segments",
     "pyg_edge_index",
@@ -32,6 +38,78 @@ __all__ = [
     "sparse_to_edge_index",
     "tracing",
 ]
+
+#: Sorted graphs already checked, by identity: ``EdgeIndex -> (num_nodes, version)``. Weak, so a graph
+#: dropped by its owner leaves; not an attribute on the tensor, which ``torch.save`` would pickle.
+_CHECKED: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def check_graph(edge_index: Tensor, edge_attr: Any, num_nodes: int) -> None:
+    """Raises a :class:`ValueError` or :class:`TypeError` naming the argument and the fix unless
+    ``edge_index`` is a ``[2, E]`` integer tensor of node ids in ``[0, num_nodes)`` (sources and
+    destinations, negative ids included) and ``edge_attr`` (if a tensor) has ``E`` rows.
+
+    :math:`O(E)` and one host sync (the ids' minimum and maximum): :func:`sort_edges` runs it once per
+    graph object, before anything indexes with the ids, since an id out of range makes the CSC pointer
+    and the kernels read and write out of bounds (a corrupted heap, or NaN rather than an error)."""
+    if edge_index.is_floating_point() or edge_index.is_complex() or edge_index.dtype == torch.bool:
+        raise TypeError(
+            f"edge_index must hold integer node ids, got {edge_index.dtype}; pass edge_index.long()"
+        )
+    if edge_index.dim() != 2 or edge_index.size(0) != 2:
+        raise ValueError(
+            f"edge_index must be [2, E] (sources in row 0, destinations in row 1), got "
+            f"{list(edge_index.shape)}; transpose an [E, 2] list with edge_index.t()"
+        )
+    num_edges = edge_index.size(1)
+    _check_rows(num_edges, edge_attr)
+    if num_edges == 0:
+        return
+    plain = edge_index.as_tensor() if isinstance(edge_index, EdgeIndex) else edge_index
+    low, high = (int(v) for v in torch.aminmax(plain.detach()))
+    if low < 0 or high >= num_nodes:  # the error path: find which row, and which id, to name
+        row = 0 if bool(((plain[0] < 0) | (plain[0] >= num_nodes)).any()) else 1
+        low, high = (int(v) for v in torch.aminmax(plain[row].detach()))
+        raise ValueError(
+            f"edge_index holds node id {low if low < 0 else high} among its "
+            f"{('sources (row 0)', 'destinations (row 1)')[row]}, but the graph has "
+            f"{num_nodes} nodes (x.size(0)): every id must be in [0, {num_nodes}); drop or renumber the "
+            f"edges out of range, or pass the features of every node"
+        )
+
+
+def _check_rows(num_edges: int, edge_attr: Any) -> None:
+    if isinstance(edge_attr, Tensor) and (edge_attr.dim() == 0 or edge_attr.size(0) != num_edges):
+        rows = edge_attr.size(0) if edge_attr.dim() else "no"
+        raise ValueError(
+            f"edge_attr must have one row per edge: {num_edges} edges in edge_index, {rows} rows in "
+            f"edge_attr; pass the features of exactly these edges, in edge_index's order"
+        )
+
+
+def _cast(dtype: torch.dtype) -> str:
+    named = {torch.float32: ".float()", torch.float64: ".double()", torch.float16: ".half()"}
+    return named.get(dtype, f".to({dtype})")
+
+
+def check_features(like: Tensor, **features: Any) -> None:
+    """Raises a :class:`TypeError` naming the argument and the fix unless every floating-point tensor in
+    ``features`` has the dtype and device of ``like`` (a model's parameter): a float64 ``x`` into a
+    float32 model otherwise fails deep inside a layer (``mat1 and mat2 must have the same dtype``).
+    Under ``torch.autocast`` the model's own dtype is still what its inputs must have."""
+    for name, t in features.items():
+        if not isinstance(t, Tensor) or not t.is_floating_point():
+            continue
+        if t.dtype != like.dtype:
+            raise TypeError(
+                f"{name} is {t.dtype} but the model's parameters are {like.dtype}: pass "
+                f"{name}{_cast(like.dtype)}, or convert the model with model{_cast(t.dtype)}"
+            )
+        if t.device != like.device:
+            raise TypeError(
+                f"{name} is on {t.device} but the model is on {like.device}: pass "
+                f"{name}.to('{like.device}'), or move the model with model.to('{t.device}')"
+            )
 
 
 def sparse_to_edge_index(adj_t: Tensor, num_nodes: int) -> EdgeIndex:
@@ -45,6 +123,15 @@ def sparse_to_edge_index(adj_t: Tensor, num_nodes: int) -> EdgeIndex:
         )
     if adj_t.layout == torch.sparse_csr:
         ptr, src, values = adj_t.crow_indices(), adj_t.col_indices(), adj_t.values()
+        # built without check_invariants, a CSR tensor may hold any pointer: read it before use
+        if not torch.compiler.is_compiling() and (
+            int(ptr[0]) != 0 or int(ptr[-1]) != src.numel() or bool((ptr.diff() < 0).any())
+        ):
+            raise ValueError(
+                "a sparse CSR adj_t must have crow_indices starting at 0, non-decreasing, ending at its "
+                "number of stored edges; build it with torch.sparse_csr_tensor(..., check_invariants=True) "
+                "to see where it is not"
+            )
         dst = ops.destinations(ptr, src.numel())
         order = "col"
     elif adj_t.layout == torch.sparse_coo:
@@ -98,6 +185,7 @@ def sort_edges(edge_index, edge_attr: Optional[Tensor], num_nodes: int):
             and edge_index.is_sorted_by_col
             and edge_index._indptr is not None
         ):
+            _check_once(edge_index, edge_attr, num_nodes)
             return edge_index, edge_attr
         if not isinstance(edge_index, Tensor):
             return edge_index, edge_attr
@@ -112,6 +200,14 @@ def sort_edges(edge_index, edge_attr: Optional[Tensor], num_nodes: int):
             edge_index = edge_index.as_tensor()
         else:
             edge_index = sparse_to_edge_index(edge_index, num_nodes).as_tensor()
+    plain = None if torch.compiler.is_compiling() else _plain_values(edge_index)
+    if plain is not None:
+        # torch.func runs eagerly: the ids can be read. A compiled or exported graph cannot read them
+        # without a host sync (a graph break, or an export failure), so a plain edge_index sorted in
+        # the graph is not checked here: an EdgeIndex or sparse adj_t is, where a compiled model
+        # unpacks it eagerly (_unpacked), and the C++ kernel's own checks refuse the pointer or ids
+        # that a bad plain edge_index leads to (a RuntimeError, measured: no corruption).
+        check_graph(plain, edge_attr, num_nodes)
     # traceable: static shapes, no host sync (a stable sort keeps parallel edges in input order)
     perm = edge_index[1].argsort(stable=True)
     edge_index = edge_index.index_select(1, perm)
@@ -121,10 +217,41 @@ def sort_edges(edge_index, edge_attr: Optional[Tensor], num_nodes: int):
     return SortedEdges(edge_index, torch.searchsorted(edge_index[1], nodes)), edge_attr
 
 
+def _plain_values(t: Tensor) -> Optional[Tensor]:
+    """``t``'s values as a plain tensor, unwrapped from :mod:`torch.func`'s gradient-tracking wrappers,
+    or None under ``vmap``, where one tensor stands for a batch of graphs (not checked there)."""
+    functorch = torch._C._functorch
+    while functorch.is_functorch_wrapped_tensor(t):
+        if functorch.is_batchedtensor(t):
+            return None
+        t = functorch.get_unwrapped(t)
+    return t
+
+
+def _check_once(edge_index: Tensor, edge_attr: Any, num_nodes: int) -> None:
+    """:func:`check_graph` once per graph object: a sorted ``EdgeIndex`` is the cache (its size, ids and
+    version remembered in :data:`_CHECKED`), so the layers of a deep model re-check only ``edge_attr``'s
+    row count, which needs no sync."""
+    if isinstance(edge_index, EdgeIndex):
+        sizes = edge_index.sparse_size()
+        if any(size is not None and size != num_nodes for size in sizes):
+            raise ValueError(
+                f"edge_index is an EdgeIndex of sparse_size {tuple(sizes)} but the graph has {num_nodes} "
+                f"nodes (x.size(0)); build it with sparse_size=({num_nodes}, {num_nodes})"
+            )
+        if _CHECKED.get(edge_index) == (num_nodes, edge_index._version):
+            _check_rows(edge_index.size(1), edge_attr)
+            return
+    check_graph(edge_index, edge_attr, num_nodes)
+    if isinstance(edge_index, EdgeIndex):
+        _CHECKED[edge_index] = (num_nodes, edge_index._version)
+
+
 @torch.compiler.disable
 def _sorted(edge_index: Tensor, edge_attr: Optional[Tensor], num_nodes: int):
     if edge_index.layout != torch.strided:
         edge_index = sparse_to_edge_index(edge_index, num_nodes)
+    _check_once(edge_index, edge_attr, num_nodes)
     if not (isinstance(edge_index, EdgeIndex) and edge_index.is_sorted_by_col):
         if not isinstance(edge_index, EdgeIndex):
             edge_index = EdgeIndex(edge_index.contiguous(), sparse_size=(num_nodes, num_nodes))
@@ -132,6 +259,7 @@ def _sorted(edge_index: Tensor, edge_attr: Optional[Tensor], num_nodes: int):
         if edge_attr is not None and perm is not None:
             edge_attr = edge_attr.index_select(0, perm)
     edge_index.get_csc()  # filled once here, not lazily in every layer
+    _CHECKED[edge_index] = (num_nodes, edge_index._version)  # checked above: its layers need not again
     return edge_index, edge_attr
 
 

@@ -9,6 +9,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor, nn
+from torch_geometric import EdgeIndex
 
 from revgnn.nn.invertible import InvertibleModule, PerGroup, RNGState, Shared, frozen_buffers
 
@@ -16,6 +17,19 @@ GroupArgs = List[Tuple[Tuple[Any, ...], Dict[str, Any]]]
 
 #: How the groups of a block built from one module start (``GroupAddRev(group_init=...)``).
 GROUP_INIT = ("independent", "copy")
+
+
+def reset_recursively(module: nn.Module) -> None:
+    """Calls ``module.reset_parameters()`` where it exists; otherwise recurses into the children, so
+    an ``nn.Sequential`` of ``nn.Linear`` layers is re-initialised layer by layer. Parameters and
+    buffers registered on a module that has no ``reset_parameters`` (nor an ancestor that has one)
+    are left as they are."""
+    reset = getattr(module, "reset_parameters", None)
+    if callable(reset):
+        reset()
+        return
+    for child in module.children():
+        reset_recursively(child)
 
 
 class GroupAddRev(InvertibleModule):
@@ -53,10 +67,13 @@ class GroupAddRev(InvertibleModule):
     * **No in-place freeing of storage**: the caller's tensors are never
       destroyed, in training, ``eval()`` or ``no_grad()``.
 
-    Extra arguments are handed to each group's module by this rule: a
+    Extra arguments are handed to each group's module by this rule: a dense
     floating-point or bool tensor whose size along ``split_dim`` equals the
     channel count of ``x`` is split into groups like ``x`` (e.g. a dropout
-    mask); any other argument (``edge_index``, ``None``, ...) is shared.
+    mask); any other argument (``edge_index``, an ``EdgeIndex``, a
+    ``torch.sparse`` or ``SparseTensor`` ``adj_t`` of any size, ``None``, ...)
+    is shared. A *dense* ``[N, N]`` adjacency with :math:`N` equal to the
+    channel count cannot be told from node features: wrap it in ``Shared``.
     Wrap an argument in :class:`~revgnn.nn.Shared` to share a tensor that has
     the feature width (e.g. edge embeddings), or pass
     :class:`~revgnn.nn.PerGroup` to give each group its own value. Keyword
@@ -94,7 +111,12 @@ class GroupAddRev(InvertibleModule):
             (default: :obj:`None`)
         group_init (str, optional): How the deep copies of a single ``conv``
             start: ``"independent"`` re-initialises each copy
-            (:math:`\mathbf{w}_i` drawn independently), ``"copy"`` keeps them
+            (:math:`\mathbf{w}_i` drawn independently) through
+            :func:`reset_recursively`: ``conv.reset_parameters()`` where it has
+            one, else that of each submodule that has one (e.g. the
+            ``nn.Linear`` layers of an ``nn.Sequential``); parameters held by a
+            module with no ``reset_parameters`` above them keep ``conv``'s
+            values (as in PyG). ``"copy"`` keeps them
             equal to ``conv``'s (:math:`\mathbf{w}_1 = \ldots =
             \mathbf{w}_C` at initialisation, as the official RevGNN code
             does); they are trained apart either way. Only for a single
@@ -152,14 +174,8 @@ class GroupAddRev(InvertibleModule):
             convs = nn.ModuleList([conv])
             for _ in range(num_groups - 1):
                 clone = copy.deepcopy(conv)
-                if group_init == "independent" and hasattr(clone, "reset_parameters"):
-                    clone.reset_parameters()
-                elif group_init == "independent" and any(True for _ in clone.parameters()):
-                    raise ValueError(
-                        f"group_init='independent' re-initialises each group's copy of the conv, "
-                        f"but {type(conv).__name__} has parameters and no reset_parameters(); give "
-                        f"it one, pass group_init='copy' or one module per group (ModuleList)"
-                    )
+                if group_init == "independent":
+                    reset_recursively(clone)
                 convs.append(clone)
         if len(convs) < 2:
             raise ValueError(
@@ -182,8 +198,7 @@ class GroupAddRev(InvertibleModule):
         """Re-initialises every group; with ``group_init='copy'`` the first one, copied to the others."""
         convs = self.convs[:1] if self.group_init == "copy" else self.convs
         for conv in convs:
-            if hasattr(conv, "reset_parameters"):
-                conv.reset_parameters()
+            reset_recursively(conv)
         if self.group_init == "copy":
             for conv in self.convs[1:]:
                 conv.load_state_dict(self.convs[0].state_dict())
@@ -214,6 +229,8 @@ class GroupAddRev(InvertibleModule):
             return v.values
         if (
             isinstance(v, Tensor)
+            and v.layout == torch.strided  # a sparse adj_t is the graph, whatever its size
+            and not isinstance(v, EdgeIndex)
             and v.dim() > 0
             and (v.is_floating_point() or v.dtype == torch.bool)
             and v.size(self.split_dim) == channels

@@ -10,7 +10,9 @@ reconstruct its input and differentiate.
 
 How memory stays flat in depth (without touching anybody's storage)
 ---------------------------------------------------------------------
-Every reversible output carries an :class:`OutputSlot`. Its producer keeps the
+Every reversible output has an :class:`OutputSlot`, looked up by the output's identity in a weak
+table (:func:`input_slot`), so the output itself stays a plain tensor (``torch.save`` and
+``torch.load(weights_only=True)`` read it like any other). Its producer keeps the
 output alive through the slot only until another reversible block *consumes*
 it as input; from then on the consumer promises to hand the reconstructed
 tensor back through the slot during its own backward pass, which autograd
@@ -46,11 +48,14 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import torch
 from torch import Tensor, nn
 from torch.utils import _pytree as pytree
+from torch.utils.weak import WeakIdKeyDictionary
 
 from revgnn.utils.functional import bound_to, module_tensors, transforms_active
 
-#: The tensor attribute through which an invertible block's output is handed to its consumer.
-SLOT_ATTR = "_revgnn_slot"
+#: The :class:`OutputSlot` of each live output of an invertible block, by the output's identity. Not a
+#: tensor attribute: one would make the output a tensor with state, which ``torch.save`` pickles and
+#: ``torch.load(weights_only=True)`` refuses. Weak, so the entry goes with the output.
+_SLOTS: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
 class OutputSlot:
@@ -95,7 +100,7 @@ class OutputSlot:
 
 def input_slot(x: Tensor) -> Optional[OutputSlot]:
     """The slot of ``x`` if ``x`` is an unmodified output of a reversible block."""
-    slot = getattr(x, SLOT_ATTR, None)
+    slot = _SLOTS.get(x)
     if slot is None or slot.version != x._version:
         return None
     return slot
@@ -312,6 +317,20 @@ class InvertibleFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_y: Tensor):  # type: ignore[override]
         call: _Call = ctx.call
+        if torch.is_grad_enabled():
+            # autograd runs a backward with grad mode on only for create_graph=True. The input is
+            # rebuilt and differentiated here with torch.autograd.grad on detached tensors, so the
+            # gradient this returns has no graph back to x or the parameters: a second derivative
+            # taken through it would be silently wrong. Making it exact would mean keeping the
+            # recomputation's graph, i.e. the activations the block exists not to store.
+            raise RuntimeError(
+                f"revgnn: a backward pass with create_graph=True (a second derivative: gradient "
+                f"penalty, double backward, Hessian-vector product) ran through the reversible block "
+                f"{type(call.block).__name__}, whose gradient has no graph of its own. Construct the "
+                f"block with disable=True (a plain residual block: activations stored, second "
+                f"derivatives exact), or differentiate with torch.func (e.g. torch.func.grad of "
+                f"torch.func.grad), under which the block runs as its plain map."
+            )
         if ctx.passes_left <= 0:
             raise RuntimeError(
                 f"revgnn: backward ran through a reversible block more than "
@@ -371,7 +390,7 @@ def apply_invertible(
     num_bwd_passes: int,
 ) -> Tensor:
     """Calls ``block`` (an :class:`InvertibleModule`) through :class:`InvertibleFunction` and
-    tags its output with the :class:`OutputSlot` (attribute ``_revgnn_slot``)."""
+    records its output's :class:`OutputSlot` (:func:`input_slot`)."""
     binding = ArgBinding(args, kwargs)
     params = list(block._inverse_params)
     slot = input_slot(x)
@@ -379,7 +398,7 @@ def apply_invertible(
     y = InvertibleFunction.apply(call, x, *binding.tensors, *params)
     if slot is not None:
         slot.consume()
-    setattr(y, SLOT_ATTR, call.out_slot)
+    _SLOTS[y] = call.out_slot
     return y
 
 
@@ -419,9 +438,9 @@ class InvertibleModule(nn.Module, abc.ABC):
     * :attr:`_inverse_params`: the parameters whose gradients the block
       returns (by default every parameter that requires grad).
 
-    **Output hand-off.** The output carries an :class:`OutputSlot` in the
-    tensor attribute ``_revgnn_slot`` (:data:`SLOT_ATTR`). When another invertible module consumes
-    that output, the producer's reference to it is dropped and the consumer
+    **Output hand-off.** The output has an :class:`OutputSlot`, kept in a
+    weak table by the output's identity (the output is a plain tensor). When
+    another invertible module consumes that output, the producer's reference to it is dropped and the consumer
     refills the slot with the reconstructed tensor during its backward, which
     autograd runs first: a chain of invertible modules keeps only the newest
     output alive. Nothing is freed in place, so a tensor used elsewhere stays

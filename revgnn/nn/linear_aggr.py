@@ -71,6 +71,13 @@ def aggregate(x: Tensor, edge_index, edge_weight: Optional[Tensor] = None, reduc
     if reduce not in ("sum", "add", "mean"):
         raise ValueError(f"aggregate: reduce must be 'sum', 'add' or 'mean', got {reduce!r}")
     given = edge_weight.shape if edge_weight is not None else None
+
+    def check_weight(num_edges: int) -> None:
+        if given is not None and tuple(given) != (num_edges,):
+            raise ValueError(f"aggregate: edge_weight must be [E] = [{num_edges}], got {list(given)}")
+
+    if isinstance(edge_index, Tensor) and edge_index.layout == torch.strided and edge_index.dim() == 2:
+        check_weight(edge_index.size(1))  # before sorting, which would name it edge_attr
     if isinstance(edge_index, (Tensor, SortedEdges)):  # sorted once: the weights follow the edges
         edge_index, edge_weight = sort_edges(edge_index, edge_weight, x.size(0))
     graph = _graph(x, edge_index)
@@ -78,8 +85,7 @@ def aggregate(x: Tensor, edge_index, edge_weight: Optional[Tensor] = None, reduc
         raise TypeError(
             f"aggregate takes a tensor graph outside torch.func transforms, got {type(edge_index).__name__}"
         )
-    if given is not None and tuple(given) != tuple(graph.src.shape):
-        raise ValueError(f"aggregate: edge_weight must be [E] = [{graph.src.numel()}], got {list(given)}")
+    check_weight(graph.src.numel())
     return _aggregate(x, graph, edge_weight, reduce == "mean")
 
 

@@ -39,6 +39,7 @@ the fused implementations, C++ or Triton (their caller takes PyTorch's SAR path 
 
 from __future__ import annotations
 
+import os
 from typing import Optional, Tuple
 
 import torch
@@ -59,6 +60,28 @@ def uses_kernel(name: str, x: Tensor, *others: Optional[Tensor], num_edges: int 
     """Whether the operators run a fused kernel (C++ or Triton) on these inputs
     (:func:`revgnn.nn.dispatch.select`)."""
     return select(name, x, *others, num_edges=num_edges) is not None
+
+
+def kernel_checks() -> bool:
+    """Whether ``REVGNN_KERNEL_CHECKS`` (``1``) asks the operators to check their graph inputs before
+    any implementation runs (read on every call, so a test can set it): the C++ kernels check
+    theirs always, the Triton kernels (a host sync on a GPU) and the PyTorch implementations here."""
+    return os.environ.get("REVGNN_KERNEL_CHECKS", "0") not in ("", "0")
+
+
+def check_segments(ptr: Tensor, src: Tensor, rows: int, arg: Optional[Tensor] = None) -> None:
+    """Raises unless ``ptr`` runs from 0 to ``E`` without decreasing, every ``src`` is in
+    ``[0, rows)`` and every winner offset in ``arg`` is -1 or below its node's in-degree: the
+    preconditions under which no implementation reads out of bounds (:func:`kernel_checks`)."""
+    num_edges = src.numel()
+    if ptr.numel() < 1 or int(ptr[0]) != 0 or int(ptr[-1]) != num_edges or bool((ptr.diff() < 0).any()):
+        raise ValueError(f"revgnn operators: ptr must run from 0 to E = {num_edges} without decreasing")
+    if num_edges and (int(src.min()) < 0 or int(src.max()) >= rows):
+        raise ValueError(f"revgnn operators: every source id must be in [0, {rows}) (the rows of x)")
+    if arg is not None and arg.numel():
+        degree = ptr.diff().view(-1, 1)
+        if bool(((arg < -1) | (arg >= degree)).any()):
+            raise ValueError("revgnn operators: arg must hold winner offsets from forward")
 
 
 def _empty(like: Tensor) -> Tensor:
@@ -184,6 +207,8 @@ def gen_max(
     kernel); ``arg`` ``[N, C]`` int32 is the first winning edge's offset in its node's segment (-1
     where the maximum is not positive), ``tied`` ``[N]`` uint8 whether a positive maximum was reached
     by several edges."""
+    if kernel_checks():
+        check_segments(ptr, src, x.size(0))
     kernel = select("gen_max", x, attr, weight, bias, num_edges=src.numel())
     if kernel is not None:
         wt = weight.t().contiguous() if weight is not None else None
@@ -216,6 +241,8 @@ def gen_max_backward(
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """The gradients of :func:`gen_max`'s ``out`` for ``x``, ``attr``, ``weight``, ``bias`` (an empty
     tensor where not asked for, or where that input is absent)."""
+    if kernel_checks():
+        check_segments(ptr, src, x.size(0), arg)
     kernel = select("gen_max", x, attr, weight, bias, num_edges=src.numel())
     if kernel is not None:
         wt = weight.t().contiguous() if weight is not None else None
@@ -371,6 +398,8 @@ def gen_max_shard(
     """GEN max over one shard of a SAR graph: the sources are the rows of ``x`` (a fetched block), the
     destinations ``ptr.numel() - 1``; ``(max, arg, tied, count)`` with the ReLU'd maximum without
     :math:`\\epsilon` and the per (node, channel) tie counts (fused kernels only: C++ or Triton)."""
+    if kernel_checks():
+        check_segments(ptr, src, x.size(0))
     kernel = select("gen_max", x, attr, weight, bias, num_edges=src.numel())
     if kernel is None:
         raise RuntimeError("revgnn.gen_max_shard: no fused kernel for these inputs (the caller checks first)")
@@ -406,6 +435,8 @@ def gen_max_shard_backward(
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """The gradients of :func:`gen_max_shard` for the fetched rows (always), ``attr``, ``weight`` and
     ``bias`` (an empty tensor where not asked for)."""
+    if kernel_checks():
+        check_segments(ptr, src, x.size(0), arg)
     kernel = select("gen_max", x, attr, weight, bias, num_edges=src.numel())
     if kernel is None:
         raise RuntimeError("revgnn.gen_max_shard_backward: no fused kernel for these inputs")
@@ -441,14 +472,12 @@ def _check_graph(name: str, x: Tensor, ptr: Tensor, src: Tensor, weight: Optiona
         )
     if weight is not None and tuple(weight.shape) != (src.numel(),):
         raise ValueError(f"revgnn.{name}: weight must be [E] = [{src.numel()}], got {list(weight.shape)}")
-    # an id out of range would read (C++) or write (PyTorch's index_add_) out of bounds: one pass
-    # over E integers, small beside the E x C work that follows
-    if ptr.numel() != x.size(0) + 1 or int(ptr[-1]) != src.numel():
-        raise ValueError(
-            f"revgnn.{name}: ptr must be [N + 1] = [{x.size(0) + 1}] ending at E = {src.numel()}"
-        )
-    if src.numel() and (int(src.min()) < 0 or int(src.max()) >= x.size(0)):
-        raise IndexError(f"revgnn.{name}: a source id is outside [0, {x.size(0)})")
+    if ptr.numel() != x.size(0) + 1:
+        raise ValueError(f"revgnn.{name}: ptr must be [N + 1] = [{x.size(0) + 1}], got [{ptr.numel()}]")
+    # always, not only under kernel_checks(): these kernels read ptr and src unchecked, and an id out
+    # of range would read (C++) or write (PyTorch's index_add_) out of bounds; one pass over E
+    # integers, small beside the E x C work that follows
+    check_segments(ptr, src, x.size(0))
 
 
 def _aggregate_torch(x: Tensor, ptr: Tensor, src: Tensor, weight: Optional[Tensor], mean: bool) -> Tensor:

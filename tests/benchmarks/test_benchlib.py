@@ -73,8 +73,9 @@ def test_markdown_table():
 def test_pyg_group_add_rev_swap_computes_the_same_model():
     """bench_step's ``--reversible pyg``: every block rewrapped in PyG's GroupAddRev around the same
     groups computes our model's function and parameter gradients (float64, no dropout) — except the
-    shared edge encoder's: PyG's wrapper passes no gradient to tensor arguments (the edge embeddings),
-    so that encoder gets none through it (its cost in a step is one small linear layer)."""
+    shared edge encoder's: the model hands the blocks its edge embedding in factored form (a
+    LinearEdgeFeatures, not a tensor), and PyG's wrapper differentiates only tensors passed directly,
+    so that encoder gets no gradient through it (its cost in a step is one small linear layer)."""
     from revgnn.models import create_model
     from revgnn.nn import GroupAddRev
 
@@ -98,7 +99,7 @@ def test_pyg_group_add_rev_swap_computes_the_same_model():
     a, b = grads(ours, False), grads(theirs, False)
     assert (a - b).norm() <= 1e-10 * a.norm()
     a, b = grads(ours, True), grads(theirs, True)
-    assert a.norm() > 0 and (b.norm() == 0 or (a - b).norm() <= 1e-10 * a.norm())
+    assert a.norm() > 0 and b.norm() == 0
 
 
 def test_bench_memory_measures_drift_at_the_depths_it_is_given():

@@ -65,9 +65,12 @@ def test_group_init_errors_are_clear():
         def forward(self, x):
             return self.lin(x)
 
-    with pytest.raises(ValueError, match="no reset_parameters"):
-        GroupAddRev(NoReset(), num_groups=2)
-    GroupAddRev(NoReset(), num_groups=2, group_init="copy")  # copies need no re-initialisation
+    # no reset_parameters of its own: its submodules' are called (as PyG's GroupAddRev accepts it)
+    torch.manual_seed(0)
+    independent = GroupAddRev(NoReset(), num_groups=2)
+    assert not torch.equal(independent.convs[0].lin.weight, independent.convs[1].lin.weight)
+    copied = GroupAddRev(NoReset(), num_groups=2, group_init="copy")
+    assert torch.equal(copied.convs[0].lin.weight, copied.convs[1].lin.weight)
 
 
 # ---- partitions ---------------------------------------------------------------------------------

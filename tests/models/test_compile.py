@@ -54,6 +54,32 @@ def test_graph_breaks_per_model(name):
     assert explained.graph_break_count == train_breaks, [b.reason for b in explained.break_reasons]
 
 
+@pytest.mark.parametrize("name", ["revgnn_small", "wt_revgnn"])
+def test_eval_with_grad_enabled_compiles_as_training_does(name):
+    """``model.eval()`` alone still builds a graph: each reversible call runs eagerly, so the forward
+    breaks as in training (the table of docs/guides/blocks.md); only ``no_grad`` gives 0 breaks. The
+    compiled eval forward's gradients equal eager's."""
+    model, args = zoo_case(name, dtype=torch.float64)
+    model.train()
+    train = _explain(model, *args)
+    model.eval()
+    explained = _explain(model, *args)
+    assert (explained.graph_count, explained.graph_break_count) == (
+        train.graph_count,
+        train.graph_break_count,
+    )
+    assert explained.graph_break_count >= 1
+    torch._dynamo.reset()
+    compiled = torch.compile(model)
+    grads = []
+    for fn in (model, compiled):
+        model.zero_grad()
+        fn(*args).square().mean().backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    for eager, comp in zip(*grads):
+        assert torch.allclose(comp, eager, rtol=1e-10, atol=1e-12 * max(1.0, eager.abs().max().item()))
+
+
 def test_every_zoo_model_has_its_breaks_counted():
     assert sorted(BREAKS) == sorted(ZOO)
 

@@ -785,3 +785,29 @@ def test_blocks_through_the_triton_aggregations(monkeypatch, kind):
         else ("_agg_fwd_kernel", "_agg_src_kernel")
     )
     assert launches == {fwd: 1, bwd: 1}
+
+
+def test_kernel_checks_stop_a_broken_graph_before_a_triton_kernel_launches(monkeypatch):
+    """Under ``REVGNN_KERNEL_CHECKS=1`` (the suite's setting) a pointer or source id that would make a
+    Triton kernel read out of bounds is an error in the operator, and no kernel launches."""
+    from revgnn.nn import ops
+
+    monkeypatch.setenv("REVGNN_KERNELS", "triton")
+    monkeypatch.setenv("REVGNN_KERNEL_CHECKS", "1")
+    launches = []
+    launch = tk._launch
+    monkeypatch.setattr(tk, "_launch", lambda kernel: launches.append(kernel) or launch(kernel))
+    x = torch.randn(4, 3)
+    ptr, src = torch.tensor([0, 1, 2, 3, 4]), torch.tensor([0, 1, 2, 3])
+    ops.gen_max(x, ptr, src, None, None, None, EPS)  # valid: runs the Triton kernel
+    assert launches
+    launches.clear()
+    for bad_ptr, bad_src in (
+        (ptr, torch.tensor([0, 1, 4, 3])),
+        (ptr, torch.tensor([0, -1, 2, 3])),
+        (torch.tensor([0, 1, 3, 2, 4]), src),
+        (torch.tensor([0, 1, 2, 3, 5]), src),
+    ):
+        with pytest.raises(ValueError, match="(ptr must|source id)"):
+            ops.gen_max(x, bad_ptr, bad_src, None, None, None, EPS)
+    assert not launches
