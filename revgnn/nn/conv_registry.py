@@ -75,7 +75,8 @@ class ConvSpec:
 
     def check_options(self, options: Dict[str, Any]) -> None:
         """Raises if ``options`` holds a keyword the block does not have (:class:`ValueError`) or
-        a value its annotation does not allow (:func:`~revgnn.utils.signature.check_types`)."""
+        a value its annotation does not allow: a type, a choice or a range, e.g. ``heads:
+        Annotated[int, Range(1)]`` (:func:`~revgnn.utils.signature.check_types`)."""
         bad = [k for k in options if k not in self.parameters]
         if bad:
             raise ValueError(
