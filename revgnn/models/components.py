@@ -235,10 +235,15 @@ class DeepNodeGNN(nn.Module):
     def check_options(cls, arguments: Mapping[str, Any], prefix: str = "") -> None:
         """What the annotations of the model and of its conv's block cannot say, for constructor
         ``arguments`` (the model's and the conv options it forwards; unset ones keep their defaults):
-        :func:`check_groups`. The constructor and the check before a run starts
-        (:func:`revgnn.models.check_model_config`) call it; ``prefix`` goes before every key an
-        error names. Raises :class:`ValueError`."""
+        :func:`check_groups`, once the conv options are known to fit the block
+        (:meth:`~revgnn.nn.ConvSpec.check_options`). The constructor and the check before a run
+        starts (:func:`revgnn.models.check_model_config`) call it; ``prefix`` goes before every key
+        an error names. Raises :class:`ValueError` (:class:`TypeError` for a conv option's type)."""
+        from revgnn.nn import conv_spec
+
         arguments = with_defaults(cls, arguments)
+        spec = conv_spec(arguments["conv"])
+        spec.check_options({k: v for k, v in arguments.items() if k in spec.options}, prefix)
         check_groups(arguments, prefix, arguments["conv"])
 
     def _setup(

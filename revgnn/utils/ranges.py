@@ -14,6 +14,8 @@
   loader's parameters; a field of the hand-written schemas (``trainer``, ``optim``, ...), which is
   no callable's parameter, declares its own with :func:`revgnn.config.ranged`.
   :func:`revgnn.config.check_ranges` enforces both before a run starts.
+* A command-line option of the other console scripts declares its own with :func:`revgnn.cli.ranged`
+  (an argparse ``type``).
 
 What spans several values (``hidden_channels`` divisible by ``num_groups``) is no range: the class's
 ``check_options`` classmethod checks it, called by its constructor and by the check before a run
