@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Annotated, Any, Dict, List, Literal, Mapping, Optional, Tuple
+from typing import Annotated, Any, Dict, List, Literal, Mapping, Optional, Tuple, get_args
 
 import torch
 from torch import Tensor, nn
@@ -29,7 +29,9 @@ _MANAGED = ("max_iter", "tol", "stop_mode", "batch", "keep")
 
 __all__ = ["DEQ", "DEQConvergenceWarning", "BACKWARD_MODES"]
 
-BACKWARD_MODES = ("implicit", "phantom", "unroll")
+Backward = Literal["implicit", "phantom", "unroll"]
+#: The gradients a :class:`DEQ` computes (its ``backward``; set again by a model that pretrains unrolled).
+BACKWARD_MODES = get_args(Backward)
 _HALF = (torch.float16, torch.bfloat16)
 
 
@@ -161,7 +163,7 @@ class DEQ(nn.Module):
         tol: Annotated[float, Range(0, low_open=True)] = 1e-4,
         stop_mode: Literal["rel", "abs"] = "rel",
         solver_options: Optional[Dict[str, Any]] = None,
-        backward: Literal["implicit", "phantom", "unroll"] = "implicit",
+        backward: Backward = "implicit",
         backward_solver: Optional[Annotated[str, SOLVERS]] = None,
         backward_max_iter: Annotated[Optional[int], Range(1)] = None,
         backward_tol: Annotated[Optional[float], Range(0, low_open=True)] = None,
