@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Annotated, Any, Dict, List, Literal, Optional, Tuple
+from typing import Annotated, Any, Dict, List, Literal, Mapping, Optional, Tuple, get_args
 
 import torch
 from torch import Tensor, nn
 
 from revgnn.utils.functional import transforms_active
+from revgnn.utils.ranges import Range
+from revgnn.utils.signature import check_call, with_defaults
 
 from .implicit import implicit_equilibrium, phantom_grad, unroll
 from .regularize import jacobian_frobenius, spectral_radius, spectral_radius_penalty
@@ -27,7 +29,9 @@ _MANAGED = ("max_iter", "tol", "stop_mode", "batch", "keep")
 
 __all__ = ["DEQ", "DEQConvergenceWarning", "BACKWARD_MODES"]
 
-BACKWARD_MODES = ("implicit", "phantom", "unroll")
+Backward = Literal["implicit", "phantom", "unroll"]
+#: The gradients a :class:`DEQ` computes (its ``backward``; set again by a model that pretrains unrolled).
+BACKWARD_MODES = get_args(Backward)
 _HALF = (torch.float16, torch.bfloat16)
 
 
@@ -155,31 +159,33 @@ class DEQ(nn.Module):
         self,
         f: nn.Module,
         solver: Annotated[str, SOLVERS] = "anderson",
-        max_iter: int = 50,
-        tol: float = 1e-4,
+        max_iter: Annotated[int, Range(1)] = 50,
+        tol: Annotated[float, Range(0, low_open=True)] = 1e-4,
         stop_mode: Literal["rel", "abs"] = "rel",
         solver_options: Optional[Dict[str, Any]] = None,
-        backward: Literal["implicit", "phantom", "unroll"] = "implicit",
+        backward: Backward = "implicit",
         backward_solver: Optional[Annotated[str, SOLVERS]] = None,
-        backward_max_iter: Optional[int] = None,
-        backward_tol: Optional[float] = None,
+        backward_max_iter: Annotated[Optional[int], Range(1)] = None,
+        backward_tol: Annotated[Optional[float], Range(0, low_open=True)] = None,
         backward_solver_options: Optional[Dict[str, Any]] = None,
-        phantom_steps: int = 5,
-        phantom_damping: float = 0.8,
-        unroll_steps: Optional[int] = None,
+        phantom_steps: Annotated[int, Range(1)] = 5,
+        phantom_damping: Annotated[float, Range(0, 1, low_open=True)] = 0.8,
+        unroll_steps: Annotated[Optional[int], Range(1)] = None,
         warm_start: bool = False,
         backward_stop_mode: Optional[Literal["rel", "abs"]] = None,
-        eval_max_iter: Optional[int] = None,
-        jac_reg_weight: float = 0.0,
-        jac_reg_every: int = 1,
-        jac_reg_probes: int = 1,
-        spectral_reg_weight: float = 0.0,
-        spectral_reg_target: float = 0.5,
-        spectral_radius_every: int = 0,
-        spectral_radius_iters: int = 20,
-        correction_states: int = 0,
-        correction_gamma: float = 0.8,
+        eval_max_iter: Annotated[Optional[int], Range(1)] = None,
+        jac_reg_weight: Annotated[float, Range(0)] = 0.0,
+        jac_reg_every: Annotated[int, Range(1)] = 1,
+        jac_reg_probes: Annotated[int, Range(1)] = 1,
+        spectral_reg_weight: Annotated[float, Range(0)] = 0.0,
+        spectral_reg_target: Annotated[float, Range(0)] = 0.5,
+        spectral_radius_every: Annotated[int, Range(0)] = 0,
+        spectral_radius_iters: Annotated[int, Range(1)] = 20,
+        correction_states: Annotated[int, Range(0)] = 0,
+        correction_gamma: Annotated[float, Range(0, 1, low_open=True)] = 0.8,
     ):
+        check_call(DEQ, locals())
+        DEQ.check_options(locals())
         super().__init__()
         self.f = f
         self.solver = solver
@@ -209,7 +215,6 @@ class DEQ(nn.Module):
         self.num_corrections = int(correction_states)
         self.correction_gamma = float(correction_gamma)
         self.backward = backward
-        self._check()
         self.stats: Dict[str, float] = {}
         self.traces: Dict[str, List[float]] = {}
         self._z_prev: Optional[Tensor] = None
@@ -219,54 +224,43 @@ class DEQ(nn.Module):
         self._corrections: List[Tuple[float, Tensor]] = []
         self._train_forwards = 0
 
-    def _check(self) -> None:
-        for which, options in (
-            ("solver_options", self.solver_options),
-            ("backward_solver_options", self.backward_solver_options),
+    @staticmethod
+    def check_options(arguments: Mapping[str, Any], prefix: str = "") -> None:
+        """Checks what one parameter's annotation cannot say (each value's type, choice and range is
+        :func:`~revgnn.utils.signature.check_call`'s, from the signature): the solvers' own options
+        (their names, types and ranges, :func:`~revgnn.deq.check_solver_options`, less those the DEQ
+        sets), and that :obj:`correction_states` fits the forward solve. ``arguments`` are
+        constructor arguments (those not given keep their defaults), so a model and the check
+        before a run starts call it without building anything; ``prefix`` goes before every key an
+        error names (``"model."``). Raises :class:`ValueError` or :class:`TypeError`."""
+        args = with_defaults(DEQ, arguments)
+        solver, options = args["solver"], dict(args["solver_options"] or {})
+        backward_solver = args["backward_solver"] or solver
+        backward_options = args["backward_solver_options"]
+        if backward_options is None:
+            backward_options = options if backward_solver == solver else {}
+        for which, name, opts in (
+            ("solver_options", solver, options),
+            ("backward_solver_options", backward_solver, dict(backward_options)),
         ):
-            managed = sorted(set(options) & set(_MANAGED))
+            managed = sorted(set(opts) & set(_MANAGED))
             if managed:
                 raise ValueError(
-                    f"{which} may not set {managed}: the DEQ sets them from its own arguments "
+                    f"{prefix}{which} may not set {managed}: the DEQ sets them from its own arguments "
                     "(max_iter, tol, stop_mode, backward_*; batch is forward's argument)"
                 )
-        check_solver_options(self.solver, self.solver_options)
-        check_solver_options(self.backward_solver, self.backward_solver_options)
-        for mode in (self.stop_mode, self.backward_stop_mode):
-            if mode not in ("abs", "rel"):
-                raise ValueError(f"stop_mode and backward_stop_mode must be 'abs' or 'rel', got {mode!r}")
-        if self.eval_max_iter < 1:
-            raise ValueError(f"eval_max_iter must be >= 1, got {self.eval_max_iter}")
-        if self.jac_reg_weight < 0 or self.jac_reg_every < 1 or self.jac_reg_probes < 1:
+            check_solver_options(name, opts, prefix=f"{prefix}{which}.")
+        corrections, max_iter = args["correction_states"], args["max_iter"]
+        if corrections > max_iter:
             raise ValueError(
-                f"jac_reg_weight must be >= 0 and jac_reg_every, jac_reg_probes >= 1, got "
-                f"{self.jac_reg_weight}, {self.jac_reg_every}, {self.jac_reg_probes}"
-            )
-        if self.spectral_reg_weight < 0 or self.spectral_reg_target < 0:
-            raise ValueError(
-                f"spectral_reg_weight and spectral_reg_target must be >= 0, got {self.spectral_reg_weight}, "
-                f"{self.spectral_reg_target}"
-            )
-        if self.spectral_radius_every < 0 or self.spectral_radius_iters < 1:
-            raise ValueError("spectral_radius_every must be >= 0 and spectral_radius_iters >= 1")
-        if self.num_corrections < 0 or not 0.0 < self.correction_gamma <= 1.0:
-            raise ValueError("correction_states must be >= 0 and correction_gamma in (0, 1]")
-        if self.num_corrections > self.max_iter:
-            raise ValueError(
-                f"correction_states={self.num_corrections} exceeds max_iter={self.max_iter}: there are "
+                f"{prefix}correction_states={corrections} exceeds {prefix}max_iter={max_iter}: there are "
                 "not that many iterates to supervise"
             )
-        if self.num_corrections and "keep" not in solver_options(self.solver):
+        if corrections and "keep" not in solver_options(solver):
             raise TypeError(
-                f"correction_states needs a solver that returns intermediate iterates (keyword 'keep'); "
-                f"{self.solver!r} does not accept it"
+                f"{prefix}correction_states needs a solver that returns intermediate iterates (keyword "
+                f"'keep'); {solver!r} does not accept it"
             )
-        if self.backward not in BACKWARD_MODES:
-            raise ValueError(f"backward must be one of {BACKWARD_MODES}, got {self.backward!r}")
-        if self.phantom_steps < 1 or not 0.0 < self.phantom_damping <= 1.0:
-            raise ValueError("phantom_steps must be >= 1 and phantom_damping in (0, 1]")
-        if self.unroll_steps < 1 or self.max_iter < 1 or self.backward_max_iter < 1:
-            raise ValueError("max_iter, backward_max_iter and unroll_steps must be >= 1")
 
     @property
     def backward(self) -> str:

@@ -32,15 +32,21 @@ Example::
 
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import Annotated, List, Literal, Sequence, get_args
 
 import torch
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
-__all__ = ["NORMS", "apply_norm", "reset_norm", "remove_norm"]
+from revgnn.utils.ranges import Range
+from revgnn.utils.signature import check_call
 
-NORMS = ("weight", "spectral")
+__all__ = ["WEIGHT_NORMS", "apply_norm", "reset_norm", "remove_norm"]
+
+#: The normalisations :func:`apply_norm` applies to a map's weights (``kind``); not the feature
+#: norms of a block (``revgnn.nn.blocks.NORMS``).
+WeightNorm = Literal["weight", "spectral"]
+WEIGHT_NORMS = get_args(WeightNorm)
 
 
 class SpectralBound(nn.Module):
@@ -92,10 +98,10 @@ def _targets(module: nn.Module, names: Sequence[str]):
 
 def apply_norm(
     module: nn.Module,
-    kind: str = "weight",
+    kind: WeightNorm = "weight",
     names: Sequence[str] = ("weight",),
-    bound: float = 1.0,
-    iters: int = 1,
+    bound: Annotated[float, Range(0, low_open=True)] = 1.0,
+    iters: Annotated[int, Range(1)] = 1,
 ) -> List[str]:
     r"""Normalise every parameter called one of :obj:`names` with at least two dimensions (matrices,
     convolution kernels; not LayerNorm's gains) in :obj:`module` and its children.
@@ -115,10 +121,7 @@ def apply_norm(
         ValueError: an unknown :obj:`kind`, a bound or step count out of range, or no parameter to
             normalise (a misspelt name must not pass silently).
     """
-    if kind not in NORMS:
-        raise ValueError(f"apply_norm: kind must be one of {NORMS}, got {kind!r}")
-    if not bound > 0 or int(iters) < 1:
-        raise ValueError(f"apply_norm: bound must be > 0 and iters >= 1, got {bound}, {iters}")
+    check_call(apply_norm, locals(), prefix="apply_norm: ")
     done = []
     for qualified, mod, name in list(_targets(module, names)):
         if kind == "weight":

@@ -44,12 +44,14 @@ from __future__ import annotations
 import inspect
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Annotated, Callable, Dict, List, Literal, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
+from revgnn.utils.ranges import Range
 from revgnn.utils.registry import Registry
+from revgnn.utils.signature import check_call, check_types, keyword_parameters
 
 __all__ = [
     "SolverResult",
@@ -65,7 +67,6 @@ __all__ = [
 ]
 
 MapFn = Callable[[Tensor], Tensor]
-STOP_MODES = ("abs", "rel")
 #: Keyword-only options every registered solver must accept.
 REQUIRED_OPTIONS = ("max_iter", "tol", "stop_mode")
 #: Anderson switches a graph to its Type I coefficients while its last step left the residual norm above
@@ -261,13 +262,11 @@ def _fmt(trace: List[float]) -> str:
     return f"[{body}{' ...' if len(trace) > 6 else ''}]"
 
 
-def _check_common(name: str, z0: Tensor, max_iter: int, tol: float, stop_mode: str) -> None:
-    if stop_mode not in STOP_MODES:
-        raise ValueError(f"{name}: stop_mode must be one of {STOP_MODES}, got {stop_mode!r}")
-    if int(max_iter) < 1:
-        raise ValueError(f"{name}: max_iter must be >= 1, got {max_iter}")
-    if not tol > 0:
-        raise ValueError(f"{name}: tol must be > 0, got {tol}")
+def _check_common(solver: Callable[..., SolverResult], arguments: Dict[str, object], z0: Tensor) -> None:
+    """The solver's own arguments against its signature (types, choices, ranges: the path the DEQ's
+    and the config's checks take too), then what no annotation says about ``z0``."""
+    name = solver.__name__
+    check_call(solver, arguments, prefix=f"{name}: ")
     if not torch.is_floating_point(z0):
         raise TypeError(f"{name}: z0 must be a floating-point tensor, got {z0.dtype}")
     if not torch.isfinite(z0).all():
@@ -293,10 +292,10 @@ def fixed_point(
     f: MapFn,
     z0: Tensor,
     *,
-    max_iter: int = 50,
-    tol: float = 1e-4,
-    stop_mode: str = "rel",
-    damping: float = 1.0,
+    max_iter: Annotated[int, Range(1)] = 50,
+    tol: Annotated[float, Range(0, low_open=True)] = 1e-4,
+    stop_mode: Literal["abs", "rel"] = "rel",
+    damping: Annotated[float, Range(0, 1, low_open=True)] = 1.0,
     batch: Optional[Tensor] = None,
     keep: Sequence[int] = (),
 ) -> SolverResult:
@@ -325,9 +324,7 @@ def fixed_point(
         >>> res.converged
         True
     """
-    _check_common("fixed_point", z0, max_iter, tol, stop_mode)
-    if not 0.0 < damping <= 1.0:
-        raise ValueError(f"fixed_point: damping must be in (0, 1], got {damping}")
+    _check_common(fixed_point, locals(), z0)
     prob = _Problem("fixed_point", z0, batch, tol, stop_mode, keep)
     F = _row_map(f, prob)
     x = prob.rows
@@ -370,26 +367,16 @@ def _anderson_coefficients(
     return gamma, ok
 
 
-def _check_anderson(m: int, lam: float, beta: float) -> int:
-    if int(m) < 1:
-        raise ValueError(f"anderson: m must be >= 1, got {m}")
-    if lam < 0:
-        raise ValueError(f"anderson: lam must be >= 0, got {lam}")
-    if not beta > 0:
-        raise ValueError(f"anderson: beta must be > 0, got {beta}")
-    return int(m)
-
-
 def anderson(
     f: MapFn,
     z0: Tensor,
     *,
-    max_iter: int = 50,
-    tol: float = 1e-4,
-    stop_mode: str = "rel",
-    m: int = 5,
-    lam: float = 1e-4,
-    beta: float = 1.0,
+    max_iter: Annotated[int, Range(1)] = 50,
+    tol: Annotated[float, Range(0, low_open=True)] = 1e-4,
+    stop_mode: Literal["abs", "rel"] = "rel",
+    m: Annotated[int, Range(1)] = 5,
+    lam: Annotated[float, Range(0)] = 1e-4,
+    beta: Annotated[float, Range(0, low_open=True)] = 1.0,
     batch: Optional[Tensor] = None,
     keep: Sequence[int] = (),
 ) -> SolverResult:
@@ -457,8 +444,7 @@ def anderson(
         >>> round(res.z[0].item(), 6)
         0.739085
     """
-    _check_common("anderson", z0, max_iter, tol, stop_mode)
-    m = _check_anderson(m, lam, beta)
+    _check_common(anderson, locals(), z0)
     prob = _Problem("anderson", z0, batch, tol, stop_mode, keep)
     F = _row_map(f, prob)
     x = prob.rows
@@ -507,10 +493,10 @@ def broyden(
     f: MapFn,
     z0: Tensor,
     *,
-    max_iter: int = 50,
-    tol: float = 1e-4,
-    stop_mode: str = "rel",
-    memory: Optional[int] = None,
+    max_iter: Annotated[int, Range(1)] = 50,
+    tol: Annotated[float, Range(0, low_open=True)] = 1e-4,
+    stop_mode: Literal["abs", "rel"] = "rel",
+    memory: Annotated[Optional[int], Range(1)] = None,
     batch: Optional[Tensor] = None,
     keep: Sequence[int] = (),
 ) -> SolverResult:
@@ -560,9 +546,7 @@ def broyden(
         >>> round(res.z[0].item(), 6)
         0.739085
     """
-    _check_common("broyden", z0, max_iter, tol, stop_mode)
-    if memory is not None and int(memory) < 1:
-        raise ValueError(f"broyden: memory must be >= 1 or None (keep every update), got {memory}")
+    _check_common(broyden, locals(), z0)
     # max_iter evaluations make at most max_iter - 1 updates: a history that long never restarts
     memory = int(max_iter) if memory is None else min(int(memory), int(max_iter))
     prob = _Problem("broyden", z0, batch, tol, stop_mode, keep)
@@ -673,12 +657,19 @@ def solver_options(name: str) -> List[str]:
     return [p.name for p in sig.parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]
 
 
-def check_solver_options(name: str, options: Dict[str, object]) -> None:
-    r"""Raise :class:`TypeError` if :obj:`options` holds a key that solver :obj:`name` does not accept.
+def check_solver_options(name: str, options: Dict[str, object], prefix: str = "") -> None:
+    r"""Raise :class:`TypeError` if :obj:`options` holds a key that solver :obj:`name` does not accept
+    or a value of the wrong type, :class:`ValueError` for a value outside its choices or range (the
+    solver's annotations, e.g. ``m: Annotated[int, Range(1)]``; :func:`~revgnn.utils.signature.check_types`).
+    ``prefix`` goes before every key an error names (``"model.solver_options."``).
 
     Unknown keys are never ignored silently: a misspelt option would otherwise change nothing.
     """
-    valid = solver_options(name)
-    unknown = sorted(set(options) - set(valid))
+    valid = solver_options(name)  # keyword-only: the map and the initial guess are positional
+    params = {k: p for k, p in keyword_parameters(get_solver(name)).items() if k in valid}
+    unknown = sorted(set(options) - set(params))
     if unknown:
-        raise TypeError(f"unknown option(s) {unknown} for solver {name!r}; valid options: {valid}")
+        raise TypeError(
+            f"unknown option(s) {[prefix + k for k in unknown]} for solver {name!r}; valid options: {valid}"
+        )
+    check_types(params, options, prefix)

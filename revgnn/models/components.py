@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import inspect
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Annotated, Any, Dict, Literal, Mapping, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 
 from revgnn.nn.graph_input import check_features, sort_edges
-from revgnn.utils.signature import keyword_parameters
+from revgnn.utils.ranges import Range
+from revgnn.utils.signature import check_call, keyword_parameters, with_defaults
 
 
 class NodeEncoder(nn.Module):
@@ -97,16 +98,37 @@ def encode_edges(edge_encoder: Optional[nn.Linear], edge_attr: Optional[Tensor],
     return Shared(edge_encoder(edge_attr))
 
 
+def check_groups(arguments: Mapping[str, Any], prefix: str = "", conv: Optional[str] = None) -> None:
+    """What no single annotation says about a model of grouped blocks, for its constructor
+    ``arguments``: ``hidden_channels`` divisible by ``num_groups`` (1 without it), and, for a
+    ``conv`` whose block takes ``heads`` (``gat``), the width of one group divisible by ``heads``
+    (each head gets an equal share of the block's output). ``prefix`` goes before every key an
+    error names. Raises :class:`ValueError`."""
+    hidden, groups = arguments["hidden_channels"], arguments.get("num_groups", 1)
+    if hidden % groups != 0:
+        raise ValueError(f"{prefix}hidden_channels={hidden} must be divisible by {prefix}num_groups={groups}")
+    if conv is None:
+        return
+    from revgnn.nn import conv_spec
+
+    heads = arguments.get("heads", conv_spec(conv).defaults.get("heads", 1))
+    if (hidden // groups) % heads != 0:
+        raise ValueError(
+            f"{prefix}heads={heads} must divide the width of a group, {prefix}hidden_channels / "
+            f"{prefix}num_groups = {hidden // groups}"
+        )
+
+
 def reversible_layers(
     make_group_block,
-    hidden_channels: int,
-    num_groups: int,
-    num_layers: int,
+    hidden_channels: Annotated[int, Range(1)],
+    num_groups: Annotated[int, Range(1)],
+    num_layers: Annotated[int, Range(1)],
     weight_tied: bool = False,
     reversible: bool = True,
-    keep_every: int = 0,
-    quantize: Optional[int] = None,
-    group_init: str = "independent",
+    keep_every: Annotated[int, Range(0)] = 0,
+    quantize: Annotated[Optional[int], Range(1)] = None,
+    group_init: Literal["independent", "copy"] = "independent",
 ):
     """``num_layers`` reversible blocks of ``num_groups`` groups, called as ``layers(h, *args)``.
 
@@ -119,10 +141,8 @@ def reversible_layers(
     """
     from revgnn.nn import BlockSequence, GroupAddRev, WeightTied
 
-    if hidden_channels % num_groups != 0:
-        raise ValueError(f"hidden_channels={hidden_channels} must be divisible by num_groups={num_groups}")
-    if num_layers < 1:
-        raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+    check_call(reversible_layers, locals())
+    check_groups(locals())
 
     def rev_block(layer: int):
         keep = bool(keep_every) and layer > 0 and layer % keep_every == 0
@@ -211,6 +231,21 @@ class DeepNodeGNN(nn.Module):
         block = CONVS.get(conv).block
         return keyword_parameters(block, skip=(*STRUCTURAL, "edge_channels")), f"conv {conv!r}"
 
+    @classmethod
+    def check_options(cls, arguments: Mapping[str, Any], prefix: str = "") -> None:
+        """What the annotations of the model and of its conv's block cannot say, for constructor
+        ``arguments`` (the model's and the conv options it forwards; unset ones keep their defaults):
+        :func:`check_groups`, once the conv options are known to fit the block
+        (:meth:`~revgnn.nn.ConvSpec.check_options`). The constructor and the check before a run
+        starts (:func:`revgnn.models.check_model_config`) call it; ``prefix`` goes before every key
+        an error names. Raises :class:`ValueError` (:class:`TypeError` for a conv option's type)."""
+        from revgnn.nn import conv_spec
+
+        arguments = with_defaults(cls, arguments)
+        spec = conv_spec(arguments["conv"])
+        spec.check_options({k: v for k, v in arguments.items() if k in spec.options}, prefix)
+        check_groups(arguments, prefix, arguments["conv"])
+
     def _setup(
         self,
         in_channels: int,
@@ -226,8 +261,6 @@ class DeepNodeGNN(nn.Module):
     ):
         from revgnn.nn import SharedDropout
 
-        if num_layers < 1:
-            raise ValueError(f"num_layers must be >= 1, got {num_layers}")
         make = block_builder(conv, norm, hidden_channels if edge_channels else None, **conv_options)
         self.num_layers = num_layers
         self.conv = conv

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Annotated, Any, Dict, Mapping, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -19,7 +19,8 @@ from revgnn.nn import LinearEdgeFeatures, SharedDropout
 from revgnn.nn.blocks import GENAggr
 from revgnn.nn.gen_max import gen_conv
 from revgnn.nn.graph_input import SortedEdges, check_features, pyg_edge_index, sort_edges
-from revgnn.utils.signature import check_arguments, keyword_parameters
+from revgnn.utils.ranges import Range
+from revgnn.utils.signature import check_arguments, check_call, keyword_parameters, with_defaults
 
 __all__ = ["DEQGNNLayer", "DEQGNN", "deq_gnn", "deq_gnn_small"]
 
@@ -83,17 +84,12 @@ class DEQGNNLayer(nn.Module):
         edge_channels: Optional[int] = None,
         aggr: GENAggr = "max",
         learn_t: bool = False,
-        dropout: float = 0.0,
-        contraction: Optional[float] = None,
+        dropout: Annotated[float, Range(0, 1, high_open=True)] = 0.0,
+        contraction: Annotated[Optional[float], Range(0, 1, low_open=True, high_open=True)] = None,
     ):
+        check_call(DEQGNNLayer, locals())
+        self.check_options(locals())
         super().__init__()
-        if contraction is not None:
-            if not 0.0 < contraction < 1.0:
-                raise ValueError(f"contraction must be in (0, 1), got {contraction}")
-            if aggr not in _CONTRACTIVE_AGGRS:
-                raise ValueError(
-                    f"contraction needs aggr in {_CONTRACTIVE_AGGRS} (1-Lipschitz), got {aggr!r}"
-                )
         self.channels = channels
         self.contraction = contraction
         self.dropout = dropout
@@ -114,6 +110,18 @@ class DEQGNNLayer(nn.Module):
             conv_lip = 0.5 * q * (math.sqrt(1.0 + 4.0 * contraction / q) - 1.0)
             self.row_bound = math.sqrt(conv_lip / 2.0)  # r: every MLP weight gets ||W||_inf <= r
         self.reset_parameters()
+
+    @staticmethod
+    def check_options(arguments: Mapping[str, Any], prefix: str = "") -> None:
+        """What the annotations cannot say: :obj:`contraction` needs a 1-Lipschitz aggregation
+        (``max`` or ``mean``). ``arguments`` are constructor arguments (unset ones keep their
+        defaults); ``prefix`` goes before every key an error names. Raises :class:`ValueError`."""
+        arguments = with_defaults(DEQGNNLayer, arguments)
+        aggr, contraction = arguments["aggr"], arguments["contraction"]
+        if contraction is not None and aggr not in _CONTRACTIVE_AGGRS:
+            raise ValueError(
+                f"{prefix}contraction needs {prefix}aggr in {_CONTRACTIVE_AGGRS} (1-Lipschitz), got {aggr!r}"
+            )
 
     def reset_parameters(self) -> None:
         for module in [self.edge_encoder, *self.conv_edge_encoders, *self.convs, *self.norms]:
@@ -258,22 +266,22 @@ class DEQGNN(nn.Module):
     def __init__(
         self,
         in_channels: int,
-        hidden_channels: int,
+        hidden_channels: Annotated[int, Range(1)],
         out_channels: int,
         edge_channels: Optional[int] = None,
-        species_channels: int = 0,
+        species_channels: Annotated[int, Range(0)] = 0,
         aggr: GENAggr = "max",
         learn_t: bool = False,
-        dropout: float = 0.0,
-        pretrain_epochs: int = 0,
-        pretrain_depth: int = 8,
-        contraction: Optional[float] = None,
+        dropout: Annotated[float, Range(0, 1, high_open=True)] = 0.0,
+        pretrain_epochs: Annotated[int, Range(0)] = 0,
+        pretrain_depth: Annotated[int, Range(1)] = 8,
+        contraction: Annotated[Optional[float], Range(0, 1, low_open=True, high_open=True)] = None,
         **deq_options: Any,
     ):
-        super().__init__()
-        if pretrain_epochs < 0 or pretrain_depth < 1:
-            raise ValueError("pretrain_epochs must be >= 0 and pretrain_depth >= 1")
+        check_call(DEQGNN, locals())
         check_arguments(DEQ, deq_options, what="DEQGNN's DEQ", skip=_SET_BY_MODEL)
+        self.check_options({**locals(), **deq_options})
+        super().__init__()
         self.node_encoder = NodeEncoder(in_channels, hidden_channels, species_channels)
         self.dropout = SharedDropout(dropout)
         layer = DEQGNNLayer(hidden_channels, edge_channels, aggr, learn_t, dropout, contraction)
@@ -290,6 +298,18 @@ class DEQGNN(nn.Module):
         """The parameters ``**deq_options`` may hold: :class:`~revgnn.deq.DEQ`'s but those the model
         sets (the map ``f``, ``unroll_steps`` from ``pretrain_depth``)."""
         return keyword_parameters(DEQ, skip=_SET_BY_MODEL), "the DEQ (revgnn.deq.DEQ)"
+
+    @classmethod
+    def check_options(cls, arguments: Mapping[str, Any], prefix: str = "") -> None:
+        """What the annotations of the model, its layer and the DEQ cannot say, for constructor
+        ``arguments`` (the model's and the DEQ options it forwards; unset ones keep their defaults):
+        :meth:`DEQGNNLayer.check_options` and :meth:`~revgnn.deq.DEQ.check_options` (the solvers'
+        options, ``correction_states`` within the solve). The check before a run starts calls it
+        without building anything (:func:`revgnn.models.check_model_config`); ``prefix`` goes before
+        every key an error names."""
+        arguments = with_defaults(cls, arguments)
+        DEQGNNLayer.check_options(arguments, prefix)
+        DEQ.check_options(arguments, prefix)
 
     @property
     def layer(self) -> DEQGNNLayer:

@@ -9,7 +9,7 @@ dropout 0.2, mean readout) with the residual blocks replaced by 2-group reversib
 
 from __future__ import annotations
 
-from typing import Any, Dict, Literal, Optional
+from typing import Annotated, Any, Dict, Literal, Mapping, Optional, get_args
 
 import torch
 from torch import Tensor, nn
@@ -17,17 +17,21 @@ from torch_geometric.nn import GraphNorm, global_add_pool, global_max_pool, glob
 from torch_geometric.nn.aggr import AttentionalAggregation
 from torch_geometric.typing import Adj, OptTensor
 
-from revgnn.models.components import reversible_layers, reversible_repr
+from revgnn.models.components import check_groups, reversible_layers, reversible_repr
 from revgnn.models.paper import LI_2021, MOLHIV
 from revgnn.models.registry import Reported, register_model
 from revgnn.nn import GENBlock, Shared, SharedDropout
 from revgnn.nn.blocks import GENAggr, Norm, make_norm
 from revgnn.nn.graph_input import check_features, sort_edges
+from revgnn.utils.ranges import Range
+from revgnn.utils.signature import check_call, with_defaults
 
 __all__ = ["GraphRevGNN", "READOUTS", "ENCODERS"]
 
-READOUTS = ("mean", "sum", "max", "attention")
-ENCODERS = ("ogb", "linear")
+Readout = Literal["mean", "sum", "max", "attention"]
+Encoder = Literal["ogb", "linear"]
+#: The readouts and the node/edge encoders :class:`GraphRevGNN` takes (its annotations' choices).
+READOUTS, ENCODERS = get_args(Readout), get_args(Encoder)
 
 #: DeeperGCN's ogbg-molhiv recipe with reversible blocks (the norm inside them aside).
 _MOLHIV_RECIPE = dict(
@@ -92,34 +96,28 @@ class GraphRevGNN(nn.Module):
     def __init__(
         self,
         in_channels: int,
-        hidden_channels: int,
+        hidden_channels: Annotated[int, Range(1)],
         out_channels: int,
-        num_layers: int,
-        num_groups: int = 2,
+        num_layers: Annotated[int, Range(1)],
+        num_groups: Annotated[int, Range(1)] = 2,
         edge_channels: Optional[int] = None,
         species_channels: int = 0,
-        dropout: float = 0.0,
+        dropout: Annotated[float, Range(0, 1, high_open=True)] = 0.0,
         norm: Norm = "graph",
         aggr: GENAggr = "softmax",
         learn_t: bool = True,
         t: float = 1.0,
-        mlp_layers: int = 1,
-        readout: Literal["mean", "sum", "max", "attention"] = "mean",
-        encoder: Literal["ogb", "linear"] = "ogb",
+        mlp_layers: Annotated[int, Range(1)] = 1,
+        readout: Readout = "mean",
+        encoder: Encoder = "ogb",
         weight_tied: bool = False,
         reversible: bool = True,
-        keep_every: int = 0,
-        quantize: Optional[int] = None,
+        keep_every: Annotated[int, Range(0)] = 0,
+        quantize: Annotated[Optional[int], Range(1)] = None,
     ):
+        check_call(GraphRevGNN, locals())
+        self.check_options(locals())
         super().__init__()
-        if readout not in READOUTS:
-            raise ValueError(f"unknown readout {readout!r}; choose one of {READOUTS}")
-        if encoder not in ENCODERS:
-            raise ValueError(f"unknown encoder {encoder!r}; choose one of {ENCODERS}")
-        if species_channels:
-            raise ValueError(
-                f"GraphRevGNN has no species encoder; species_channels must be 0, got {species_channels}"
-            )
         self.in_channels, self.edge_channels = in_channels, edge_channels
         self.num_layers, self.weight_tied, self.encoder = num_layers, weight_tied, encoder
         if encoder == "ogb":
@@ -164,6 +162,21 @@ class GraphRevGNN(nn.Module):
         )
         self.head_dropout = nn.Dropout(dropout)
         self.lin = nn.Linear(hidden_channels, out_channels)
+
+    @classmethod
+    def check_options(cls, arguments: Mapping[str, Any], prefix: str = "") -> None:
+        """What no single annotation says, for constructor ``arguments`` (unset ones keep their
+        defaults): no species one-hot (graph data sets have none) and ``hidden_channels`` divisible
+        by ``num_groups`` (:func:`~revgnn.models.components.check_groups`). The constructor and the
+        check before a run starts (:func:`revgnn.models.check_model_config`) call it; ``prefix``
+        goes before every key an error names. Raises :class:`ValueError`."""
+        arguments = with_defaults(cls, arguments)
+        species = arguments["species_channels"]
+        if species:
+            raise ValueError(
+                f"GraphRevGNN has no species encoder; {prefix}species_channels must be 0, got {species}"
+            )
+        check_groups(arguments, prefix)
 
     def reset_parameters(self) -> None:
         for module in self.modules():

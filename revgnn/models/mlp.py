@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Annotated, Any, Dict
 
 from torch import Tensor, nn
 from torch_geometric.typing import Adj, OptTensor
@@ -10,6 +10,8 @@ from torch_geometric.typing import Adj, OptTensor
 from revgnn.models.components import Head, NodeEncoder
 from revgnn.models.paper import PROTEINS
 from revgnn.models.registry import register_model
+from revgnn.utils.ranges import Range
+from revgnn.utils.signature import check_call
 
 
 class MLP(nn.Module):
@@ -21,7 +23,8 @@ class MLP(nn.Module):
         in_channels (int): Node feature width.
         hidden_channels (int): Hidden width.
         out_channels (int): Output width.
-        num_layers (int, optional): Hidden layers after the encoder. (default: :obj:`2`)
+        num_layers (int, optional): Hidden layers after the encoder (:obj:`0`: the encoder and the
+            head alone). (default: :obj:`2`)
         species_channels (int, optional): See :class:`~revgnn.models.components.NodeEncoder`.
         dropout (float, optional): Dropout. (default: :obj:`0.0`)
         edge_channels (int, optional): Accepted for a uniform data interface;
@@ -31,13 +34,14 @@ class MLP(nn.Module):
     def __init__(
         self,
         in_channels: int,
-        hidden_channels: int,
+        hidden_channels: Annotated[int, Range(1)],
         out_channels: int,
-        num_layers: int = 2,
-        species_channels: int = 0,
-        dropout: float = 0.0,
+        num_layers: Annotated[int, Range(0)] = 2,
+        species_channels: Annotated[int, Range(0)] = 0,
+        dropout: Annotated[float, Range(0, 1, high_open=True)] = 0.0,
         edge_channels: Any = None,
     ):
+        check_call(MLP, locals())
         super().__init__()
         self.node_encoder = NodeEncoder(in_channels, hidden_channels, species_channels)
         self.layers = nn.ModuleList(

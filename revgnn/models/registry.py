@@ -14,8 +14,10 @@ count at those shapes and the scores a paper reports for it (:class:`Reported`):
 
 The decorator returns the factory ``revgnn_deep(**overrides) -> RevGNN``; ``create_model(name,
 **overrides)`` calls it by name (:data:`MODELS`, a :class:`~revgnn.utils.registry.Registry`). Every
-override must be an argument of the model class and lie in its range (:data:`ARGUMENT_RANGES`), so a
-typo is an error that lists what exists, never silently ignored. The README's zoo table, the paper
+override must be an argument of the model class (or an option it forwards) and lie in the range its
+annotation declares (``num_layers: Annotated[int, Range(1)]``, read by
+:func:`revgnn.utils.signature.check_types`), so a typo is an error that lists what exists, never
+silently ignored. The README's zoo table, the paper
 column of ``revgnn-reproduce`` and the model configs all come from this registry: every variant is the
 Hydra option ``model=<name>``, stored in Hydra's ConfigStore when it registers
 (:func:`revgnn.config.store_model_config`; a node holding the name only), and
@@ -37,13 +39,11 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from torch import nn
 
-from revgnn.config import ConfigError, ConfigTypeError
-from revgnn.utils.ranges import Range
+from revgnn.config import ConfigTypeError
 from revgnn.utils.registry import Registry
 from revgnn.utils.signature import check_types, keyword_parameters, takes_options
 
 __all__ = [
-    "ARGUMENT_RANGES",
     "MODELS",
     "ModelInfo",
     "Reported",
@@ -57,23 +57,6 @@ __all__ = [
     "zoo_table",
     "update_readme",
 ]
-
-#: The range of an argument, by name, for every model of the zoo that has it.
-ARGUMENT_RANGES: Dict[str, Range] = {
-    "num_layers": Range(1),
-    "hidden_channels": Range(1),
-    "num_groups": Range(1),
-    "heads": Range(1),
-    "dropout": Range(0, 1, high_open=True),
-    "attn_dropout": Range(0, 1, high_open=True),
-    "keep_every": Range(0),
-    "quantize": Range(1),
-    "max_iter": Range(1),
-    "tol": Range(0, low_open=True),
-    "pretrain_epochs": Range(0),
-    "pretrain_depth": Range(1),
-    "contraction": Range(0, 1, low_open=True, high_open=True),
-}
 
 #: The target of every model config (``model=<name>``, :class:`revgnn.config.ModelConfig`).
 CONFIG_TARGET = "revgnn.models.create_model"
@@ -278,7 +261,8 @@ def _check_arguments(
     """Every key of ``arguments`` is an argument of ``cls`` or an option its ``**options`` forward
     (:func:`forwarded_options`, for ``defaults`` updated by ``arguments``), of the type its
     annotation says, and in its range; ``prefix`` goes before every key an error names
-    (``"model."``), ``owner`` says whose arguments they are."""
+    (``"model."``), ``owner`` says whose arguments they are (in a message about a value only where
+    no ``prefix`` says it)."""
     params = keyword_parameters(cls)
     defaults = own_conv_options(cls, defaults, arguments)
     forwarded, whose = forwarded_options(cls, {**defaults, **arguments}, prefix)
@@ -294,20 +278,23 @@ def _check_arguments(
             f"{owner}{cls.__name__} has no argument(s) {', '.join(repr(prefix + k) for k in unknown)}"
             f"{hint}; valid overrides: {', '.join(params)}{also}"
         )
-    check_types({**forwarded, **params}, arguments, prefix)
-    for key, value in arguments.items():
-        bounds = ARGUMENT_RANGES.get(key)
-        if bounds is not None and isinstance(value, (int, float)) and not bounds.contains(value):
-            raise ConfigError(f"{owner}{prefix}{key} must be {bounds.describe()}, got {value}")
+    try:
+        check_types({**forwarded, **params}, arguments, prefix)
+    except (TypeError, ValueError) as e:
+        if prefix:  # the key names the config node already
+            raise
+        raise type(e)(f"{owner}{e}") from None
 
 
 def check_model_config(model_cfg: Mapping[str, Any], prefix: str = "model.") -> None:
     """Checks a model config (``model=<name>`` plus overrides) against the signature of its model
     class before anything is built: the name is registered, every other key is an argument of the
     class or an option it forwards (a conv's, the DEQ's), of the annotated type and choices, and in
-    its range. Raises :class:`~revgnn.config.ConfigError` (one message naming the key, no
-    traceback from ``revgnn-train``). A config with another ``_target_`` (a user's own factory) is
-    left to that factory."""
+    its range (the annotations), and what spans several keys holds (the class's ``check_options``
+    classmethod, e.g. ``hidden_channels`` divisible by ``num_groups``, a DEQ's solver options).
+    Raises :class:`~revgnn.config.ConfigError` (one message naming the key, no traceback from
+    ``revgnn-train``). A config with another ``_target_`` (a user's own factory) is left to that
+    factory."""
     from revgnn.config import ConfigError
 
     if model_cfg.get("_target_") != CONFIG_TARGET:
@@ -321,6 +308,8 @@ def check_model_config(model_cfg: Mapping[str, Any], prefix: str = "model.") -> 
     info = model_info(name)
     try:
         _check_arguments(info.cls, overrides, prefix, owner=f"{name!r}: ", defaults=info.defaults)
+        if hasattr(info.cls, "check_options"):
+            info.cls.check_options({**info.defaults, **overrides}, prefix)
     except (TypeError, ValueError) as e:
         raise ConfigError(str(e)) from None
 

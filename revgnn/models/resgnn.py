@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Annotated, Any, Dict, Optional
 
 from torch import Tensor, nn
 from torch_geometric.typing import Adj, OptTensor
@@ -12,6 +12,8 @@ from revgnn.models.paper import ABLATION_112, LI_2021, PROTEINS
 from revgnn.models.registry import Reported, register_model
 from revgnn.nn import Residual
 from revgnn.nn.blocks import Norm
+from revgnn.utils.ranges import Range
+from revgnn.utils.signature import check_call
 
 
 class ResGNN(DeepNodeGNN):
@@ -37,16 +39,18 @@ class ResGNN(DeepNodeGNN):
     def __init__(
         self,
         in_channels: int,
-        hidden_channels: int,
+        hidden_channels: Annotated[int, Range(1)],
         out_channels: int,
-        num_layers: int,
+        num_layers: Annotated[int, Range(1)],
         conv: str = "gen",
         edge_channels: Optional[int] = None,
-        species_channels: int = 0,
-        dropout: float = 0.0,
+        species_channels: Annotated[int, Range(0)] = 0,
+        dropout: Annotated[float, Range(0, 1, high_open=True)] = 0.0,
         norm: Norm = "layer",
         **conv_options: Any,
     ):
+        check_call(ResGNN, locals())
+        self.check_options({**locals(), **conv_options})
         super().__init__()
         make = self._setup(
             in_channels,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, Literal, Optional
+from typing import Annotated, Any, Dict, Literal, Optional
 
 from torch import Tensor
 from torch_geometric.typing import Adj, OptTensor
@@ -11,6 +11,8 @@ from revgnn.models.components import DeepNodeGNN, reversible_layers, reversible_
 from revgnn.models.paper import ABLATION_112, LI_2021, PROTEINS
 from revgnn.models.registry import Reported, register_model
 from revgnn.nn.blocks import Norm
+from revgnn.utils.ranges import Range
+from revgnn.utils.signature import check_call
 
 
 class RevGNN(DeepNodeGNN):
@@ -77,22 +79,24 @@ class RevGNN(DeepNodeGNN):
     def __init__(
         self,
         in_channels: int,
-        hidden_channels: int,
+        hidden_channels: Annotated[int, Range(1)],
         out_channels: int,
-        num_layers: int,
-        num_groups: int = 2,
+        num_layers: Annotated[int, Range(1)],
+        num_groups: Annotated[int, Range(1)] = 2,
         conv: str = "gen",
         edge_channels: Optional[int] = None,
-        species_channels: int = 0,
-        dropout: float = 0.0,
+        species_channels: Annotated[int, Range(0)] = 0,
+        dropout: Annotated[float, Range(0, 1, high_open=True)] = 0.0,
         norm: Norm = "layer",
         weight_tied: bool = False,
         reversible: bool = True,
-        keep_every: int = 0,
-        quantize: Optional[int] = None,
+        keep_every: Annotated[int, Range(0)] = 0,
+        quantize: Annotated[Optional[int], Range(1)] = None,
         group_init: Literal["independent", "copy"] = "independent",
         **conv_options: Any,
     ):
+        check_call(RevGNN, locals())
+        self.check_options({**locals(), **conv_options})
         super().__init__()
         make = self._setup(
             in_channels,

@@ -19,7 +19,7 @@ a new conv type is one more decorated class here.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
 from torch import Tensor, nn
 from torch_geometric.nn import GATConv, GCNConv, GENConv, GINConv, GraphNorm, SAGEConv
@@ -31,6 +31,7 @@ from revgnn.nn.gen_max import gen_conv
 from revgnn.nn.graph_input import pyg_edge_index
 from revgnn.nn.linear_aggr import gcn_conv, gin_conv, sage_conv
 from revgnn.nn.norm_act import layer_norm_relu
+from revgnn.utils.ranges import Range
 
 NORMS = ("layer", "batch", "graph", None)
 #: The ``norm`` a block or model takes (``None`` or ``"none"``: no norm); the annotation is what
@@ -158,7 +159,7 @@ class GENBlock(PreActBlock):
         aggr: GENAggr = "max",
         learn_t: bool = False,
         t: float = 1.0,
-        mlp_layers: int = 2,
+        mlp_layers: Annotated[int, Range(1)] = 2,
         norm: Norm = "layer",
         preact: bool = True,
     ):
@@ -206,9 +207,9 @@ class GATBlock(PreActBlock):
     def __init__(
         self,
         channels: int,
-        heads: int = 1,
+        heads: Annotated[int, Range(1)] = 1,
         edge_channels: Optional[int] = None,
-        attn_dropout: float = 0.0,
+        attn_dropout: Annotated[float, Range(0, 1, high_open=True)] = 0.0,
         norm: Norm = "layer",
         preact: bool = True,
     ):

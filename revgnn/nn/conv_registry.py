@@ -73,9 +73,11 @@ class ConvSpec:
         """Every keyword the constructor accepts (after ``channels``)."""
         return (*STRUCTURAL[1:], *(("edge_channels",) if self.uses_edges else ()), *self.options)
 
-    def check_options(self, options: Dict[str, Any]) -> None:
+    def check_options(self, options: Dict[str, Any], prefix: str = "") -> None:
         """Raises if ``options`` holds a keyword the block does not have (:class:`ValueError`) or
-        a value its annotation does not allow (:func:`~revgnn.utils.signature.check_types`)."""
+        a value its annotation does not allow: a type, a choice or a range, e.g. ``heads:
+        Annotated[int, Range(1)]`` (:func:`~revgnn.utils.signature.check_types`); ``prefix`` goes
+        before the key a value's error names."""
         bad = [k for k in options if k not in self.parameters]
         if bad:
             raise ValueError(
@@ -83,7 +85,7 @@ class ConvSpec:
                 f"{', '.join(self.options) or 'no options'} (besides {', '.join(self.parameters[:2])}"
                 f"{', edge_channels' if self.uses_edges else ''}; see {self.block.__name__})"
             )
-        check_types(keyword_parameters(self.block), options)
+        check_types(keyword_parameters(self.block), options, prefix)
 
 
 def _spec(name: str, cls: type, factored_edges: bool = False) -> ConvSpec:

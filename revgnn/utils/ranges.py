@@ -1,10 +1,25 @@
-"""The range a configurable value must lie in, declared where the value is a parameter.
+"""The range a configurable value must lie in, declared once, where the value is declared.
 
-A data loader declares it in its signature, ``num_nodes: Annotated[int, Range(1)] = 6000``; the config
-schema derived from that signature (:func:`revgnn.config.data_schema`) carries it, and
-:func:`revgnn.config.check_ranges` enforces it, naming the key, before a run starts. Schema fields
-declare theirs with :func:`revgnn.config.ranged`. This module imports nothing, so loader modules can use
-it without slowing ``--help`` down.
+* A **parameter** (a model's, a conv block's, the :class:`~revgnn.deq.DEQ`'s, a solver's, a data
+  loader's) declares it in its annotation: ``num_layers: Annotated[int, Range(1)]``, ``dropout:
+  Annotated[float, Range(0, 1, high_open=True)]``, ``Annotated[Optional[int], Range(1)]`` where
+  :obj:`None` is allowed too. :mod:`revgnn.utils.signature` reads it, with the parameter's type and
+  choices: :func:`~revgnn.utils.signature.check_arguments` and
+  :func:`~revgnn.utils.signature.check_types` for options checked before anything is built (the
+  model config before a run starts, :func:`revgnn.models.check_model_config`, with the conv options
+  and DEQ options a model forwards and the solver options, :func:`revgnn.deq.check_solver_options`),
+  and :func:`~revgnn.utils.signature.check_call`, with which constructors and solvers check their
+  own arguments on entry. The error names the key: ``model.jac_reg_weight must be >= 0, got -1``.
+* A data loader's config schema (:func:`revgnn.config.data_schema`) carries the ranges of the
+  loader's parameters; a field of the hand-written schemas (``trainer``, ``optim``, ...), which is
+  no callable's parameter, declares its own with :func:`revgnn.config.ranged`.
+  :func:`revgnn.config.check_ranges` enforces both before a run starts.
+* A command-line option of the other console scripts declares its own with :func:`revgnn.cli.ranged`
+  (an argparse ``type``).
+
+What spans several values (``hidden_channels`` divisible by ``num_groups``) is no range: the class's
+``check_options`` classmethod checks it, called by its constructor and by the check before a run
+starts. This module imports nothing, so loader modules can use it without slowing ``--help`` down.
 """
 
 from __future__ import annotations

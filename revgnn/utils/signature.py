@@ -1,12 +1,15 @@
-"""Keyword arguments checked against the signature that takes them: names, types and choices.
+"""Keyword arguments checked against the signature that takes them: names, types, choices and ranges.
 
 A model forwards options it does not use itself to what does (a conv block's options, the
 :class:`~revgnn.deq.DEQ`'s); the signature of that callable is the one definition of which options
 exist, their types (annotations: ``int``, ``float``, ``bool``, ``str``, ``Optional[...]``,
-``Literal[...]`` for a choice, mappings and sequences) and defaults. :func:`check_arguments` checks a
-mapping of arguments against it before anything is built, so that ``model.hidden_channels=abc`` or
-``model.aggr=maxx`` is one message naming the key and what it must be, not an error from deep inside
-torch or PyG.
+``Literal[...]`` for a choice, mappings and sequences), their ranges
+(``Annotated[int, Range(1)]``, :class:`~revgnn.utils.ranges.Range`) and defaults.
+:func:`check_arguments` checks a mapping of arguments against it before anything is built, so that
+``model.hidden_channels=abc``, ``model.aggr=maxx`` or ``model.jac_reg_weight=-1`` is one message
+naming the key and what it must be, not an error from deep inside torch or PyG; a constructor checks
+its own arguments against the same annotations with :func:`check_call`, so the range is written
+once, on the parameter.
 
 Example:
     >>> from typing import Literal
@@ -16,6 +19,12 @@ Example:
     Traceback (most recent call last):
     ...
     ValueError: model.aggr must be one of 'max', 'mean', got 'maxx'
+    >>> def layer(channels: Annotated[int, Range(1)], p: Annotated[float, Range(0, 1, high_open=True)] = 0.0):
+    ...     check_call(layer, locals())
+    >>> layer(8, p=1.5)
+    Traceback (most recent call last):
+    ...
+    ValueError: p must be >= 0 and < 1, got 1.5
 
 This module imports nothing heavy (``revgnn.config`` may use it).
 """
@@ -40,7 +49,17 @@ from typing import (
     get_origin,
 )
 
-__all__ = ["keyword_parameters", "takes_options", "expected", "check_types", "check_arguments"]
+from revgnn.utils.ranges import Range
+
+__all__ = [
+    "keyword_parameters",
+    "takes_options",
+    "with_defaults",
+    "expected",
+    "check_types",
+    "check_arguments",
+    "check_call",
+]
 
 
 def keyword_parameters(fn: Callable, skip: Iterable[str] = ()) -> Dict[str, inspect.Parameter]:
@@ -66,24 +85,40 @@ def takes_options(fn: Callable) -> bool:
     return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(target).parameters.values())
 
 
+def with_defaults(fn: Callable, arguments: Mapping[str, Any]) -> Dict[str, Any]:
+    """``arguments`` over the defaults of ``fn``'s keyword parameters (a class: its ``__init__``):
+    the values a call with ``arguments`` sees, for a check of several keys together (a
+    ``check_options`` classmethod) made before anything is built. Keys ``fn`` does not take (the
+    options it forwards) are kept."""
+    defaults = {k: p.default for k, p in keyword_parameters(fn).items() if p.default is not p.empty}
+    return {**defaults, **arguments}
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
 def expected(value: Any, annotation: Any) -> Optional[str]:
     """What ``value`` must be for ``annotation`` when it is not (``"an int"``, ``"one of 'max',
-    'mean'"``), else :obj:`None`. Types it cannot judge (a class of the caller's, ``Any``) pass.
-    ``Annotated[str, REGISTRY]`` (a :class:`~revgnn.utils.registry.Registry`) takes the names
-    registered in it when the value is checked, e.g. ``solver: Annotated[str, SOLVERS]``."""
+    'mean'"``, ``">= 0 and < 1"``), else :obj:`None`. Types it cannot judge (a class of the
+    caller's, ``Any``) pass. ``Annotated[T, Range(...)]`` (:class:`~revgnn.utils.ranges.Range`)
+    bounds a value of type ``T``, e.g. ``dropout: Annotated[float, Range(0, 1, high_open=True)]``
+    (``Annotated[Optional[int], Range(1)]``: :obj:`None` or at least 1); ``Annotated[str,
+    REGISTRY]`` (a :class:`~revgnn.utils.registry.Registry`) takes the names registered in it when
+    the value is checked, e.g. ``solver: Annotated[str, SOLVERS]``."""
     if annotation is inspect.Parameter.empty or annotation is Any:
         return None
     origin, args = get_origin(annotation), get_args(annotation)
     if origin is Annotated:
         want = expected(value, args[0])
         for extra in args[1:]:
+            if want is None and isinstance(extra, Range) and not extra.contains(value):
+                want = extra.describe()
             if want is None and hasattr(extra, "names") and value not in extra:
                 close = difflib.get_close_matches(str(value), extra.names(), n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                notes = [f"did you mean {close[0]!r}?"] if close else []
+                notes += [extra.how_to_add] if getattr(extra, "how_to_add", "") else []
+                hint = f" ({'; '.join(notes)})" if notes else ""
                 want = f"one of the registered {extra.kind}s {', '.join(extra.names())}{hint}"
         return want
     if origin is Union:
@@ -118,12 +153,14 @@ def check_types(
     params: Mapping[str, inspect.Parameter], arguments: Mapping[str, Any], prefix: str = ""
 ) -> None:
     """Raises naming the first key of ``arguments`` whose value does not fit its parameter's
-    annotation: :class:`ValueError` for a choice outside a ``Literal``, :class:`TypeError` else."""
+    annotation (:func:`expected`): :class:`ValueError` for a choice outside a ``Literal`` or a
+    registry, or a value outside its :class:`~revgnn.utils.ranges.Range`; :class:`TypeError` else."""
     for key, value in arguments.items():
         param = params.get(key)
         want = None if param is None else expected(value, param.annotation)
         if want is not None:
-            error = ValueError if want.startswith("one of") else TypeError  # a choice, or a type
+            # a choice ("one of ...") or a range (">= 0 ...", "< 1"): the type was right, the value not
+            error = ValueError if want.startswith(("one of", ">", "<")) else TypeError
             raise error(f"{prefix}{key} must be {want}, got {value!r}")
 
 
@@ -143,3 +180,14 @@ def check_arguments(
             f"it takes {', '.join(params) or 'none'}"
         )
     check_types(params, arguments, prefix)
+
+
+def check_call(fn: Callable, arguments: Mapping[str, Any], prefix: str = "") -> None:
+    """Checks the arguments a call of ``fn`` received against ``fn``'s own annotations (types,
+    choices, ranges: :func:`check_types`), for a constructor or function to call on entry with
+    ``locals()``: ``check_call(DEQ, locals())`` at the top of ``DEQ.__init__``. Keys that are not
+    keyword parameters of ``fn`` (``self``, ``__class__``, the ``**kwargs`` mapping, which the
+    callee forwards and checks where it goes) are ignored; ``prefix`` goes before every key an
+    error names (``"anderson: "``)."""
+    params = keyword_parameters(fn)
+    check_types(params, {k: v for k, v in arguments.items() if k in params}, prefix)

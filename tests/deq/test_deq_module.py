@@ -242,7 +242,7 @@ def test_configuration_errors():
         DEQ(f, backward_solver="broyden", backward_solver_options={"m": 3})
     with pytest.raises(ValueError, match="backward"):
         DEQ(f, backward="ift")
-    with pytest.raises(ValueError, match="unknown solver"):
+    with pytest.raises(ValueError, match="solver must be one of the registered solvers anderson"):
         DEQ(f, solver="newton")
     deq = DEQ(f, solver="broyden", solver_options={"memory": 4})
     assert "broyden" in repr(deq)

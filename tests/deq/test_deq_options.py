@@ -72,7 +72,7 @@ def test_register_solver_validates_the_signature(spy):
     assert not {"a", "b", "c", "d"} & set(SOLVERS)
     with pytest.raises(ValueError, match="may not set"):
         DEQ(TanhMap(), solver_options={"tol": 1e-3})
-    with pytest.raises(ValueError, match="unknown solver .* register_solver"):
+    with pytest.raises(ValueError, match="^solver must be one of the registered solvers .* register_solver"):
         DEQ(TanhMap(), solver="newton")
 
 

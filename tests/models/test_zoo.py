@@ -245,6 +245,133 @@ def test_a_bad_model_value_is_one_line_from_the_cli(tmp_path):
         assert not (tmp_path / "run" / "last.pt").exists()
 
 
+def test_a_range_of_a_forwarded_option_is_refused_before_the_data_loads(tmp_path):
+    """Issue 34: ``model.jac_reg_weight=-1`` (a DEQ option DEQGNN forwards) passed the check before
+    start and failed after the data had loaded, in ``DEQ.__init__`` (exit status 1 and Hydra's error
+    text). Its range is on the DEQ's parameter now, which the check before start reads."""
+    run = tmp_path / "run"
+    text = run_cli(
+        "-m", "revgnn.train", "model=deq_gnn_small", "model.jac_reg_weight=-1", f"output_dir={run}", expect=2
+    ).output
+    assert text.strip() == "revgnn-train: model.jac_reg_weight must be >= 0, got -1", text
+    assert "data:" not in text and "Traceback" not in text, text  # the loop logs "data: <dataset>"
+    assert not run.exists()
+
+
+def _outside(bounds):
+    """A value of the parameter's type just outside ``bounds``."""
+    if bounds.low is not None:
+        return bounds.low if bounds.low_open else bounds.low - 1
+    return bounds.high if bounds.high_open else bounds.high + 1
+
+
+def _ranged_parameters(name):
+    """(key, Range) of every argument of the variant's class and option it forwards that declares
+    a range."""
+    from typing import Annotated, get_args, get_origin
+
+    from revgnn.models.registry import forwarded_options
+    from revgnn.utils.ranges import Range
+    from revgnn.utils.signature import keyword_parameters
+
+    info = model_info(name)
+    forwarded, _ = forwarded_options(info.cls, info.defaults)
+    params = {**(forwarded or {}), **keyword_parameters(info.cls)}
+    for key, p in params.items():
+        if get_origin(p.annotation) is Annotated:
+            for extra in get_args(p.annotation)[1:]:
+                if isinstance(extra, Range):
+                    yield key, extra
+
+
+@pytest.mark.parametrize(
+    "name", ["revgnn_small", "resgnn_small", "revgat_arxiv", "deq_gnn_small", "mlp", "revgnn_mol_small"]
+)
+def test_every_declared_range_is_checked_before_start_and_by_the_constructor(name):
+    """Every range a model's arguments or forwarded options declare is one check, with one message:
+    the check before start refuses a value outside it naming ``model.<key>``, and the registry's
+    factory and the class's constructor refuse it before any module is made."""
+    ranged = dict(_ranged_parameters(name))
+    assert ranged, name
+    if name == "deq_gnn_small":  # the DEQ's options, forwarded, are among them
+        assert {"jac_reg_weight", "tol", "max_iter", "correction_gamma"} <= set(ranged)
+    for key, bounds in ranged.items():
+        value = _outside(bounds)
+        message = f"{key} must be {bounds.describe()}, got {value!r}"
+        cfg = {"_target_": "revgnn.models.create_model", "name": name, key: value}
+        with pytest.raises(ConfigError, match="^" + re.escape("model." + message) + "$"):
+            check_model_config(cfg)
+        with pytest.raises(ValueError, match=re.escape(f"'{name}': {message}")):
+            create_model(name, **{key: value})
+        info = model_info(name)  # the class itself, without the registry's check in front
+        with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+            info.cls(**{**info.defaults, key: value})
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (
+            {"name": "revgnn_small", "hidden_channels": 63},
+            "model.hidden_channels=63 must be divisible by model.num_groups=2",
+        ),
+        (
+            {"name": "revgnn_small", "conv": "gat", "heads": 3},
+            "model.heads=3 must divide the width of a group, model.hidden_channels / model.num_groups = 32",
+        ),
+        (
+            {"name": "deq_gnn_small", "solver_options": {"m": 0}},
+            "model.solver_options.m must be >= 1, got 0",
+        ),
+        (
+            {"name": "deq_gnn_small", "solver": "broyden", "solver_options": {"m": 3}},
+            "unknown option(s) ['model.solver_options.m'] for solver 'broyden'",
+        ),
+        (
+            {"name": "deq_gnn_small", "correction_states": 21},
+            "model.correction_states=21 exceeds model.max_iter=20",
+        ),
+        (
+            {"name": "deq_gnn_small", "contraction": 0.5, "aggr": "softmax"},
+            "model.contraction needs model.aggr in ('max', 'mean')",
+        ),
+        ({"name": "revgnn_molhiv", "species_channels": 8}, "model.species_channels must be 0, got 8"),
+    ],
+)
+def test_what_spans_several_keys_is_checked_before_start(overrides, message):
+    """Constraints no single annotation states (the classes' ``check_options``) are refused by the
+    check before start too, not only once the model is built."""
+    cfg = {"_target_": "revgnn.models.create_model", **overrides}
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        check_model_config(cfg)
+    name = overrides.pop("name")
+    with pytest.raises((TypeError, ValueError), match=re.escape(message.replace("model.", ""))):
+        create_model(name, **overrides)
+
+
+def test_no_range_is_kept_apart_from_its_parameter():
+    """A range is declared on the parameter (``Annotated[T, Range(...)]``), a schema field
+    (``revgnn.config.ranged``) or a command-line option (``revgnn.cli.ranged``), never in a table
+    keyed by argument name (the former
+    ``ARGUMENT_RANGES``): every ``Range(...)`` in the package's code is inside an ``Annotated[...]``."""
+    import ast
+
+    found = []
+    for path in sorted((REPO / "revgnn").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        inside = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Subscript) and getattr(node.value, "id", None) == "Annotated":
+                inside.update(id(n) for n in ast.walk(node))
+        for node in ast.walk(tree):
+            called = isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Range"
+            if called and id(node) not in inside:
+                found.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    # ranged(): a schema field's range and an argparse option's, each built from its own arguments
+    allowed = {"revgnn/config.py", "revgnn/cli/__init__.py"}
+    assert [f for f in found if f.split(":")[0] not in allowed] == []
+
+
 def test_registration_checks_its_metadata():
     from revgnn.models import Reported, RevGNN, register_model
     from revgnn.models.registry import MODELS
