@@ -17,7 +17,8 @@ made by one function, :func:`select`, from the inputs alone:
    PyTorch;
 2. a CUDA tensor, or ``REVGNN_KERNELS=triton``: the Triton entry points where Triton is installed
    and the dtype is one of the operator's Triton dtypes (under ``REVGNN_KERNELS=triton`` a missing
-   Triton or interpreter is an error, not a fallback), else PyTorch;
+   Triton or interpreter is an error, not a fallback), else PyTorch; an operator without Triton
+   entry points (C++ only, or PyTorch only) runs its PyTorch implementation there;
 3. a CPU tensor of one of the C++ dtypes with fewer edges than the kernel's offsets can address:
    the C++ module where it built, else PyTorch.
 
@@ -123,6 +124,8 @@ register_kernel(
     "layer_norm_relu",
     {"forward": "layer_norm_relu_forward", "backward": "layer_norm_relu_backward"},
 )
+# GEN sum / mean / softmax (issue #33 b): the PyTorch implementation only, for now
+register_kernel("gen_aggr", None, {})
 
 
 def _triton(spec: KernelSpec) -> Optional[SimpleNamespace]:
@@ -168,7 +171,8 @@ def select(name: str, x: Tensor, *others: Optional[Tensor], num_edges: int = 0):
         return None
     if mode == "triton" or x.device.type == "cuda":
         module = _triton(spec) if x.dtype in spec.triton_dtypes else None
-        if mode == "triton" and (module is None or (x.device.type == "cpu" and not module.interpreted)):
+        missing = module is None or (x.device.type == "cpu" and not module.interpreted)
+        if mode == "triton" and spec.triton and missing:
             raise RuntimeError(
                 f"REVGNN_KERNELS=triton: no Triton implementation of {name!r} for {x.dtype} here; it needs "
                 "Triton (pip install triton) and, for CPU tensors, TRITON_INTERPRET=1 set before Triton "

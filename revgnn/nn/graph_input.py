@@ -22,7 +22,15 @@ from torch_geometric import EdgeIndex
 from revgnn.nn import ops
 from revgnn.utils.functional import transforms_active
 
-__all__ = ["SortedEdges", "csc", "pyg_edge_index", "sort_edges", "sparse_to_edge_index", "tracing"]
+__all__ = [
+    "SortedEdges",
+    "csc",
+    "csc_and_sources",
+    "pyg_edge_index",
+    "sort_edges",
+    "sparse_to_edge_index",
+    "tracing",
+]
 
 
 def sparse_to_edge_index(adj_t: Tensor, num_nodes: int) -> EdgeIndex:
@@ -165,3 +173,26 @@ def csc(
     (colptr, _), _ = edge_index.get_csc()
     plain = edge_index.as_tensor()
     return plain[0], plain[1], colptr, edge_attr
+
+
+def csc_and_sources(
+    edge_index: Tensor, edge_attr: Optional[Tensor], num_nodes: int
+) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor], Tensor, Tensor]:
+    """:func:`csc`'s (source, destination, CSC pointer, edge features) and the same edges in source
+    order: the pointer ``[N + 1]`` over sources and the permutation ``[E]`` that lists the
+    destination-sorted edges by source (stable: a source's edges in destination order). A kernel's
+    backward reduces each source's gradient over its segment, without atomics. An ``EdgeIndex``
+    keeps the permutation with the graph (PyG's ``get_csr`` caches it), so a model's layers sort once;
+    traced, it is recomputed per call (a sort of E int64s, no channels)."""
+    edge_index, edge_attr = sort_edges(edge_index, edge_attr, num_nodes)
+    if isinstance(edge_index, SortedEdges):
+        src, dst = edge_index.edge_index[0], edge_index.edge_index[1]
+        perm = src.argsort(stable=True)
+        nodes = torch.arange(num_nodes + 1, device=src.device, dtype=src.dtype)
+        return src, dst, edge_index.ptr, edge_attr, torch.searchsorted(src.index_select(0, perm), nodes), perm
+    (colptr, _), _ = edge_index.get_csc()
+    (rowptr, _), perm = edge_index.get_csr()
+    plain = edge_index.as_tensor()
+    if perm is None:  # sorted by both (PyG then keeps no permutation): the identity
+        perm = torch.arange(plain.size(1), device=plain.device)
+    return plain[0], plain[1], colptr, edge_attr, rowptr, perm
