@@ -124,8 +124,8 @@ register_kernel(
     "layer_norm_relu",
     {"forward": "layer_norm_relu_forward", "backward": "layer_norm_relu_backward"},
 )
-# GEN sum / mean / softmax (issue #33 b): the PyTorch implementation only, for now
-register_kernel("gen_aggr", None, {})
+# GEN sum / mean / softmax (issue #33 b): C++; no Triton implementation yet
+register_kernel("gen_aggr", "gen_aggr", {})
 
 
 def _triton(spec: KernelSpec) -> Optional[SimpleNamespace]:

@@ -4,12 +4,12 @@ through GENBlock and GroupAddRev, in every implementation; and no E x C tensor i
 
 import pytest
 import torch
-from conftest import rel_err
+from conftest import rel_err, require_kernel
 from torch_geometric import EdgeIndex
 from torch_geometric.nn import GENConv
 
 import revgnn.nn.gen_max as gen_max
-from revgnn.nn import GENBlock, GroupAddRev, LinearEdgeFeatures, ops
+from revgnn.nn import GENBlock, GroupAddRev, LinearEdgeFeatures, kernels, ops
 from revgnn.nn.gen_max import gen_aggregate
 from revgnn.utils import SavedTensorBytes
 from revgnn.utils.memory import LargestAllocation
@@ -88,7 +88,7 @@ def test_gen_block_matches_pyg_genconv(impl, small_chunks, aggr, learn_t, factor
     calls = []
     monkeypatch.setattr(ops, "_gen_aggr_torch", lambda *a, f=ops._gen_aggr_torch: calls.append(1) or f(*a))
     ours = block_grads(block, shared, x, ei_in, ea, factored, True, monkeypatch)
-    assert calls or impl == "kernel"  # the PyTorch path ran when the kernels are off
+    assert bool(calls) == (impl == "torch")  # the C++ kernel ran, or the PyTorch implementation
     theirs = block_grads(block, shared, x, ei, ea, factored, False, monkeypatch)
     assert len(ours) == len(theirs) == 3 + len(list(block.parameters())) + (2 if factored else 0)
     if learn_t:
@@ -218,6 +218,107 @@ def test_float32_within_pytorch_float32_deviation(impl, aggr, learn_t):
     for o, p, e in zip(ours32, pyg32, exact):
         bound = max(4 * (p - e).abs().max().item(), 8 * torch.finfo(torch.float32).eps * e.abs().max().item())
         assert (o - e).abs().max().item() <= bound
+
+
+@pytest.mark.parametrize("aggr", ["mean", "softmax"])
+def test_kernel_threads_are_deterministic(aggr):
+    """The C++ kernel's forward and backward are bitwise independent of the thread count: forward
+    is parallel over destinations, backward over fixed blocks of sources (each source's gradient
+    row one segment sum), the parameter gradients summed block by block in order."""
+    require_kernel("gen_aggr")
+    n, c = 3000, 24
+    g = torch.Generator().manual_seed(0)
+    ei = torch.randint(0, n, (2, 60_000), generator=g)
+    raw = torch.rand(60_000, 8, generator=g)
+    lin = torch.nn.Linear(8, c)
+    x = torch.randn(n, c, generator=g)
+    t = torch.tensor([1.3], requires_grad=True) if aggr == "softmax" else None
+    wanted = [lin.weight, lin.bias] + ([t] if t is not None else [])
+    results = []
+    threads = torch.get_num_threads()
+    try:
+        for k in (1, 2, 2, 4):
+            torch.set_num_threads(k)
+            xx, rr = x.clone().requires_grad_(), raw.clone().requires_grad_()
+            out = gen_aggregate(xx, ei, LinearEdgeFeatures.from_linear(rr, lin), reduce=aggr, t=t)
+            results.append((out, *torch.autograd.grad(out, [xx, rr, *wanted], torch.ones_like(out))))
+    finally:
+        torch.set_num_threads(threads)
+    for other in results[1:]:
+        for u, v in zip(results[0], other):
+            assert torch.equal(u, v)
+
+
+def test_kernel_refuses_bad_indices():
+    """Node ids out of range, or a source ordering that does not match the edges, are errors rather
+    than reads and writes outside the tensors."""
+    require_kernel("gen_aggr")
+    kernel = kernels.load("gen_aggr")
+    x, ptr = torch.randn(3, 2), torch.tensor([0, 1, 2, 2])
+    src, dst = torch.tensor([1, 0]), torch.tensor([0, 1])
+    with pytest.raises(RuntimeError, match="src holds values outside"):
+        kernel.forward(x, ptr, torch.tensor([1, 3]), None, None, None, None, 1e-7, "sum")
+    with pytest.raises(RuntimeError, match="ptr must rise"):
+        kernel.forward(x, torch.tensor([0, 2, 1, 2]), src, None, None, None, None, 1e-7, "sum")
+    with pytest.raises(RuntimeError, match="reduce must be"):
+        kernel.forward(x, ptr, src, None, None, None, None, 1e-7, "max")
+    out, top, denom = kernel.forward(x, ptr, src, None, None, None, None, 1e-7, "sum")
+    args = (out, top, denom, x, ptr, src, dst)
+    good_sptr, good_perm = torch.tensor([0, 1, 2, 2]), torch.tensor([1, 0])
+    gx = kernel.backward(
+        out,
+        *args,
+        good_sptr,
+        good_perm,
+        None,
+        None,
+        None,
+        None,
+        1e-7,
+        "sum",
+        True,
+        False,
+        False,
+        False,
+        False,
+    )[0]
+    assert torch.equal(gx, torch.stack([out[1], out[0], torch.zeros(2)]) * (x > 0))  # grad = out here
+    with pytest.raises(RuntimeError, match="do not list the edges by their source"):
+        kernel.backward(
+            out,
+            *args,
+            good_sptr,
+            torch.tensor([0, 1]),
+            None,
+            None,
+            None,
+            None,
+            1e-7,
+            "sum",
+            True,
+            False,
+            False,
+            False,
+            False,
+        )
+    with pytest.raises(RuntimeError, match="src_perm holds values outside"):
+        kernel.backward(
+            out,
+            *args,
+            good_sptr,
+            torch.tensor([0, 2]),
+            None,
+            None,
+            None,
+            None,
+            1e-7,
+            "sum",
+            True,
+            False,
+            False,
+            False,
+            False,
+        )
 
 
 # ------------------------------------------------------------------ no E x C tensor (issue #33)
