@@ -12,7 +12,7 @@ from revgnn.utils.registry import UnknownName
 
 
 def test_unknown_operator_is_an_error_naming_the_closest():
-    with pytest.raises(UnknownName, match=r"unknown kernel 'gen_maxx' \(did you mean 'gen_max'\?\)"):
+    with pytest.raises(UnknownName, match=r"unknown kernel 'gen_maxx' \(did you mean 'gen_max'"):
         dispatch.select("gen_maxx", torch.zeros(2, 2))
 
 
