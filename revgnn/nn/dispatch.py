@@ -17,8 +17,7 @@ made by one function, :func:`select`, from the inputs alone:
    PyTorch;
 2. a CUDA tensor, or ``REVGNN_KERNELS=triton``: the Triton entry points where Triton is installed
    and the dtype is one of the operator's Triton dtypes (under ``REVGNN_KERNELS=triton`` a missing
-   Triton or interpreter is an error, not a fallback), else PyTorch; an operator without Triton
-   entry points (C++ only, or PyTorch only) runs its PyTorch implementation there;
+   Triton or interpreter is an error, not a fallback), else PyTorch;
 3. a CPU tensor of one of the C++ dtypes with fewer edges than the kernel's offsets can address:
    the C++ module where it built, else PyTorch.
 
@@ -124,8 +123,12 @@ register_kernel(
     "layer_norm_relu",
     {"forward": "layer_norm_relu_forward", "backward": "layer_norm_relu_backward"},
 )
-# GEN sum / mean / softmax (issue #33 b): C++; no Triton implementation yet
-register_kernel("gen_aggr", "gen_aggr", {})
+register_kernel(
+    "gen_aggr",
+    "gen_aggr",
+    {"forward": "gen_aggr_forward", "backward": "gen_aggr_backward"},
+    triton_dtypes=_FLOATS,  # no bfloat16: the softmax's saved maximum and denominator are x's dtype
+)
 
 
 def _triton(spec: KernelSpec) -> Optional[SimpleNamespace]:
@@ -171,8 +174,7 @@ def select(name: str, x: Tensor, *others: Optional[Tensor], num_edges: int = 0):
         return None
     if mode == "triton" or x.device.type == "cuda":
         module = _triton(spec) if x.dtype in spec.triton_dtypes else None
-        missing = module is None or (x.device.type == "cpu" and not module.interpreted)
-        if mode == "triton" and spec.triton and missing:
+        if mode == "triton" and (module is None or (x.device.type == "cpu" and not module.interpreted)):
             raise RuntimeError(
                 f"REVGNN_KERNELS=triton: no Triton implementation of {name!r} for {x.dtype} here; it needs "
                 "Triton (pip install triton) and, for CPU tensors, TRITON_INTERPRET=1 set before Triton "
