@@ -469,8 +469,8 @@ def _gen_aggr_torch(x, ptr, src, dst, attr, weight, bias, t, eps, reduce):
         if reduce == "mean":
             out = out / ptr.diff().clamp_min(1).view(-1, 1).to(out.dtype)
         return out, _empty(x), _empty(x)
-    # softmax: the per-channel maximum of t * m first (two passes over the edges: chunks of one
-    # node may lie in two chunks, so an online rescaling per chunk would need a second buffer)
+    # softmax: the per-channel maximum of t * m first, then the sums (two passes over the edges: with
+    # PyTorch ops an online rescaling would rescale the whole [N, C] accumulators once per chunk)
     top = x.new_full((n, c), float("-inf"))
     for lo, hi in _gen_chunks(src.numel()):
         s = (_gen_pre(x, src, attr, weight, bias, lo, hi).relu_() + eps) * t
