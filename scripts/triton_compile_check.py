@@ -45,6 +45,9 @@ def record_launches(tk, dtypes, channels, smoke=False):
         n, e, d = 20, 100, 8
         ptr = torch.linspace(0, e, n + 1).long()
         src = torch.randint(0, n, (e,))
+        dst = torch.repeat_interleave(torch.arange(n), ptr.diff(), output_size=e)
+        sperm = torch.sort(src, stable=True)[1]
+        sptr = torch.searchsorted(src[sperm], torch.arange(n + 1))
         for dt in dtypes:
             for c in channels:
                 x = torch.randn(n, c).to(dt)
@@ -62,6 +65,16 @@ def record_launches(tk, dtypes, channels, smoke=False):
                     for tied in (torch.ones(n, dtype=torch.uint8), torch.zeros(n, dtype=torch.uint8)):
                         for flags in all_flags:
                             tk.gen_max_backward(grad, arg, tied, x, ptr, src, attr, w, bb, *flags)
+                    if dt == torch.bfloat16:  # GEN sum / mean / softmax: float32 and float64 only
+                        continue
+                    temp = torch.ones(1, dtype=dt)
+                    for reduce in ("mean", "softmax") if smoke else ("sum", "mean", "softmax"):
+                        saved = tk.gen_aggr_forward(x, ptr, src, attr, w, bb, temp, 1e-7, reduce)
+                        for flags in all_flags:
+                            tk.gen_aggr_backward(
+                                grad, *saved, x, ptr, src, dst, sptr, sperm, attr, w, bb, temp, 1e-7, reduce,
+                                *flags, flags[0],
+                            )  # fmt: skip
                 xl = torch.randn(n, 2 * c).to(dt)[:, :c]
                 wl, bl = torch.randn(c).to(dt), torch.randn(c).to(dt)
                 stats = torch.zeros(n, dtype=torch.float64 if dt == torch.float64 else torch.float32)

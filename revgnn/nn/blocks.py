@@ -133,7 +133,10 @@ class GENBlock(PreActBlock):
     cheaper on proteins). Max aggregation runs through
     :func:`~revgnn.nn.gen_max.gen_max_aggregate`, whose C++ kernel then never
     forms the :math:`E \times C` edge encoding or messages at all (the PyTorch
-    fallback keeps one :math:`E \times C` tensor); pass a destination-sorted
+    fallback keeps one :math:`E \times C` tensor); sum, mean and softmax (learnable
+    temperature or not) through :func:`~revgnn.nn.gen_max.gen_aggregate`, which forms no
+    :math:`E \times C` tensor in any implementation (its PyTorch one streams the edges in
+    chunks); powermean runs PyG's ``GENConv``, which forms the messages. Pass a destination-sorted
     :class:`torch_geometric.EdgeIndex` to avoid sorting edges in every call.
     With ``channels=40, edge_channels=80`` and LayerNorm this is exactly 10,000
     parameters, one group of RevGNN-Deep.

@@ -30,7 +30,7 @@ Example:
     >>> kernel_spec("gen_maxx")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    revgnn.utils.registry.UnknownName: unknown kernel 'gen_maxx' (did you mean 'gen_max'...?); ...
+    revgnn.utils.registry.UnknownName: unknown kernel 'gen_maxx' (did you mean 'gen_max'...
 """
 
 from __future__ import annotations
@@ -135,6 +135,12 @@ register_kernel(
     "segment_max",
     {"forward": "segment_max_forward", "backward": "segment_max_backward"},
     triton_dtypes=_FLOATS,
+)
+register_kernel(
+    "gen_aggr",
+    "gen_aggr",
+    {"forward": "gen_aggr_forward", "backward": "gen_aggr_backward"},
+    triton_dtypes=_FLOATS,  # no bfloat16: the softmax's saved maximum and denominator are x's dtype
 )
 
 

@@ -333,4 +333,6 @@ def segments(edge_index, num_nodes: int) -> Segments:
         (ptr, _), _ = edge_index.get_csc()
         src, dst = edge_index.as_tensor()
         (sptr, sdst), sperm = edge_index.get_csr()
+        if sperm is None:  # sorted by both (PyG then keeps no permutation): the identity
+            sperm = torch.arange(src.numel(), device=src.device)
     return Segments(*(t.long().contiguous() for t in (src, dst, ptr, sptr, sdst, sperm)))

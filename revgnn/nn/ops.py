@@ -6,6 +6,12 @@ and autograd see them as single ops.
   with the winning edge per (node, channel) and a per-node tie flag
   (:mod:`revgnn.nn.gen_max`); ``torch.ops.revgnn.gen_max_backward``: its gradients from the winners,
   :math:`O(NCd)` rather than :math:`O(EC)`;
+* ``torch.ops.revgnn.gen_aggr``: GENConv's sum, mean and softmax (temperature :math:`t`)
+  aggregations of :math:`\mathrm{ReLU}(\mathbf{x}_j + \mathbf{e}_{ji}) + \epsilon`
+  (:mod:`revgnn.nn.gen_max`), keeping only per-node values for backward (the softmax's maximum and
+  denominator); ``torch.ops.revgnn.gen_aggr_backward``: its gradients, every per-edge quantity
+  recomputed. Its PyTorch implementation streams the edges in chunks of
+  :data:`CHUNK_EDGES`, so no :math:`E \times C` tensor exists there either;
 * ``torch.ops.revgnn.layer_norm_relu``: :math:`\mathrm{ReLU}(\mathrm{LayerNorm}(\mathbf{X})) \odot
   \mathbf{M}` with the row means and inverse deviations (:mod:`revgnn.nn.norm_act`);
   ``torch.ops.revgnn.layer_norm_relu_backward``: its gradients;
@@ -48,6 +54,8 @@ from torch import Tensor
 from revgnn.nn.dispatch import select
 
 __all__ = [
+    "gen_aggr",
+    "gen_aggr_backward",
     "gen_max",
     "gen_max_backward",
     "layer_norm_relu",
@@ -82,6 +90,18 @@ def check_segments(ptr: Tensor, src: Tensor, rows: int, arg: Optional[Tensor] = 
         degree = ptr.diff().view(-1, 1)
         if bool(((arg < -1) | (arg >= degree)).any()):
             raise ValueError("revgnn operators: arg must hold winner offsets from forward")
+
+
+#: Edges per chunk in the PyTorch implementations of the aggregations (:func:`aggregate`,
+#: :func:`segment_max`, :func:`gen_aggr`): their largest temporary is ``CHUNK_EDGES x C`` (16 MiB at
+#: 64 float32 channels), never :math:`E \times C`, whatever the graph.
+CHUNK_EDGES = 2**16
+
+
+def _edge_chunks(num_edges: int):
+    """Consecutive slices of at most :data:`CHUNK_EDGES` edges covering ``range(num_edges)`` (the
+    module's value read per call: tests shrink it)."""
+    return (slice(s, min(s + CHUNK_EDGES, num_edges)) for s in range(0, num_edges, CHUNK_EDGES))
 
 
 def _empty(like: Tensor) -> Tensor:
@@ -454,15 +474,6 @@ def _(grad, arg, tied, x, ptr, src, attr, weight, bias, need_attr, need_w, need_
 
 # ------------------------------------------------- linear aggregations and SAGE max (#33 a)
 
-#: Edges per chunk in the PyTorch implementations of :func:`aggregate` and :func:`segment_max`: their
-#: largest temporary is ``CHUNK_EDGES x C`` (16 MiB at 64 float32 channels), never :math:`E \times C`.
-CHUNK_EDGES = 2**16
-
-
-def _edge_chunks(num_edges: int):
-    """Consecutive slices of at most :data:`CHUNK_EDGES` edges covering ``range(num_edges)``."""
-    return (slice(s, s + CHUNK_EDGES) for s in range(0, num_edges, CHUNK_EDGES))
-
 
 def _check_graph(name: str, x: Tensor, ptr: Tensor, src: Tensor, weight: Optional[Tensor]) -> None:
     if x.dim() != 2 or ptr.dim() != 1 or src.dim() != 1:
@@ -681,3 +692,241 @@ def _segment_max_grad(ctx, grad_out, _grad_count):
 
 
 segment_max.register_autograd(_segment_max_grad, setup_context=_segment_max_setup)
+
+
+# ---- GEN sum / mean / softmax (issue #33, part b)
+
+_GEN_REDUCES = ("sum", "mean", "softmax")
+#: What PyG's ``softmax`` adds to every denominator (``torch_geometric.utils.softmax``).
+_SOFTMAX_DENOMINATOR_FLOOR = 1e-16
+
+
+def _check_gen_aggr(x: Tensor, ptr: Tensor, src: Tensor, dst: Tensor, t: Optional[Tensor], reduce: str):
+    if reduce not in _GEN_REDUCES:
+        raise ValueError(f"revgnn.gen_aggr: reduce must be one of {_GEN_REDUCES}, got {reduce!r}")
+    if reduce == "softmax" and (t is None or t.numel() != 1):
+        raise ValueError("revgnn.gen_aggr: softmax takes its temperature t as a one-element tensor")
+    if x.dim() != 2 or ptr.dim() != 1 or src.shape != dst.shape or src.dim() != 1:
+        raise ValueError(
+            f"revgnn.gen_aggr: x [N, C], ptr [N + 1], src and dst [E], got x {list(x.shape)}, "
+            f"ptr {list(ptr.shape)}, src {list(src.shape)}, dst {list(dst.shape)}"
+        )
+
+
+def _gen_pre(x, src, attr, weight, bias, lo, hi):
+    """The pre-activations ``x[src] + e`` of edges ``lo:hi``."""
+    return _messages(x, src[lo:hi], attr[lo:hi] if attr is not None else None, weight, bias)
+
+
+def _gen_aggr_torch(x, ptr, src, dst, attr, weight, bias, t, eps, reduce):
+    n, c = ptr.numel() - 1, x.size(1)
+    out = x.new_zeros(n, c)
+    if reduce != "softmax":
+        for part in _edge_chunks(src.numel()):
+            lo, hi = part.start, part.stop
+            m = _gen_pre(x, src, attr, weight, bias, lo, hi).relu_() + eps
+            out.index_add_(0, dst[lo:hi], m)
+        if reduce == "mean":
+            out = out / ptr.diff().clamp_min(1).view(-1, 1).to(out.dtype)
+        return out, _empty(x), _empty(x)
+    # softmax: the per-channel maximum of t * m first, then the sums (two passes over the edges: with
+    # PyTorch ops an online rescaling would rescale the whole [N, C] accumulators once per chunk)
+    top = x.new_full((n, c), float("-inf"))
+    for part in _edge_chunks(src.numel()):
+        lo, hi = part.start, part.stop
+        s = (_gen_pre(x, src, attr, weight, bias, lo, hi).relu_() + eps) * t
+        top.scatter_reduce_(0, dst[lo:hi].view(-1, 1).expand_as(s), s, "amax")
+    denom = x.new_zeros(n, c)
+    for part in _edge_chunks(src.numel()):
+        lo, hi = part.start, part.stop
+        m = _gen_pre(x, src, attr, weight, bias, lo, hi).relu_() + eps
+        d = dst[lo:hi]
+        p = (m * t - top.index_select(0, d)).exp_()
+        denom.index_add_(0, d, p)
+        out.index_add_(0, d, p.mul_(m))
+    denom += _SOFTMAX_DENOMINATOR_FLOOR
+    return out.div_(denom), top, denom
+
+
+def _gen_aggr_backward_torch(
+    grad,
+    out,
+    top,
+    denom,
+    x,
+    ptr,
+    src,
+    dst,
+    attr,
+    weight,
+    bias,
+    t,
+    eps,
+    reduce,
+    need_x,
+    need_attr,
+    need_w,
+    need_b,
+    need_t,
+):
+    """Streams the edges in chunks as forward does, recomputing each edge's message (and softmax
+    weight) from the saved per-node values: the largest temporary is a chunk's."""
+    factored = attr is not None and weight is not None
+    gx = torch.zeros_like(x) if need_x else None
+    ga = torch.zeros_like(attr) if need_attr and attr is not None else None
+    gw = torch.zeros_like(weight) if need_w and factored else None
+    gb = torch.zeros_like(bias) if need_b and factored and bias is not None else None
+    gt = torch.zeros_like(t) if need_t and reduce == "softmax" else None
+    scale = 1.0 / ptr.diff().clamp_min(1).to(x.dtype) if reduce == "mean" else None
+    for part in _edge_chunks(src.numel()):
+        lo, hi = part.start, part.stop
+        d = dst[lo:hi]
+        pre = _gen_pre(x, src, attr, weight, bias, lo, hi)
+        g = grad.index_select(0, d)
+        if reduce == "mean":
+            g = g * scale.index_select(0, d).view(-1, 1)
+        elif reduce == "softmax":
+            m = pre.relu() + eps
+            # alpha (1 + t (m - o)): d o / d m; the gradient of t is sum g alpha m (m - o), written
+            # as g alpha (m - o)^2 (equal since sum_j alpha_j (m_j - o) = 0), free of that cancellation
+            alpha = (m * t - top.index_select(0, d)).exp_().div_(denom.index_select(0, d))
+            centred = m.sub_(out.index_select(0, d))
+            g = g * alpha
+            if gt is not None:
+                gt += (g * centred * centred).sum()
+            g = g.mul_(centred.mul_(t).add_(1.0))
+        g = torch.where(pre > 0, g, 0.0)  # ReLU's backward (NaN pre-activations pass nothing)
+        if gx is not None:
+            gx.index_add_(0, src[lo:hi], g)
+        if ga is not None:
+            ga[lo:hi] = g @ weight if factored else g
+        if gw is not None:
+            gw += g.t() @ attr[lo:hi]
+        if gb is not None:
+            gb += g.sum(0)
+    return gx, ga, gw, gb, gt
+
+
+@torch.library.custom_op("revgnn::gen_aggr", mutates_args=())
+def gen_aggr(
+    x: Tensor,
+    ptr: Tensor,
+    src: Tensor,
+    dst: Tensor,
+    src_ptr: Tensor,
+    src_perm: Tensor,
+    attr: Optional[Tensor],
+    weight: Optional[Tensor],
+    bias: Optional[Tensor],
+    t: Optional[Tensor],
+    eps: float,
+    reduce: str,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    r"""``(out, top, denom)``: GENConv's aggregation of the messages
+    :math:`m_{jic} = \mathrm{ReLU}(x_{jc} + e_{jic}) + \epsilon` per destination ``i`` over
+    destination-sorted edges (``ptr`` ``[N + 1]`` over destinations, ``src``/``dst`` ``[E]``;
+    ``src_ptr`` ``[N + 1]`` and ``src_perm`` ``[E]`` the same edges in source order, which the
+    kernels' backward reduces over): ``reduce`` is ``"sum"`` (:math:`\sum_j m_{jic}`), ``"mean"``
+    or ``"softmax"`` (:math:`\sum_j \alpha_{jic} m_{jic}` with :math:`\alpha_{jic} =
+    \mathrm{softmax}_j(t\,m_{jic})`, ``t`` a one-element tensor), 0 for nodes without in-edges. The
+    edge term is absent, ``attr`` ``[E, C]``, or ``attr @ weight.T + bias`` with ``attr`` the raw
+    ``[E, d]`` features (never expanded). For softmax ``top`` and ``denom`` ``[N, C]`` are the
+    per-channel maximum of :math:`t\,m` and the softmax denominator, which backward recomputes the
+    weights from (empty for sum and mean): nothing edge-sized is kept."""
+    _check_gen_aggr(x, ptr, src, dst, t, reduce)
+    kernel = select("gen_aggr", x, attr, weight, bias, t, num_edges=src.numel())
+    if kernel is not None:
+        wt = weight.t().contiguous() if weight is not None else None
+        return tuple(kernel.forward(x, ptr, src, attr, wt, bias, t, eps, reduce))
+    with _in_dtype(x):
+        return _gen_aggr_torch(x, ptr, src, dst, attr, weight, bias, t, eps, reduce)
+
+
+@gen_aggr.register_fake
+def _(x, ptr, src, dst, src_ptr, src_perm, attr, weight, bias, t, eps, reduce):
+    n, c = ptr.size(0) - 1, x.size(1)
+    saved = (n, c) if reduce == "softmax" else (0,)
+    return x.new_empty(n, c), x.new_empty(saved), x.new_empty(saved)
+
+
+@torch.library.custom_op("revgnn::gen_aggr_backward", mutates_args=())
+def gen_aggr_backward(
+    grad: Tensor,
+    out: Tensor,
+    top: Tensor,
+    denom: Tensor,
+    x: Tensor,
+    ptr: Tensor,
+    src: Tensor,
+    dst: Tensor,
+    src_ptr: Tensor,
+    src_perm: Tensor,
+    attr: Optional[Tensor],
+    weight: Optional[Tensor],
+    bias: Optional[Tensor],
+    t: Optional[Tensor],
+    eps: float,
+    reduce: str,
+    need_x: bool,
+    need_attr: bool,
+    need_w: bool,
+    need_b: bool,
+    need_t: bool,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The gradients of :func:`gen_aggr`'s ``out`` for ``x``, ``attr``, ``weight``, ``bias`` and
+    ``t`` (an empty tensor where not asked for, or where that input is absent)."""
+    kernel = select("gen_aggr", x, attr, weight, bias, t, num_edges=src.numel())
+    if kernel is not None:
+        wt = weight.t().contiguous() if weight is not None else None
+        grads = kernel.backward(
+            grad, out, top, denom, x, ptr, src, dst, src_ptr, src_perm, attr, wt, bias, t, eps, reduce,
+            need_x, need_attr, need_w, need_b, need_t,
+        )  # fmt: skip
+    else:
+        with _in_dtype(x):
+            grads = _gen_aggr_backward_torch(
+                grad, out, top, denom, x, ptr, src, dst, attr, weight, bias, t, eps, reduce,
+                need_x, need_attr, need_w, need_b, need_t,
+            )  # fmt: skip
+    return tuple(_or_empty(g, x) for g in grads)
+
+
+@gen_aggr_backward.register_fake
+def _(grad, out, top, denom, x, ptr, src, dst, src_ptr, src_perm, attr, weight, bias, t, eps, reduce,
+      need_x, need_attr, need_w, need_b, need_t):  # fmt: skip
+    grads = _fake_grads(x, attr, weight, bias, need_x, need_attr, need_w, need_b)
+    gt = torch.empty_like(t) if need_t and t is not None and reduce == "softmax" else x.new_empty(0)
+    return (*grads, gt)
+
+
+def _gen_aggr_setup(ctx, inputs, output):
+    x, ptr, src, dst, src_ptr, src_perm, attr, weight, bias, t, eps, reduce = inputs
+    ctx.eps, ctx.reduce = eps, reduce
+    ctx.save_for_backward(x, ptr, src, dst, src_ptr, src_perm, attr, weight, bias, t, *output)
+
+
+def _gen_aggr_grad(ctx, grad_out, _grad_top, _grad_denom):
+    x, ptr, src, dst, src_ptr, src_perm, attr, weight, bias, t, out, top, denom = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    need_x, need_attr, need_w, need_b, need_t = need[0], need[6], need[7], need[8], need[9]
+    gx, ga, gw, gb, gt = gen_aggr_backward(
+        grad_out.contiguous(), out, top, denom, x, ptr, src, dst, src_ptr, src_perm, attr, weight, bias, t,
+        ctx.eps, ctx.reduce, need_x, need_attr, need_w, need_b, need_t,
+    )  # fmt: skip
+    return (
+        gx if need_x else None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        ga if need_attr and attr is not None else None,
+        gw if need_w and weight is not None and attr is not None else None,
+        gb if need_b and bias is not None and weight is not None and attr is not None else None,
+        gt if need_t and t is not None and ctx.reduce == "softmax" else None,
+        None,
+        None,
+    )
+
+
+gen_aggr.register_autograd(_gen_aggr_grad, setup_context=_gen_aggr_setup)

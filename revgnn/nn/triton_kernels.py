@@ -58,6 +58,16 @@ problem's size only, so repeated runs are bitwise equal):
 number of rows, the destinations are ``ptr.numel() - 1``, no :math:`\epsilon`, plus ``count``
 ``[N, C]``: the edges reaching a positive maximum (1 at an untied node's winner, 0 elsewhere).
 
+**GEN sum / mean / softmax** (:func:`gen_aggr_forward`, :func:`gen_aggr_backward`: the C++
+``gen_aggr`` entry points, float32 and float64): one program per destination walks its segment in
+tiles of ``BE`` edges, summing the messages (mean: divided by the degree) or, for the softmax,
+keeping per channel a running maximum, denominator and numerator rescaled per tile; forward
+stores the maximum and the denominator ``[N, C]``. Backward recomputes each message and softmax
+weight: ``grad_x`` as a gather over the edges in source order (the operator's ``src_ptr``,
+``src_perm``), the edge-feature gradient per edge, and ``grad_W``, ``grad_b`` and the temperature's
+gradient as partial sums per fixed block of ``NODE_BLOCK`` destinations, added in order. No tensor
+of ``E x C`` elements.
+
 **LayerNorm + ReLU (+ mask)** (:func:`layer_norm_relu_forward`, :func:`layer_norm_relu_backward`):
 
 .. math::
@@ -106,6 +116,8 @@ except ImportError:  # pragma: no cover - exercised where Triton is not installe
 __all__ = [
     "AVAILABLE",
     "INTERPRETED",
+    "gen_aggr_forward",
+    "gen_aggr_backward",
     "gen_max_forward",
     "gen_max_backward",
     "gen_max_shard_forward",
@@ -461,6 +473,173 @@ if AVAILABLE:
             tl.store(gw_ptr + blk * C + c, gw, mask=cm)
         if NEED_B:
             tl.store(gb_ptr + blk * C + c, gb, mask=cm)
+
+    # ---- GEN sum / mean / softmax (issue #33 b)
+
+    @triton.jit
+    def _gen_aggr_fwd_kernel(
+        x_ptr, ptr_ptr, src_ptr, attr_ptr, wt_ptr, bias_ptr, t_ptr, eps_ptr,
+        out_ptr, top_ptr, den_ptr, C, d,
+        MODE: tl.constexpr, HAS_BIAS: tl.constexpr, REDUCE: tl.constexpr, ACC: tl.constexpr,
+        BE: tl.constexpr, BC: tl.constexpr,
+    ):  # fmt: skip
+        """One destination node: sum, mean or online softmax (running maximum, denominator and
+        numerator, rescaled per tile of BE edges) of its messages."""
+        i = tl.program_id(0).to(tl.int64)
+        e0 = tl.load(ptr_ptr + i)
+        e1 = tl.load(ptr_ptr + i + 1)
+        c = tl.arange(0, BC)
+        cm = c < C
+        eps = tl.load(eps_ptr).to(ACC)
+        temp = tl.load(t_ptr).to(ACC)
+        acc = tl.zeros([BC], ACC)
+        mx = tl.full([BC], float("-inf"), ACC)
+        dn = tl.zeros([BC], ACC)
+        for s in range(e0, e1, BE):
+            e = s + tl.arange(0, BE)
+            em = e < e1
+            m2 = em[:, None] & cm[None, :]
+            row = tl.load(src_ptr + e, mask=em, other=0)
+            pre = _message(x_ptr, row, e, m2, c, C, d, attr_ptr, wt_ptr, bias_ptr, MODE, HAS_BIAS, ACC)
+            m = tl.where(pre < 0, 0.0, pre) + eps  # NaN passes, as torch.relu
+            if REDUCE == 2:
+                sc = tl.where(m2, m * temp, float("-inf"))
+                hi = tl.maximum(mx, tl.max(sc, axis=0))
+                ref = tl.where(hi == float("-inf"), 0.0, hi)  # masked lanes: no -inf - -inf
+                rescale = tl.exp(mx - ref)
+                p = tl.where(m2, tl.exp(sc - ref[None, :]), 0.0)
+                dn = dn * rescale + tl.sum(p, axis=0)
+                acc = acc * rescale + tl.sum(p * m, axis=0)
+                mx = hi
+            else:
+                acc += tl.sum(tl.where(m2, m, 0.0), axis=0)
+        if REDUCE == 2:
+            dn = dn + 1e-16  # PyG's softmax floor
+            tl.store(top_ptr + i * C + c, mx.to(top_ptr.dtype.element_ty), mask=cm)
+            tl.store(den_ptr + i * C + c, dn.to(den_ptr.dtype.element_ty), mask=cm)
+            o = acc / dn
+        elif REDUCE == 1:
+            o = acc / tl.maximum(e1 - e0, 1).to(ACC)
+        else:
+            o = acc
+        tl.store(out_ptr + i * C + c, o.to(out_ptr.dtype.element_ty), mask=cm)
+
+    @triton.jit
+    def _gen_aggr_edge_grad(
+        grad_ptr, out_ptr, top_ptr, den_ptr, ptr_ptr, x_ptr, row, e, i, em, m2, c, C, d,
+        attr_ptr, wt_ptr, bias_ptr, eps, temp,
+        MODE: tl.constexpr, HAS_BIAS: tl.constexpr, REDUCE: tl.constexpr, ACC: tl.constexpr,
+    ):  # fmt: skip
+        """Per edge and channel [BE, BC]: the gradient of the pre-activation and the temperature's
+        term g a (m - o)^2 (zero but for softmax)."""
+        pre = _message(x_ptr, row, e, m2, c, C, d, attr_ptr, wt_ptr, bias_ptr, MODE, HAS_BIAS, ACC)
+        at = i[:, None] * C + c[None, :]
+        g = tl.load(grad_ptr + at, mask=m2, other=0.0).to(ACC)
+        tg = tl.zeros_like(g)
+        if REDUCE == 2:
+            m = tl.where(pre < 0, 0.0, pre) + eps
+            mi = tl.load(top_ptr + at, mask=m2, other=0.0).to(ACC)
+            di = tl.load(den_ptr + at, mask=m2, other=1.0).to(ACC)
+            oi = tl.load(out_ptr + at, mask=m2, other=0.0).to(ACC)
+            ga = tl.where(m2, g * (tl.exp(temp * m - mi) / di), 0.0)
+            centred = m - oi
+            tg = ga * centred * centred
+            g = ga * (1.0 + temp * centred)
+        elif REDUCE == 1:
+            deg = tl.load(ptr_ptr + i + 1, mask=em, other=1) - tl.load(ptr_ptr + i, mask=em, other=0)
+            g = g / tl.maximum(deg, 1).to(ACC)[:, None]
+        return tl.where(m2 & (pre > 0), g, 0.0), tg
+
+    @triton.jit
+    def _gen_aggr_src_kernel(
+        grad_ptr, out_ptr, top_ptr, den_ptr, x_ptr, ptr_ptr, sptr_ptr, sperm_ptr, dst_ptr,
+        attr_ptr, wt_ptr, bias_ptr, t_ptr, eps_ptr, gx_ptr, C, d,
+        MODE: tl.constexpr, HAS_BIAS: tl.constexpr, REDUCE: tl.constexpr, ACC: tl.constexpr,
+        BE: tl.constexpr, BC: tl.constexpr,
+    ):  # fmt: skip
+        """grad_x of source row j: a gather over j's out-edges (source order, fixed)."""
+        j = tl.program_id(0).to(tl.int64)
+        o0 = tl.load(sptr_ptr + j)
+        o1 = tl.load(sptr_ptr + j + 1)
+        c = tl.arange(0, BC)
+        cm = c < C
+        eps = tl.load(eps_ptr).to(ACC)
+        temp = tl.load(t_ptr).to(ACC)
+        acc = tl.zeros([BC], ACC)
+        for s in range(o0, o1, BE):
+            o = s + tl.arange(0, BE)
+            om = o < o1
+            m2 = om[:, None] & cm[None, :]
+            e = tl.load(sperm_ptr + o, mask=om, other=0).to(tl.int64)
+            i = tl.load(dst_ptr + e, mask=om, other=0).to(tl.int64)
+            row = tl.zeros_like(e) + j
+            gp, _ = _gen_aggr_edge_grad(
+                grad_ptr, out_ptr, top_ptr, den_ptr, ptr_ptr, x_ptr, row, e, i, om, m2, c, C, d,
+                attr_ptr, wt_ptr, bias_ptr, eps, temp, MODE, HAS_BIAS, REDUCE, ACC,
+            )  # fmt: skip
+            acc += tl.sum(gp, axis=0)
+        tl.store(gx_ptr + j * C + c, acc.to(gx_ptr.dtype.element_ty), mask=cm)
+
+    @triton.jit
+    def _gen_aggr_dst_kernel(
+        grad_ptr, out_ptr, top_ptr, den_ptr, x_ptr, ptr_ptr, src_ptr, attr_ptr, wt_ptr, bias_ptr,
+        t_ptr, eps_ptr, ga_ptr, gw_ptr, gb_ptr, gt_ptr, N, C, d,
+        MODE: tl.constexpr, HAS_BIAS: tl.constexpr, REDUCE: tl.constexpr,
+        NEED_A: tl.constexpr, NEED_W: tl.constexpr, NEED_B: tl.constexpr, NEED_T: tl.constexpr,
+        ACC: tl.constexpr, NB: tl.constexpr, BE: tl.constexpr, BC: tl.constexpr, BD: tl.constexpr,
+    ):  # fmt: skip
+        """Per block of NB destination nodes: the edge-feature gradient of their edges and the
+        block's partial sums of grad_W [C, d], grad_b [C] and the temperature's terms [C]."""
+        blk = tl.program_id(0).to(tl.int64)
+        c = tl.arange(0, BC)
+        cm = c < C
+        kk = tl.arange(0, BD)
+        km = kk < d
+        eps = tl.load(eps_ptr).to(ACC)
+        temp = tl.load(t_ptr).to(ACC)
+        gw = tl.zeros([BC, BD], ACC)
+        gb = tl.zeros([BC], ACC)
+        gt = tl.zeros([BC], ACC)
+        for ii in range(NB):
+            node = blk * NB + ii
+            ok = node < N
+            e0 = tl.load(ptr_ptr + node, mask=ok, other=0)
+            e1 = tl.load(ptr_ptr + node + 1, mask=ok, other=0)
+            for s in range(e0, e1, BE):
+                e = s + tl.arange(0, BE)
+                em = e < e1
+                m2 = em[:, None] & cm[None, :]
+                row = tl.load(src_ptr + e, mask=em, other=0)
+                i = tl.zeros_like(e) + node
+                gp, tg = _gen_aggr_edge_grad(
+                    grad_ptr, out_ptr, top_ptr, den_ptr, ptr_ptr, x_ptr, row, e, i, em, m2, c, C, d,
+                    attr_ptr, wt_ptr, bias_ptr, eps, temp, MODE, HAS_BIAS, REDUCE, ACC,
+                )  # fmt: skip
+                if NEED_A:
+                    if MODE == 2:
+                        for q in range(d):
+                            wq = tl.load(wt_ptr + q * C + c, mask=cm, other=0.0).to(ACC)
+                            gq = tl.sum(gp * wq[None, :], axis=1)
+                            tl.store(ga_ptr + e * d + q, gq.to(ga_ptr.dtype.element_ty), mask=em)
+                    else:
+                        tl.store(
+                            ga_ptr + e[:, None] * C + c[None, :], gp.to(ga_ptr.dtype.element_ty), mask=m2
+                        )
+                if NEED_W:
+                    raw = tl.load(
+                        attr_ptr + e[:, None] * d + kk[None, :], mask=em[:, None] & km[None, :], other=0.0
+                    ).to(ACC)
+                    gw += tl.sum(gp[:, :, None] * raw[:, None, :], axis=0)
+                if NEED_B:
+                    gb += tl.sum(gp, axis=0)
+                if NEED_T:
+                    gt += tl.sum(tg, axis=0)
+        if NEED_W:
+            tl.store(gw_ptr + blk * C * d + c[:, None] * d + kk[None, :], gw, mask=cm[:, None] & km[None, :])
+        if NEED_B:
+            tl.store(gb_ptr + blk * C + c, gb, mask=cm)
+        if NEED_T:
+            tl.store(gt_ptr + blk * C + c, gt, mask=cm)
 
 
 _FLOATS = (torch.float32, torch.float64, torch.bfloat16)
@@ -1063,3 +1242,140 @@ def segment_max_backward(
             grad, x, out, count, sptr, sdst, gx, C, ACC=_acc(x.dtype)[0], BE=_edge_block(bc), BC=bc
         )  # fmt: skip
     return gx
+
+
+# ---------------------------------------------------------------- GEN sum / mean / softmax
+
+_GEN_REDUCES = {"sum": 0, "mean": 1, "softmax": 2}
+
+
+def _gen_aggr_check(x, ptr, src, attr, wt, bias, t, reduce: str) -> int:
+    _check(x, ptr, src, attr, wt, bias, True)
+    if x.dtype not in (torch.float32, torch.float64):
+        raise RuntimeError("gen_aggr: x must be float32 or float64")
+    if reduce not in _GEN_REDUCES:
+        raise RuntimeError(f"gen_aggr: reduce must be 'sum', 'mean' or 'softmax', got {reduce!r}")
+    if reduce == "softmax" and (t is None or t.numel() != 1 or t.dtype != x.dtype):
+        raise RuntimeError("gen_aggr: softmax takes its temperature as a one-element tensor of x's dtype")
+    return _GEN_REDUCES[reduce]
+
+
+def gen_aggr_forward(
+    x: Tensor,
+    ptr: Tensor,
+    src: Tensor,
+    attr: Optional[Tensor],
+    wt: Optional[Tensor],
+    bias: Optional[Tensor],
+    t: Optional[Tensor],
+    eps: float,
+    reduce: str,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(out [N, C], top, denom)`` (``[N, C]`` for softmax, else empty), as
+    ``kernels.load("gen_aggr").forward``."""
+    red = _gen_aggr_check(x, ptr, src, attr, wt, bias, t, reduce)
+    N, C = x.shape
+    mode = _mode(attr, wt)
+    out = torch.empty((N, C), dtype=x.dtype, device=x.device)
+    saved = (N, C) if red == 2 else (0,)
+    top = torch.empty(saved, dtype=x.dtype, device=x.device)
+    den = torch.empty(saved, dtype=x.dtype, device=x.device)
+    if N > 0:
+        bc = _pow2(C)
+        _launch(_gen_aggr_fwd_kernel)[(N,)](
+            x, ptr, src, attr if attr is not None else x, wt if wt is not None else x,
+            bias if bias is not None else x, t if t is not None else _eps(1.0, x.dtype, x.device),
+            _eps(eps, x.dtype, x.device), out, top if red == 2 else out, den if red == 2 else out,
+            C, attr.size(1) if mode == _FACTORED else 0,
+            MODE=mode, HAS_BIAS=bias is not None and mode == _FACTORED, REDUCE=red, ACC=_acc(x.dtype)[0],
+            BE=_edge_block(bc), BC=bc,
+        )  # fmt: skip
+    return out, top, den
+
+
+def gen_aggr_backward(
+    grad: Tensor,
+    out: Tensor,
+    top: Tensor,
+    denom: Tensor,
+    x: Tensor,
+    ptr: Tensor,
+    src: Tensor,
+    dst: Tensor,
+    src_ptr: Tensor,
+    src_perm: Tensor,
+    attr: Optional[Tensor],
+    wt: Optional[Tensor],
+    bias: Optional[Tensor],
+    t: Optional[Tensor],
+    eps: float,
+    reduce: str,
+    need_x: bool,
+    need_attr: bool,
+    need_w: bool,
+    need_b: bool,
+    need_t: bool,
+):
+    """``(grad_x, grad_attr, grad_w [C, d], grad_b [C], grad_t [1])``, each :obj:`None` where not
+    needed or not applicable, as ``kernels.load("gen_aggr").backward``. grad_x is a gather over
+    the source order (``src_ptr``, ``src_perm``); the rest per fixed block of ``NODE_BLOCK``
+    destinations, the blocks' partial sums added in order."""
+    red = _gen_aggr_check(x, ptr, src, attr, wt, bias, t, reduce)
+    if grad.shape != x.shape or not grad.is_contiguous() or grad.dtype != x.dtype:
+        raise RuntimeError("gen_aggr: grad must be contiguous and shaped like x")
+    N, C = x.shape
+    E = src.numel()
+    if src_ptr.numel() != N + 1 or src_perm.numel() != E or dst.numel() != E:
+        raise RuntimeError("gen_aggr: src_ptr [N + 1], src_perm [E] and dst [E] must describe the graph")
+    mode = _mode(attr, wt)
+    d = attr.size(1) if mode == _FACTORED else 0
+    has_bias = bias is not None and mode == _FACTORED
+    dev, dt = x.device, x.dtype
+    acc, acc_t = _acc(dt)
+    need_attr = bool(need_attr) and mode != _NONE
+    need_w = bool(need_w) and mode == _FACTORED
+    need_b = bool(need_b) and has_bias
+    need_t = bool(need_t) and red == 2
+    gx = torch.zeros((N, C), dtype=dt, device=dev) if need_x else None
+    ga = torch.zeros_like(attr) if need_attr else None
+    gw = gb = gt = None
+    bc = _pow2(C)
+    be = _edge_block(bc)
+    temp = t if t is not None else _eps(1.0, dt, dev)
+    saved = (top, denom) if red == 2 else (x, x)
+    common = dict(MODE=mode, HAS_BIAS=has_bias, REDUCE=red, ACC=acc, BC=bc)
+    a_ = attr if attr is not None else x
+    w_ = wt if wt is not None else x
+    b_ = bias if has_bias else x
+    eps_t = _eps(eps, dt, dev)
+    if need_x and N > 0:
+        _launch(_gen_aggr_src_kernel)[(N,)](
+            grad, out, *saved, x, ptr, src_ptr, src_perm, dst, a_, w_, b_, temp, eps_t, gx, C, d,
+            BE=be, **common,
+        )  # fmt: skip
+    if need_attr or need_w or need_b or need_t:
+        blocks = max(1, math.ceil(N / NODE_BLOCK))
+        bd = _pow2(d, 2) if mode == _FACTORED else 2
+        be_w = max(2, min(be, 8192 // (bc * bd))) if need_w else be
+        part = {
+            name: torch.zeros(shape, dtype=acc_t, device=dev) if need else x
+            for name, shape, need in (
+                ("w", (blocks, C, d), need_w),
+                ("b", (blocks, C), need_b),
+                ("t", (blocks, C), need_t),
+            )
+        }
+        if N > 0:
+            _launch(_gen_aggr_dst_kernel)[(blocks,)](
+                grad, out, *saved, x, ptr, src, a_, w_, b_, temp, eps_t,
+                ga if need_attr else x, part["w"], part["b"], part["t"], N, C, d,
+                NEED_A=need_attr, NEED_W=need_w, NEED_B=need_b, NEED_T=need_t,
+                NB=NODE_BLOCK, BE=be_w, BD=bd, **common,
+            )  # fmt: skip
+        if need_w:
+            gw = part["w"].sum(0).to(dt)
+        if need_b:
+            gb = part["b"].sum(0).to(dt)
+        if need_t:
+            gt = part["t"].sum().to(dt).view_as(t)
+    return gx, ga, gw, gb, gt

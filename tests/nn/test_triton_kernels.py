@@ -165,6 +165,72 @@ def test_gen_max_matches_cpp_and_float64(mode, c):
             bitwise(a, b)
 
 
+@pytest.mark.parametrize("reduce", ["sum", "mean", "softmax"])
+@pytest.mark.parametrize("mode,c", CASES)
+def test_gen_aggr_matches_cpp_and_pytorch_float64(mode, c, reduce):
+    """GEN sum / mean / softmax (issue #33 b) in float64: the Triton kernels equal the C++ kernel
+    and the operator's PyTorch implementation within 1e-12 of each tensor's scale (only summation
+    orders differ), the temperature's gradient included; repeated runs are bitwise equal."""
+    from conftest import rel_err
+
+    from revgnn.nn import ops
+
+    K = cpp("gen_aggr")
+    n = 20
+    ptr, src, dst = graph(n)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(n, c, generator=g, dtype=torch.float64)
+    attr, wt, bias = edge_term(mode, src.numel(), c, dtype=torch.float64)
+    if attr is not None:  # not integer-valued: the softmax's weights are then generic
+        attr = attr + torch.rand(attr.shape, generator=g, dtype=torch.float64)
+    t = torch.tensor([-0.7], dtype=torch.float64) if reduce == "softmax" else None
+    sperm = torch.sort(src, stable=True)[1]
+    sptr = torch.searchsorted(src[sperm], torch.arange(n + 1))
+    mine = tk.gen_aggr_forward(x, ptr, src, attr, wt, bias, t, EPS, reduce)
+    theirs = K.forward(x, ptr, src, attr, wt, bias, t, EPS, reduce)
+    w = wt.t().contiguous() if wt is not None else None
+    torch_ = ops._gen_aggr_torch(x, ptr, src, dst, attr, w, bias, t, EPS, reduce)
+    for a, b, r in zip(mine, theirs, torch_):
+        assert a.shape == b.shape == r.shape
+        for other in (b, r):  # the softmax's maximum is -inf at nodes without in-edges
+            assert torch.equal(a.isinf(), other.isinf())
+            assert rel_err(a.nan_to_num(neginf=0.0), other.nan_to_num(neginf=0.0)) <= 1e-12
+    grad = torch.randn(n, c, generator=g, dtype=torch.float64)
+    args = (
+        grad,
+        *mine,
+        x,
+        ptr,
+        src,
+        dst,
+        sptr,
+        sperm,
+        attr,
+        wt,
+        bias,
+        t,
+        EPS,
+        reduce,
+        True,
+        True,
+        True,
+        True,
+        True,
+    )
+    grads = tk.gen_aggr_backward(*args)
+    cgrads = K.backward(grad, *theirs, x, ptr, src, dst, sptr, sperm, attr, wt, bias, t, EPS, reduce,
+                        True, True, True, True, True)  # fmt: skip
+    tgrads = ops._gen_aggr_backward_torch(grad, *torch_, x, ptr, src, dst, attr, w, bias, t, EPS, reduce,
+                                          True, True, True, True, True)  # fmt: skip
+    for name, a, b, r in zip(("x", "attr", "w", "b", "t"), grads, cgrads, tgrads):
+        assert (a is None) == (b is None) == (r is None), name
+        if a is not None:
+            assert rel_err(a, b) <= 1e-12 and rel_err(a, r) <= 1e-12, name
+    for a, b in zip(grads, tk.gen_aggr_backward(*args)):
+        if a is not None:
+            bitwise(a, b)
+
+
 def test_gen_max_factored_float_tolerance():
     """Random (non-integer) factored terms: the edge term is rounded differently from the C++
     kernel (FMA, order), so out is compared with float64 within float32 rounding of the term and
@@ -577,9 +643,9 @@ def _train_step(model_name, ds, mode, dtype, launches=None):
 
 @pytest.mark.parametrize("model_name,aggr", [("revgnn_proteins_like", "mean"), ("revgnn_small", "max")])
 def test_training_step_runs_the_triton_kernels(monkeypatch, model_name, aggr):
-    """One step of the loop's ``train_step`` on the default model (GEN mean: only the pre-activation
-    LayerNorm+ReLU is a revgnn operator) and a GEN-max RevGNN (also the aggregation and the MLP's
-    LayerNorm+ReLU) under ``REVGNN_KERNELS=triton`` launches the Triton kernel of every operator
+    """One step of the loop's ``train_step`` on the default model (GEN mean) and a GEN-max RevGNN
+    (each: the aggregation, the pre-activation and the MLP's LayerNorm+ReLU) under
+    ``REVGNN_KERNELS=triton`` launches the Triton kernel of every operator
     call that the model's structure implies, and gives the float64 PyTorch path's loss and
     gradients as closely as PyTorch's own float32 path does.
 
@@ -599,9 +665,13 @@ def test_training_step_runs_the_triton_kernels(monkeypatch, model_name, aggr):
     # 2 reversible layers of 2 groups: every group op runs in the forward (no grad), again in the
     # backward's recomputation, and its backward once
     L, G = 2, 2
-    expected = {"_ln_fwd_kernel": 2 * L * G, "_ln_bwd_kernel": L * G}
-    if aggr == "max":  # the MLP's LayerNorm+ReLU too, and the aggregation with its three backward kernels
-        expected = {name: 2 * count for name, count in expected.items()}
+    # the pre-activation LayerNorm+ReLU and the MLP's, and the aggregation with its backward kernels
+    expected = {"_ln_fwd_kernel": 2 * 2 * L * G, "_ln_bwd_kernel": 2 * L * G}
+    if aggr == "mean":
+        expected.update(
+            _gen_aggr_fwd_kernel=2 * L * G, _gen_aggr_src_kernel=L * G, _gen_aggr_dst_kernel=L * G
+        )
+    else:
         expected.update(_gen_max_fwd_kernel=2 * L * G, _tie_stats_kernel=L * G)
         expected.update(_grad_src_kernel=L * G, _grad_dst_kernel=L * G)
     assert launches == expected
