@@ -27,6 +27,7 @@ from torch_geometric.typing import Adj, OptTensor
 
 from revgnn.nn.conv_registry import register_conv
 from revgnn.nn.edge_features import LinearEdgeFeatures
+from revgnn.nn.gat import gat_conv
 from revgnn.nn.gen_max import gen_conv
 from revgnn.nn.graph_input import pyg_edge_index
 from revgnn.nn.norm_act import layer_norm_relu
@@ -219,11 +220,8 @@ class GATBlock(PreActBlock):
         )
 
     def conv_forward(self, h: Tensor, edge_index: Adj, edge_attr: OptTensor) -> Tensor:
-        if self.conv.lin_edge is None:
-            edge_attr = None
-        elif isinstance(edge_attr, LinearEdgeFeatures):
-            edge_attr = edge_attr.materialize()
-        return self.conv(h, pyg_edge_index(edge_index), edge_attr=edge_attr)
+        # the fused attention operator: no E x C tensor, edge features kept factored (revgnn.nn.gat)
+        return gat_conv(self.conv, h, edge_index, edge_attr)
 
 
 @register_conv("gcn")
