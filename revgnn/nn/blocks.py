@@ -192,6 +192,12 @@ class GENBlock(PreActBlock):
 class GATBlock(PreActBlock):
     r"""GATConv (Veličković et al., 2018) with concatenated heads in a pre-activation block.
 
+    The conv runs through :func:`~revgnn.nn.gat.gat_conv`: the same function as PyG's ``GATConv``
+    (its parameters, self loops with the mean edge feature) from one fused operator that forms no
+    :math:`E \times C` tensor, keeps edge features in factored form
+    (:class:`~revgnn.nn.edge_features.LinearEdgeFeatures`) and draws the attention-dropout mask
+    from a counter-based hash, so a reversible recompute redraws it without storing it.
+
     Args:
         channels (int): Feature width in and out (divisible by ``heads``).
         heads (int, optional): Attention heads. (default: :obj:`1`)

@@ -35,7 +35,7 @@ from torch import Tensor
 
 from revgnn.nn import ops
 from revgnn.nn.edge_features import LinearEdgeFeatures
-from revgnn.nn.graph_input import SortedEdges, csc, pyg_edge_index
+from revgnn.nn.graph_input import SortedEdges, csc, pyg_edge_index, sort_edges, source_order
 from revgnn.utils.functional import transforms_active
 
 __all__ = ["draw_seed", "gat_conv", "fused_applies"]
@@ -113,7 +113,9 @@ def gat_conv(conv, x: Tensor, edge_index, edge_attr: EdgeFeatures = None) -> Ten
     a_src = (xp * conv.att_src).sum(-1)
     a_dst = (xp * conv.att_dst).sum(-1)
     raw, weight, bias = _edge_term(conv, edge_attr, heads, out)
-    src, dst, ptr, raw = csc(edge_index, raw, n)
+    graph, raw = sort_edges(edge_index, raw, n)
+    src, dst, ptr, raw = csc(graph, raw, n)
+    rowptr, col, perm = source_order(graph, n)
     src, ptr = src.long().contiguous(), ptr.long().contiguous()
     if raw is not None:
         raw, weight = raw.to(xp.dtype).contiguous(), weight.to(xp.dtype).contiguous()
@@ -125,7 +127,7 @@ def gat_conv(conv, x: Tensor, edge_index, edge_attr: EdgeFeatures = None) -> Ten
     seed = draw_seed() if p > 0 else torch.zeros((), dtype=torch.int64)
     h, _, _ = ops.gat_attention(
         xp.contiguous(), a_src.contiguous(), a_dst.contiguous(), loop.contiguous(), ptr, src,
-        raw, weight, bias, conv.negative_slope, p, seed,
+        raw, weight, bias, conv.negative_slope, p, seed, rowptr, col, perm,
     )  # fmt: skip
     h = h.reshape(n, heads * out)
     return h + conv.bias if conv.bias is not None else h

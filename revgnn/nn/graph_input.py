@@ -22,7 +22,15 @@ from torch_geometric import EdgeIndex
 from revgnn.nn import ops
 from revgnn.utils.functional import transforms_active
 
-__all__ = ["SortedEdges", "csc", "pyg_edge_index", "sort_edges", "sparse_to_edge_index", "tracing"]
+__all__ = [
+    "SortedEdges",
+    "csc",
+    "pyg_edge_index",
+    "sort_edges",
+    "source_order",
+    "sparse_to_edge_index",
+    "tracing",
+]
 
 
 def sparse_to_edge_index(adj_t: Tensor, num_nodes: int) -> EdgeIndex:
@@ -165,3 +173,23 @@ def csc(
     (colptr, _), _ = edge_index.get_csc()
     plain = edge_index.as_tensor()
     return plain[0], plain[1], colptr, edge_attr
+
+
+def source_order(edge_index, num_nodes: int) -> Tuple[Tensor, Tensor, Tensor]:
+    """The destination-sorted graph of :func:`sort_edges` sorted by source: ``(rowptr, col, perm)``,
+    the pointer ``[N + 1]`` over sources, each edge's destination ``[E]`` and its position in the
+    destination order ``[E]`` (E int64s each, no channels), by which a backward sums the sources'
+    gradients as segments, without atomics. For an :class:`~torch_geometric.EdgeIndex` it is
+    ``get_csr()``, computed once and cached with the graph, so every layer shares it; for a
+    :class:`SortedEdges` (traced) a stable sort inside the graph."""
+    if isinstance(edge_index, SortedEdges):
+        src, dst = edge_index.edge_index[0].long(), edge_index.edge_index[1].long()
+        perm = src.argsort(stable=True)
+        nodes = torch.arange(num_nodes + 1, device=src.device)
+        return torch.searchsorted(src.index_select(0, perm), nodes), dst.index_select(0, perm), perm
+    if not isinstance(edge_index, EdgeIndex) or not edge_index.is_sorted_by_col:
+        raise TypeError(f"source_order takes the graph sort_edges returns, got {type(edge_index).__name__}")
+    (rowptr, col), perm = edge_index.get_csr()
+    if perm is None:  # sorted by row as well: the identity
+        perm = torch.arange(col.numel(), device=col.device)
+    return rowptr.long(), col.long(), perm.long()

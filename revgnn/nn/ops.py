@@ -575,6 +575,9 @@ def gat_attention(
     negative_slope: float,
     p: float,
     seed: Tensor,
+    rowptr: Tensor,
+    col: Tensor,
+    perm: Tensor,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     r"""``(out, max, den)``: GAT's attention over destination-sorted edges (``ptr`` ``[N + 1]``,
     ``src`` ``[E]``) plus one self loop per node, with the edges ``j -> j`` of ``src`` left out
@@ -590,7 +593,18 @@ def gat_attention(
     (optional); the self loop's edge term is ``loop`` ``[N, H]``. ``max`` :math:`M` and ``den``
     :math:`D` ``[N, H]`` are each destination's and head's maximum logit and softmax denominator,
     :math:`\kappa` the attention-dropout scale of :func:`attention_keep` (``seed``, drop rate
-    ``p``; 1 where ``p = 0``)."""
+    ``p``; 1 where ``p = 0``). ``rowptr`` ``[N + 1]``, ``col`` ``[E]``, ``perm`` ``[E]`` are the same
+    edges sorted by source (the pointer over sources, each edge's destination and its position in
+    the destination order: ``EdgeIndex.get_csr()``), by which the C++ backward sums the sources'
+    gradients per source."""
+    kernel = select("gat_attention", xp, a_src, a_dst, loop, attr, edge_w, edge_b, num_edges=src.numel())
+    if kernel is not None:
+        dropout_threshold(p)  # refuses p outside [0, 1), as the PyTorch path does
+        return tuple(
+            kernel.forward(
+                xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b, negative_slope, p, int(seed)
+            )
+        )
     with _in_dtype(xp):
         return _gat_attention_torch(
             xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b, negative_slope, p, seed
@@ -598,7 +612,7 @@ def gat_attention(
 
 
 @gat_attention.register_fake
-def _(xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b, negative_slope, p, seed):
+def _(xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b, negative_slope, p, seed, rowptr, col, perm):
     return torch.empty_like(xp), torch.empty_like(a_src), torch.empty_like(a_src)
 
 
@@ -620,11 +634,22 @@ def gat_attention_backward(
     negative_slope: float,
     p: float,
     seed: Tensor,
+    rowptr: Tensor,
+    col: Tensor,
+    perm: Tensor,
     need_attr: bool,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The gradients of :func:`gat_attention`'s ``out`` for ``xp``, ``a_src``, ``a_dst``, ``loop``,
     ``attr``, ``edge_w``, ``edge_b`` (an empty tensor where that input is absent, and for ``attr``
     where not asked for)."""
+    kernel = select("gat_attention", xp, a_src, a_dst, loop, attr, edge_w, edge_b, num_edges=src.numel())
+    if kernel is not None:
+        return tuple(
+            kernel.backward(
+                grad, out, top, den, xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b,
+                negative_slope, p, int(seed), rowptr, col, perm, need_attr,
+            )
+        )  # fmt: skip
     with _in_dtype(xp):
         grads = _gat_attention_backward_torch(
             grad, out, top, den, xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b,
@@ -634,7 +659,26 @@ def gat_attention_backward(
 
 
 @gat_attention_backward.register_fake
-def _(grad, out, top, den, xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b, slope, p, seed, need_attr):
+def _(
+    grad,
+    out,
+    top,
+    den,
+    xp,
+    a_src,
+    a_dst,
+    loop,
+    ptr,
+    src,
+    attr,
+    edge_w,
+    edge_b,
+    slope,
+    p,
+    seed,
+    *order,
+    need_attr,
+):
     def like(t, present=True):
         return torch.empty_like(t) if t is not None and present else xp.new_empty(0)
 
@@ -651,24 +695,28 @@ def _(grad, out, top, den, xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_
 
 
 def _gat_attention_setup(ctx, inputs, output):
-    xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b, slope, p, seed = inputs
+    xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b, slope, p, seed, rowptr, col, perm = inputs
     out, top, den = output
     ctx.slope, ctx.p = slope, p
-    ctx.save_for_backward(xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b, seed, out, top, den)
+    ctx.save_for_backward(
+        xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b, seed, rowptr, col, perm, out, top, den
+    )
 
 
 def _gat_attention_grad(ctx, grad_out, _grad_top, _grad_den):
-    xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b, seed, out, top, den = ctx.saved_tensors
+    xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b, seed, rowptr, col, perm, out, top, den = (
+        ctx.saved_tensors
+    )
     need = ctx.needs_input_grad
     grads = gat_attention_backward(
         grad_out.contiguous(), out, top, den, xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b,
-        ctx.slope, ctx.p, seed, need[6],
+        ctx.slope, ctx.p, seed, rowptr, col, perm, need[6],
     )  # fmt: skip
     present = (True, True, True, True, attr is not None, attr is not None, edge_b is not None)
     g_xp, g_src, g_dst, g_loop, g_attr, g_w, g_b = (
         g if wanted and here else None for g, wanted, here in zip(grads, need[:4] + need[6:9], present)
     )
-    return g_xp, g_src, g_dst, g_loop, None, None, g_attr, g_w, g_b, None, None, None
+    return g_xp, g_src, g_dst, g_loop, None, None, g_attr, g_w, g_b, None, None, None, None, None, None
 
 
 gat_attention.register_autograd(_gat_attention_grad, setup_context=_gat_attention_setup)

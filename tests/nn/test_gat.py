@@ -51,8 +51,9 @@ def run(fn, x, raw, params):
 @pytest.mark.parametrize("edges", ["none", "dense", "factored", "one_dim"])
 @pytest.mark.parametrize("form", ["tensor", "sorted", "sparse_csr"])
 @pytest.mark.parametrize("chunk", [2**16, 16])
-def test_matches_pyg_gatconv(edges, form, chunk, monkeypatch):
-    """Duplicate edges, self loops, isolated nodes; edge chunks that cut destination segments."""
+def test_matches_pyg_gatconv(impl, edges, form, chunk, monkeypatch):
+    """Duplicate edges, self loops, isolated nodes; edge chunks that cut destination segments (the
+    PyTorch implementation's; the C++ kernel has none)."""
     monkeypatch.setattr(ops, "GAT_CHUNK", chunk)
     n, c, heads = 40, 8, 2
     ei = graph(n)
@@ -139,7 +140,7 @@ def pyg_with_mask(conv, x, ei_sorted, edge_attr, seed, monkeypatch):
 
 
 @pytest.mark.parametrize("chunk", [2**16, 16])
-def test_attention_dropout_equals_pyg_with_the_same_mask(chunk, monkeypatch):
+def test_attention_dropout_equals_pyg_with_the_same_mask(impl, chunk, monkeypatch):
     monkeypatch.setattr(ops, "GAT_CHUNK", chunk)
     n, c, heads = 40, 8, 2
     block = make_block(c, heads, 5, p=0.4)
@@ -165,7 +166,7 @@ def test_attention_dropout_equals_pyg_with_the_same_mask(chunk, monkeypatch):
     assert rel_err(gat_conv(block.conv, x, ei, raw), block.conv(x, ei.as_tensor(), edge_attr=raw)) <= 1e-12
 
 
-def test_dropout_replayed_in_group_add_rev():
+def test_dropout_replayed_in_group_add_rev(impl):
     """GroupAddRev's recompute redraws the seed from the replayed RNG: its gradients equal the
     stored-activation (disable=True) run's, whose masks are those of the forward pass."""
     n, c = 40, 8
@@ -188,7 +189,7 @@ def test_dropout_replayed_in_group_add_rev():
 
 @pytest.mark.parametrize("path", ["fused", "pyg"])
 @pytest.mark.parametrize("reversible", [False, True])
-def test_no_edge_by_channel_tensor(path, reversible, monkeypatch):
+def test_no_edge_by_channel_tensor(impl, path, reversible, monkeypatch):
     """Forward + backward of a GAT block (alone, and as the 2 groups of a GroupAddRev) on a graph
     where E x C dwarfs N x C and the E-sized int64 and E x d arrays: the largest allocation and
     the bytes saved for backward stay below a quarter of one E x C float32 tensor. PyG's conv
@@ -197,7 +198,7 @@ def test_no_edge_by_channel_tensor(path, reversible, monkeypatch):
     monkeypatch.setattr(ops, "GAT_CHUNK", 1024)
     if path == "pyg":
         monkeypatch.setattr(gat_module, "fused_applies", lambda *args: False)
-    n, e, c, d, heads = 300, 30_000, 64, 4, 2
+    n, e, c, d, heads = 300, 30_000, 128, 4, 2
     g = torch.Generator().manual_seed(0)
     ei = torch.randint(0, n, (2, e), generator=g)
     raw = torch.randn(e, d, generator=g, requires_grad=True)
@@ -218,3 +219,68 @@ def test_no_edge_by_channel_tensor(path, reversible, monkeypatch):
         assert saved.bytes < bound, (saved.bytes, bound)
     elif not reversible:  # GroupAddRev saves no activations in forward, whatever the conv
         assert saved.bytes > bound, (saved.bytes, bound)
+
+
+def big_case(dtype, p=0.3, seed=0):
+    n, e, c, d = 300, 30_000, 64, 4
+    g = torch.Generator().manual_seed(seed)
+    ei = torch.randint(0, n, (2, e), generator=g)
+    raw = torch.randn(e, d, generator=g, dtype=dtype)
+    x = torch.randn(n, c, generator=g, dtype=dtype)
+    torch.manual_seed(seed)
+    block = GATBlock(c, heads=2, edge_channels=d, attn_dropout=p).to(dtype)
+    for param in block.conv.parameters():
+        torch.nn.init.normal_(param, std=0.3)
+    return block, x, ei, raw
+
+
+def block_run(block, x, ei, raw, seed=4):
+    torch.manual_seed(seed)
+    return run(lambda xx, rr: block(xx, ei, rr), x, raw, list(block.parameters()))
+
+
+def test_kernel_is_thread_count_independent():
+    """Bitwise the same outputs and gradients on 1 and 2 threads (no sum is split by thread), on a
+    graph large enough for several tasks."""
+    from conftest import require_kernel
+
+    require_kernel("gat_attention")
+    block, x, ei, raw = big_case(torch.float32)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = block_run(block, x, ei, raw)
+        torch.set_num_threads(2)
+        two = block_run(block, x, ei, raw)
+    finally:
+        torch.set_num_threads(threads)
+    for a, b in zip([one[0], *one[1]], [two[0], *two[1]]):
+        assert torch.equal(a, b)
+
+
+def test_kernel_float32_is_as_close_as_pytorchs(monkeypatch):
+    """float32 C++ kernel against float64: within a few times PyTorch float32's own deviation on the
+    same case (dropout on: both draw the same mask)."""
+    from conftest import require_kernel
+
+    require_kernel("gat_attention")
+    block, x, ei, raw = big_case(torch.float64)
+    ref = block_run(block, x, ei, raw)
+    block32 = block.float()
+    kernel = block_run(block32, x.float(), ei, raw.float())
+    monkeypatch.setenv("REVGNN_KERNELS", "0")
+    torch32 = block_run(block32, x.float(), ei, raw.float())
+    for k, t, r in zip([kernel[0], *kernel[1]], [torch32[0], *torch32[1]], [ref[0], *ref[1]]):
+        own = rel_err(t.double(), r)
+        assert own < 1e-4
+        assert rel_err(k.double(), r) <= 4 * own + 1e-6
+
+
+def test_node_ids_out_of_range_are_refused(impl):
+    n, c = 10, 4
+    block = GATBlock(c, heads=2).double()
+    x = torch.randn(n, c, dtype=torch.float64)
+    for bad in (n, -1):
+        ei = torch.tensor([[0, 1, 2, bad], [1, 2, 3, 4]])
+        with pytest.raises((IndexError, RuntimeError, ValueError)):
+            block(x, ei)
