@@ -71,6 +71,37 @@ def record_launches(tk, dtypes, channels, smoke=False):
                         [(True, True, True)] if smoke else [(True, True, True), (False, True, False)]
                     ):
                         tk.layer_norm_relu_backward(grad, xl, wl, bl, stats, stats, m, *flags)
+                if dt == torch.bfloat16:  # GAT attention: float32 and float64 only
+                    continue
+                heads, perm = 2, torch.arange(e)  # recorded, not run: any source order will do
+                xp, hv = torch.randn(n, heads, c // heads).to(dt), torch.randn(n, heads).to(dt)
+                wg, bg = torch.randn(heads, d).to(dt), torch.randn(heads).to(dt)
+                gat_terms = [(raw, wg, bg)] if smoke else [(None, None, None), (raw, wg, bg), (raw, wg, None)]
+                for attr, w, bb in gat_terms:
+                    for p in (0.0, 0.3):
+                        tk.gat_attention_forward(xp, hv, hv, hv, ptr, src, attr, w, bb, 0.2, p, 7)
+                        tk.gat_attention_backward(
+                            xp,
+                            xp,
+                            hv,
+                            hv,
+                            xp,
+                            hv,
+                            hv,
+                            hv,
+                            ptr,
+                            src,
+                            attr,
+                            w,
+                            bb,
+                            0.2,
+                            p,
+                            7,
+                            ptr,
+                            src,
+                            perm,
+                            True,
+                        )
     finally:
         tk.INTERPRETED = interpreted
         for name, fn in originals.items():

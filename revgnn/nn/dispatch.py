@@ -123,8 +123,12 @@ register_kernel(
     "layer_norm_relu",
     {"forward": "layer_norm_relu_forward", "backward": "layer_norm_relu_backward"},
 )
-# (c) GAT attention: C++ only so far (no Triton entry points: CUDA tensors take the PyTorch path)
-register_kernel("gat_attention", "gat_attention", {}, triton_dtypes=())
+register_kernel(
+    "gat_attention",
+    "gat_attention",
+    {"forward": "gat_attention_forward", "backward": "gat_attention_backward"},
+    triton_dtypes=_FLOATS,
+)
 
 
 def _triton(spec: KernelSpec) -> Optional[SimpleNamespace]:

@@ -125,8 +125,11 @@ def gat_conv(conv, x: Tensor, edge_index, edge_attr: EdgeFeatures = None) -> Ten
         loop = a_src.new_zeros(n, heads)
     p = conv.dropout if conv.training else 0.0
     seed = draw_seed() if p > 0 else torch.zeros((), dtype=torch.int64)
+    # one dtype throughout (autocast leaves the projection in bfloat16 and the attention terms,
+    # products with float32 parameters, in float32): cast to xp's, differentiably, as gen_max does
+    a_src, a_dst, loop = (t.to(xp.dtype).contiguous() for t in (a_src, a_dst, loop))
     h, _, _ = ops.gat_attention(
-        xp.contiguous(), a_src.contiguous(), a_dst.contiguous(), loop.contiguous(), ptr, src,
+        xp.contiguous(), a_src, a_dst, loop, ptr, src,
         raw, weight, bias, conv.negative_slope, p, seed, rowptr, col, perm,
     )  # fmt: skip
     h = h.reshape(n, heads * out)

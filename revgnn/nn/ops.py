@@ -521,9 +521,9 @@ def _gat_attention_backward_torch(
     leaky = torch.nn.functional.leaky_relu
     g_out = (grad * out).sum(-1)  # [N, H]: <g_ih, o_ih>
 
-    def through(z, alpha, q, d):
-        """dL/dz of the logits z from the coefficients alpha and q = kappa <g_i, x'_j>."""
-        ds = alpha * (q - g_out.index_select(0, d))
+    def through(z, alpha, q, go):
+        """dL/dz of the logits z from the coefficients alpha, q = kappa <g_i, x'_j> and go = <g_i, o_i>."""
+        ds = alpha * (q - go)
         return torch.where(z > 0, ds, ds * slope)  # LeakyReLU's backward (slope at 0, as torch's)
 
     z_loop = a_src + a_dst + loop
@@ -531,9 +531,7 @@ def _gat_attention_backward_torch(
     keep = _gat_scale(seed, e, n, heads, p, xp)
     ka = alpha if keep is None else alpha * keep
     q = (grad * xp).sum(-1)
-    q = q if keep is None else q * keep
-    ds = alpha * (q - g_out)
-    dz_loop = torch.where(z_loop > 0, ds, ds * slope)
+    dz_loop = through(z_loop, alpha, q if keep is None else q * keep, g_out)
     g_src, g_dst, g_loop = dz_loop.clone(), dz_loop.clone(), dz_loop
     g_xp = ka.unsqueeze(-1) * grad
     g_attr = torch.zeros_like(attr) if attr is not None and need_attr else None
@@ -547,7 +545,7 @@ def _gat_attention_backward_torch(
         keep = _gat_scale(seed, start, s.numel(), heads, p, xp)
         g_d = grad.index_select(0, d)
         q = (g_d * xp.index_select(0, s)).sum(-1)
-        dz = through(z, alpha, q if keep is None else q * keep, d)
+        dz = through(z, alpha, q if keep is None else q * keep, g_out.index_select(0, d))
         g_src.index_add_(0, s, dz)
         g_dst.index_add_(0, d, dz)
         ka = alpha if keep is None else alpha * keep
