@@ -284,3 +284,19 @@ def test_node_ids_out_of_range_are_refused(impl):
         ei = torch.tensor([[0, 1, 2, bad], [1, 2, 3, 4]])
         with pytest.raises((IndexError, RuntimeError, ValueError)):
             block(x, ei)
+
+
+@pytest.mark.parametrize("edge_dim", [None, 3])
+def test_graph_of_self_loops_only_and_no_edges(impl, edge_dim):
+    """Edges that are all self loops, and no edges at all: every node attends to its own loop only
+    (edge feature 0), as PyG's GATConv."""
+    n, c = 6, 4
+    block = make_block(c, 2, edge_dim)
+    x = torch.randn(n, c, dtype=torch.float64)
+    for ei in (torch.tensor([[1, 2, 2], [1, 2, 2]]), torch.zeros(2, 0, dtype=torch.long)):
+        raw = torch.randn(ei.size(1), edge_dim, dtype=torch.float64) if edge_dim else None
+        params = list(block.conv.parameters())
+        fused = run(lambda xx, rr: gat_conv(block.conv, xx, ei, rr), x, raw, params)
+        pyg = run(lambda xx, rr: block.conv(xx, ei, edge_attr=rr), x, raw, params)
+        for a, b in zip([fused[0], *fused[1]], [pyg[0], *pyg[1]]):
+            assert rel_err(a, b) <= 1e-12
