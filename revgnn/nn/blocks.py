@@ -221,6 +221,8 @@ class GATBlock(PreActBlock):
         super().__init__(channels, norm, preact)
         if channels % heads != 0:
             raise ValueError(f"GATBlock: channels={channels} must be divisible by heads={heads}")
+        if not 0.0 <= attn_dropout < 1.0:  # the dropout hash's threshold (revgnn.nn.ops.attention_keep)
+            raise ValueError(f"GATBlock: attn_dropout={attn_dropout} must be in [0, 1)")
         self.conv = GATConv(
             channels, channels // heads, heads=heads, dropout=attn_dropout, edge_dim=edge_channels
         )

@@ -300,3 +300,9 @@ def test_graph_of_self_loops_only_and_no_edges(impl, edge_dim):
         pyg = run(lambda xx, rr: block.conv(xx, ei, edge_attr=rr), x, raw, params)
         for a, b in zip([fused[0], *fused[1]], [pyg[0], *pyg[1]]):
             assert rel_err(a, b) <= 1e-12
+
+
+@pytest.mark.parametrize("p", [-0.1, 1.0])
+def test_attention_dropout_outside_the_unit_interval_is_refused(p):
+    with pytest.raises(ValueError, match=r"attn_dropout=.* must be in \[0, 1\)"):
+        GATBlock(8, heads=2, attn_dropout=p)
