@@ -179,17 +179,24 @@ def source_order(edge_index, num_nodes: int) -> Tuple[Tensor, Tensor, Tensor]:
     """The destination-sorted graph of :func:`sort_edges` sorted by source: ``(rowptr, col, perm)``,
     the pointer ``[N + 1]`` over sources, each edge's destination ``[E]`` and its position in the
     destination order ``[E]`` (E int64s each, no channels), by which a backward sums the sources'
-    gradients as segments, without atomics. For an :class:`~torch_geometric.EdgeIndex` it is
-    ``get_csr()``, computed once and cached with the graph, so every layer shares it; for a
-    :class:`SortedEdges` (traced) a stable sort inside the graph."""
+    gradients as segments, without atomics. The sort is stable (each source's edges in destination
+    order), so the order, and any sum taken in it, does not depend on the thread count, as PyG's
+    ``EdgeIndex.get_csr()`` (an unstable sort) would. For an :class:`~torch_geometric.EdgeIndex` it is
+    computed once and kept with the graph, so every layer of a forward pass, and the reversible
+    recompute, share it; for a :class:`SortedEdges` (traced) it is a sort inside the graph."""
     if isinstance(edge_index, SortedEdges):
-        src, dst = edge_index.edge_index[0].long(), edge_index.edge_index[1].long()
-        perm = src.argsort(stable=True)
-        nodes = torch.arange(num_nodes + 1, device=src.device)
-        return torch.searchsorted(src.index_select(0, perm), nodes), dst.index_select(0, perm), perm
+        return _source_order(edge_index.edge_index, num_nodes)
     if not isinstance(edge_index, EdgeIndex) or not edge_index.is_sorted_by_col:
         raise TypeError(f"source_order takes the graph sort_edges returns, got {type(edge_index).__name__}")
-    (rowptr, col), perm = edge_index.get_csr()
-    if perm is None:  # sorted by row as well: the identity
-        perm = torch.arange(col.numel(), device=col.device)
-    return rowptr.long(), col.long(), perm.long()
+    cached = edge_index.__dict__.get("_revgnn_source_order")
+    if cached is None:
+        cached = _source_order(edge_index.as_tensor(), num_nodes)
+        edge_index._revgnn_source_order = cached
+    return cached
+
+
+def _source_order(edge_index: Tensor, num_nodes: int) -> Tuple[Tensor, Tensor, Tensor]:
+    src, dst = edge_index[0].long(), edge_index[1].long()
+    perm = src.argsort(stable=True)
+    nodes = torch.arange(num_nodes + 1, device=src.device)
+    return torch.searchsorted(src.index_select(0, perm), nodes), dst.index_select(0, perm), perm

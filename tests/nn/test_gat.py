@@ -306,3 +306,28 @@ def test_graph_of_self_loops_only_and_no_edges(impl, edge_dim):
 def test_attention_dropout_outside_the_unit_interval_is_refused(p):
     with pytest.raises(ValueError, match=r"attn_dropout=.* must be in \[0, 1\)"):
         GATBlock(8, heads=2, attn_dropout=p)
+
+
+def test_source_order_of_both_sorted_forms():
+    """graph_input.source_order: the same (rowptr, col, perm) from a sorted EdgeIndex (cached with
+    it) and from SortedEdges (computed in the graph): perm lists each source's out-edges by their
+    positions in the destination order, ascending (a stable sort: thread-count independent), col
+    their destinations."""
+    from revgnn.nn.graph_input import SortedEdges, csc, sort_edges, source_order
+
+    n = 40
+    ei = graph(n)
+    sorted_ei, _ = sort_edges(ei, None, n)
+    src, dst, ptr, _ = csc(sorted_ei, None, n)
+    order = source_order(sorted_ei, n)
+    traced = source_order(SortedEdges(torch.stack([src, dst]), ptr), n)
+    for a, b in zip(order, traced):
+        assert torch.equal(a, b)
+    rowptr, col, perm = order
+    assert torch.equal(rowptr, torch.searchsorted(src.sort().values, torch.arange(n + 1)))
+    assert torch.equal(src[perm], torch.repeat_interleave(torch.arange(n), rowptr.diff()))
+    assert bool((perm.diff() > 0)[(src[perm].diff() == 0)].all())  # ascending within a source
+    assert torch.equal(dst[perm], col)
+    assert source_order(sorted_ei, n)[2].data_ptr() == perm.data_ptr()  # cached with the graph
+    with pytest.raises(TypeError, match="source_order takes the graph sort_edges returns"):
+        source_order(ei, n)
