@@ -53,11 +53,12 @@ struct Gat {
   const T* loop;   // [N, H]
   const int64_t* ptr;  // [N + 1]
   const int64_t* src;  // [E]
-  const T* attr;    // [E, d] or nullptr
+  const T* attr;    // [E, d] (nullptr if E = 0)
   const T* w;       // [H, d]
   const T* b;       // [H] or nullptr
   int64_t N, H, C, d, E;
   T slope;
+  bool edges;  // an edge term (attr given; not attr's pointer, which is null for an empty tensor)
   bool dropout;
   uint32_t key;       // mix32(seed)
   uint32_t threshold; // 24-bit drop threshold
@@ -76,7 +77,7 @@ struct Gat {
 
   inline T logit(int64_t e, int64_t j, int64_t i, int64_t h) const {
     T z = a_src[j * H + h] + a_dst[i * H + h];
-    if (attr != nullptr) {
+    if (edges) {
       T t = b != nullptr ? b[h] : T(0);
       const T* __restrict ar = attr + e * d;
       const T* __restrict wh = w + h * d;
@@ -160,6 +161,7 @@ Gat<T> make(const torch::Tensor& xp, const torch::Tensor& a_src, const torch::Te
   g.ptr = ptr.data_ptr<int64_t>();
   g.src = src.data_ptr<int64_t>();
   g.attr = nullptr;
+  g.edges = false;
   g.w = nullptr;
   g.b = nullptr;
   g.d = 0;
@@ -171,6 +173,7 @@ Gat<T> make(const torch::Tensor& xp, const torch::Tensor& a_src, const torch::Te
     TORCH_CHECK(edge_w->is_contiguous() && edge_w->size(0) == g.H && edge_w->size(1) == g.d,
                 "gat_attention: edge_w must be a contiguous [H, d]");
     g.attr = attr->data_ptr<T>();
+    g.edges = true;
     g.w = edge_w->data_ptr<T>();
     if (edge_b.has_value() && edge_b->defined()) g.b = edge_b->data_ptr<T>();
   }
@@ -215,7 +218,7 @@ void backward_impl(const Gat<T>& g, const T* __restrict grad, const T* __restric
                    T* __restrict g_loop, T* __restrict g_attr, T* __restrict g_w, T* __restrict g_b) {
   const int64_t N = g.N, H = g.H, C = g.C, d = g.d;
   std::vector<T> go(N * H);  // <g_ih, out_ih>
-  const bool edges = g.attr != nullptr;
+  const bool edges = g.edges;
   std::vector<T> pw(edges ? N * H * d : 0), pb(edges ? N * H : 0);  // per-node partial w, b gradients
 
   // dL/dz of edge e (j -> i), head h, and the coefficient kappa alpha (recomputed).
