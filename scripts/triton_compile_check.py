@@ -96,6 +96,37 @@ def record_launches(tk, dtypes, channels, smoke=False):
                             tk.aggregate_backward(grad, x, ptr, src, wgt, mean, ptr, src, perm, True, True)
                     tk.segment_max_forward(x, ptr, src)
                     tk.segment_max_backward(grad, x, x, count, ptr, src)
+                if dt == torch.bfloat16:  # GAT attention: float32 and float64 only
+                    continue
+                heads, perm = 2, torch.arange(e)  # recorded, not run: any source order will do
+                xp, hv = torch.randn(n, heads, c // heads).to(dt), torch.randn(n, heads).to(dt)
+                wg, bg = torch.randn(heads, d).to(dt), torch.randn(heads).to(dt)
+                gat_terms = [(raw, wg, bg)] if smoke else [(None, None, None), (raw, wg, bg), (raw, wg, None)]
+                for attr, w, bb in gat_terms:
+                    for p in (0.0, 0.3):
+                        tk.gat_attention_forward(xp, hv, hv, hv, ptr, src, attr, w, bb, 0.2, p, 7)
+                        tk.gat_attention_backward(
+                            xp,
+                            xp,
+                            hv,
+                            hv,
+                            xp,
+                            hv,
+                            hv,
+                            hv,
+                            ptr,
+                            src,
+                            attr,
+                            w,
+                            bb,
+                            0.2,
+                            p,
+                            7,
+                            ptr,
+                            src,
+                            perm,
+                            True,
+                        )
     finally:
         tk.INTERPRETED = interpreted
         for name, fn in originals.items():

@@ -27,8 +27,8 @@ from torch_geometric.typing import Adj, OptTensor
 
 from revgnn.nn.conv_registry import register_conv
 from revgnn.nn.edge_features import LinearEdgeFeatures
+from revgnn.nn.gat import gat_conv
 from revgnn.nn.gen_max import gen_conv
-from revgnn.nn.graph_input import pyg_edge_index
 from revgnn.nn.linear_aggr import gcn_conv, gin_conv, sage_conv
 from revgnn.nn.norm_act import layer_norm_relu
 from revgnn.utils.ranges import Range
@@ -196,6 +196,12 @@ class GENBlock(PreActBlock):
 class GATBlock(PreActBlock):
     r"""GATConv (Veličković et al., 2018) with concatenated heads in a pre-activation block.
 
+    The conv runs through :func:`~revgnn.nn.gat.gat_conv`: the same function as PyG's ``GATConv``
+    (its parameters, self loops with the mean edge feature) from one fused operator that forms no
+    :math:`E \times C` tensor, keeps edge features in factored form
+    (:class:`~revgnn.nn.edge_features.LinearEdgeFeatures`) and draws the attention-dropout mask
+    from a counter-based hash, so a reversible recompute redraws it without storing it.
+
     Args:
         channels (int): Feature width in and out (divisible by ``heads``).
         heads (int, optional): Attention heads. (default: :obj:`1`)
@@ -219,16 +225,15 @@ class GATBlock(PreActBlock):
         super().__init__(channels, norm, preact)
         if channels % heads != 0:
             raise ValueError(f"GATBlock: channels={channels} must be divisible by heads={heads}")
+        if not 0.0 <= attn_dropout < 1.0:  # the dropout hash's threshold (revgnn.nn.ops.attention_keep)
+            raise ValueError(f"GATBlock: attn_dropout={attn_dropout} must be in [0, 1)")
         self.conv = GATConv(
             channels, channels // heads, heads=heads, dropout=attn_dropout, edge_dim=edge_channels
         )
 
     def conv_forward(self, h: Tensor, edge_index: Adj, edge_attr: OptTensor) -> Tensor:
-        if self.conv.lin_edge is None:
-            edge_attr = None
-        elif isinstance(edge_attr, LinearEdgeFeatures):
-            edge_attr = edge_attr.materialize()
-        return self.conv(h, pyg_edge_index(edge_index), edge_attr=edge_attr)
+        # the fused attention operator: no E x C tensor, edge features kept factored (revgnn.nn.gat)
+        return gat_conv(self.conv, h, edge_index, edge_attr)
 
 
 @register_conv("gcn")

@@ -142,6 +142,12 @@ register_kernel(
     {"forward": "gen_aggr_forward", "backward": "gen_aggr_backward"},
     triton_dtypes=_FLOATS,  # no bfloat16: the softmax's saved maximum and denominator are x's dtype
 )
+register_kernel(
+    "gat_attention",
+    "gat_attention",
+    {"forward": "gat_attention_forward", "backward": "gat_attention_backward"},
+    triton_dtypes=_FLOATS,
+)
 
 
 def _triton(spec: KernelSpec) -> Optional[SimpleNamespace]:

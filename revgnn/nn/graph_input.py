@@ -35,6 +35,7 @@ __all__ = [
     "segments",
     "pyg_edge_index",
     "sort_edges",
+    "source_order",
     "sparse_to_edge_index",
     "tracing",
 ]
@@ -42,6 +43,8 @@ __all__ = [
 #: Sorted graphs already checked, by identity: ``EdgeIndex -> (num_nodes, version)``. Weak, so a graph
 #: dropped by its owner leaves; not an attribute on the tensor, which ``torch.save`` would pickle.
 _CHECKED: WeakIdKeyDictionary = WeakIdKeyDictionary()
+#: Each sorted graph's :func:`source_order`, by identity (weak, and not pickled with the graph).
+_SOURCE_ORDERS: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
 def check_graph(edge_index: Tensor, edge_attr: Any, num_nodes: int) -> None:
@@ -318,21 +321,40 @@ class Segments(NamedTuple):
 
 
 def segments(edge_index, num_nodes: int) -> Segments:
-    """The :class:`Segments` of a tensor graph (any form :func:`sort_edges` takes). Eagerly the
-    source order is the sorted :class:`~torch_geometric.EdgeIndex`'s ``get_csr()``, which the
-    ``EdgeIndex`` caches: computed once per graph, not in every layer; traced it is sorted inside the
-    graph (a stable ``argsort`` of the sources)."""
+    """The :class:`Segments` of a tensor graph (any form :func:`sort_edges` takes): its destination
+    order and :func:`source_order` (stable, so sums taken in it do not depend on the thread count;
+    computed once per ``EdgeIndex`` and kept with it, sorted inside the graph when traced)."""
     edge_index, _ = sort_edges(edge_index, None, num_nodes)
     if isinstance(edge_index, SortedEdges):
         (src, dst), ptr = edge_index.edge_index, edge_index.ptr
-        sperm = src.argsort(stable=True)
-        nodes = torch.arange(num_nodes + 1, device=src.device, dtype=src.dtype)
-        sptr = torch.searchsorted(src.index_select(0, sperm), nodes)
-        sdst = dst.index_select(0, sperm)
     else:
         (ptr, _), _ = edge_index.get_csc()
         src, dst = edge_index.as_tensor()
-        (sptr, sdst), sperm = edge_index.get_csr()
-        if sperm is None:  # sorted by both (PyG then keeps no permutation): the identity
-            sperm = torch.arange(src.numel(), device=src.device)
+    sptr, sdst, sperm = source_order(edge_index, num_nodes)
     return Segments(*(t.long().contiguous() for t in (src, dst, ptr, sptr, sdst, sperm)))
+
+
+def source_order(edge_index, num_nodes: int) -> Tuple[Tensor, Tensor, Tensor]:
+    """The destination-sorted graph of :func:`sort_edges` sorted by source: ``(rowptr, col, perm)``,
+    the pointer ``[N + 1]`` over sources, each edge's destination ``[E]`` and its position in the
+    destination order ``[E]`` (E int64s each, no channels), by which a backward sums the sources'
+    gradients as segments, without atomics. The sort is stable (each source's edges in destination
+    order), so the order, and any sum taken in it, does not depend on the thread count, as PyG's
+    ``EdgeIndex.get_csr()`` (an unstable sort) would. For an :class:`~torch_geometric.EdgeIndex` it is
+    computed once and kept with the graph, so every layer of a forward pass, and the reversible
+    recompute, share it; for a :class:`SortedEdges` (traced) it is a sort inside the graph."""
+    if isinstance(edge_index, SortedEdges):
+        return _source_order(edge_index.edge_index, num_nodes)
+    if not isinstance(edge_index, EdgeIndex) or not edge_index.is_sorted_by_col:
+        raise TypeError(f"source_order takes the graph sort_edges returns, got {type(edge_index).__name__}")
+    cached = _SOURCE_ORDERS.get(edge_index)
+    if cached is None:
+        cached = _SOURCE_ORDERS[edge_index] = _source_order(edge_index.as_tensor(), num_nodes)
+    return cached
+
+
+def _source_order(edge_index: Tensor, num_nodes: int) -> Tuple[Tensor, Tensor, Tensor]:
+    src, dst = edge_index[0].long(), edge_index[1].long()
+    perm = src.argsort(stable=True)
+    nodes = torch.arange(num_nodes + 1, device=src.device)
+    return torch.searchsorted(src.index_select(0, perm), nodes), dst.index_select(0, perm), perm

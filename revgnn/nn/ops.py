@@ -536,8 +536,9 @@ def aggregate(
     for nodes without in-edges) over destination-sorted edges (``ptr`` ``[N + 1]`` over
     destinations, ``src`` ``[E]``), ``w`` the optional edge weights ``[E]`` in that order (1 where
     :obj:`None`). ``sptr``, ``sdst``, ``sperm`` are the same edges in source order (pointer ``[N + 1]``
-    over sources, each edge's destination, its id in destination order: PyG's ``EdgeIndex.get_csr()``),
-    which the backward pass reduces over; nothing edge-sized but these is kept for it."""
+    over sources, each edge's destination, its id in destination order:
+    :func:`revgnn.nn.graph_input.source_order`), which the backward pass reduces over; nothing
+    edge-sized but these is kept for it."""
     _check_graph("aggregate", x, ptr, src, weight)
     kernel = select("aggregate", x, weight, num_edges=src.numel())
     if kernel is not None:
@@ -930,3 +931,306 @@ def _gen_aggr_grad(ctx, grad_out, _grad_top, _grad_denom):
 
 
 gen_aggr.register_autograd(_gen_aggr_grad, setup_context=_gen_aggr_setup)
+
+
+# ------------------------------------------------------------------------- (c) GAT attention
+
+_M32 = 0xFFFFFFFF
+
+
+def _mix32(x: Tensor) -> Tensor:
+    """A 32-bit integer mixer on int64 tensors holding values in ``[0, 2^32)``; every constant is below
+    :math:`2^{31}`, so no product leaves int64 (the C++ kernel computes the same in uint32)."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x2C1B3C6D) & _M32
+    x = x ^ (x >> 16)
+    x = (x * 0x297A2D39) & _M32
+    return x ^ (x >> 15)
+
+
+def dropout_threshold(p: float) -> int:
+    """The 24-bit threshold below which :func:`attention_keep` drops: :math:`\\lfloor p \\cdot 2^{24}
+    \\rceil` (a drop probability within :math:`2^{-25}` of ``p``)."""
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"attention dropout must be in [0, 1), got {p}")
+    return int(round(p * 2**24))
+
+
+def attention_keep(seed: Tensor, edge: Tensor, heads: int, p: float) -> Tensor:
+    r"""The attention-dropout keep mask ``[len(edge), heads]`` (bool) of the given edge ids, drawn
+    from a counter-based hash of ``(seed, edge, head)``, so the same mask is recomputed wherever it
+    is needed (forward, backward, the reversible recompute) without being stored. Edge ids are the
+    positions in the destination-sorted order; node ``i``'s self loop is ``E + i``. The C++ kernel
+    draws the identical mask."""
+    key = _mix32(seed.to(torch.int64).reshape(()) & _M32)
+    x = _mix32(key ^ (edge.to(torch.int64).view(-1, 1) & _M32))
+    x = _mix32(x ^ torch.arange(heads, dtype=torch.int64, device=edge.device))
+    return (x >> 8) >= dropout_threshold(p)
+
+
+def _gat_scale(seed, first, count, heads, p, like):
+    """The dropout scale (:math:`1 / (1 - p)` kept, 0 dropped) of the edge ids ``first .. first + count
+    - 1`` in ``like``'s dtype (None: no dropout)."""
+    if p == 0.0:
+        return None
+    edge = torch.arange(first, first + count, device=like.device)
+    return attention_keep(seed, edge, heads, p).to(like.dtype) * (1.0 / (1.0 - p))
+
+
+def _gat_logits(a_src, a_dst, src, dst, attr, edge_w, edge_b):
+    """The pre-LeakyReLU logits ``[len(src), H]`` of the given edges (``attr`` in their order)."""
+    z = a_src.index_select(0, src) + a_dst.index_select(0, dst)
+    if attr is not None:
+        z = z + torch.nn.functional.linear(attr, edge_w, edge_b)
+    return z
+
+
+def _gat_chunks(ptr, src, attr):
+    """(first edge, sources, destinations, raw features, self loop flags) per chunk of
+    :data:`CHUNK_EDGES` edges (its largest temporaries: a chunk's messages, never E x C)."""
+    e = src.numel()
+    dst = destinations(ptr, e)
+    for part in _edge_chunks(e):
+        s, d = src[part], dst[part]
+        a = attr[part] if attr is not None else None
+        yield part.start, s, d, a, (s == d).view(-1, 1)
+
+
+def _gat_attention_torch(xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b, slope, p, seed):
+    n, heads, _ = xp.shape
+    e = src.numel()
+    leaky = torch.nn.functional.leaky_relu
+    s_loop = leaky(a_src + a_dst + loop, slope)
+    top = s_loop.clone()  # every node has its self loop: the maximum is finite
+    for _, s, d, a, self_edge in _gat_chunks(ptr, src, attr):
+        logit = leaky(_gat_logits(a_src, a_dst, s, d, a, edge_w, edge_b), slope).masked_fill(
+            self_edge, float("-inf")
+        )
+        top.scatter_reduce_(0, d.view(-1, 1).expand_as(logit), logit, "amax")
+    w_loop = (s_loop - top).exp()
+    den = w_loop.clone()
+    keep = _gat_scale(seed, e, n, heads, p, xp)
+    acc = (w_loop if keep is None else w_loop * keep).unsqueeze(-1) * xp
+    for start, s, d, a, self_edge in _gat_chunks(ptr, src, attr):
+        logit = leaky(_gat_logits(a_src, a_dst, s, d, a, edge_w, edge_b), slope)
+        w = (logit - top.index_select(0, d)).exp().masked_fill(self_edge, 0.0)
+        den.index_add_(0, d, w)
+        keep = _gat_scale(seed, start, s.numel(), heads, p, xp)
+        acc.index_add_(0, d, (w if keep is None else w * keep).unsqueeze(-1) * xp.index_select(0, s))
+    return acc / den.unsqueeze(-1), top, den
+
+
+def _gat_attention_backward_torch(
+    grad, out, top, den, xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b, slope, p, seed, need_attr
+):
+    r"""Per edge (recomputed, chunk by chunk) :math:`\partial L / \partial s_{ijh} = \alpha_{ijh}
+    (\kappa_{ijh} \langle g_{ih}, x'_{jh} \rangle - \langle g_{ih}, o_{ih} \rangle)` with the dropout
+    scale :math:`\kappa`, through the LeakyReLU to the logits' terms; :math:`\partial L / \partial
+    x'_{jh} \mathrel{+}= \kappa_{ijh} \alpha_{ijh} g_{ih}`."""
+    n, heads, _ = xp.shape
+    e = src.numel()
+    leaky = torch.nn.functional.leaky_relu
+    g_out = (grad * out).sum(-1)  # [N, H]: <g_ih, o_ih>
+
+    def through(z, alpha, q, go):
+        """dL/dz of the logits z from the coefficients alpha, q = kappa <g_i, x'_j> and go = <g_i, o_i>."""
+        ds = alpha * (q - go)
+        return torch.where(z > 0, ds, ds * slope)  # LeakyReLU's backward (slope at 0, as torch's)
+
+    z_loop = a_src + a_dst + loop
+    alpha = (leaky(z_loop, slope) - top).exp() / den
+    keep = _gat_scale(seed, e, n, heads, p, xp)
+    ka = alpha if keep is None else alpha * keep
+    q = (grad * xp).sum(-1)
+    dz_loop = through(z_loop, alpha, q if keep is None else q * keep, g_out)
+    g_src, g_dst, g_loop = dz_loop.clone(), dz_loop.clone(), dz_loop
+    g_xp = ka.unsqueeze(-1) * grad
+    g_attr = torch.zeros_like(attr) if attr is not None and need_attr else None
+    g_w = torch.zeros_like(edge_w) if attr is not None else None
+    g_b = torch.zeros_like(edge_b) if attr is not None and edge_b is not None else None
+    for start, s, d, a, self_edge in _gat_chunks(ptr, src, attr):
+        z = _gat_logits(a_src, a_dst, s, d, a, edge_w, edge_b)
+        alpha = ((leaky(z, slope) - top.index_select(0, d)).exp() / den.index_select(0, d)).masked_fill(
+            self_edge, 0.0
+        )
+        keep = _gat_scale(seed, start, s.numel(), heads, p, xp)
+        g_d = grad.index_select(0, d)
+        q = (g_d * xp.index_select(0, s)).sum(-1)
+        dz = through(z, alpha, q if keep is None else q * keep, g_out.index_select(0, d))
+        g_src.index_add_(0, s, dz)
+        g_dst.index_add_(0, d, dz)
+        ka = alpha if keep is None else alpha * keep
+        g_xp.index_add_(0, s, ka.unsqueeze(-1) * g_d)
+        if attr is not None:
+            if g_attr is not None:
+                g_attr[start : start + s.numel()] = dz @ edge_w
+            g_w += dz.t() @ a
+            if g_b is not None:
+                g_b += dz.sum(0)
+    return g_xp, g_src, g_dst, g_loop, g_attr, g_w, g_b
+
+
+@torch.library.custom_op("revgnn::gat_attention", mutates_args=())
+def gat_attention(
+    xp: Tensor,
+    a_src: Tensor,
+    a_dst: Tensor,
+    loop: Tensor,
+    ptr: Tensor,
+    src: Tensor,
+    attr: Optional[Tensor],
+    edge_w: Optional[Tensor],
+    edge_b: Optional[Tensor],
+    negative_slope: float,
+    p: float,
+    seed: Tensor,
+    rowptr: Tensor,
+    col: Tensor,
+    perm: Tensor,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    r"""``(out, max, den)``: GAT's attention over destination-sorted edges (``ptr`` ``[N + 1]``,
+    ``src`` ``[E]``) plus one self loop per node, with the edges ``j -> j`` of ``src`` left out
+    (PyG's ``remove_self_loops`` then ``add_self_loops``):
+
+    .. math::
+        s_{ijh} = \mathrm{LeakyReLU}(a^{src}_{jh} + a^{dst}_{ih} + \mathbf{a}_{ij} \cdot
+        \mathbf{w}_h + b_h), \quad
+        \mathbf{o}_{ih} = \sum_j \kappa_{ijh} \frac{\exp(s_{ijh} - M_{ih})}{D_{ih}} \mathbf{x}'_{jh}
+
+    with ``xp`` :math:`\mathbf{x}'` ``[N, H, C']``, ``a_src``, ``a_dst`` ``[N, H]``, the edge term
+    absent or from the raw features ``attr`` ``[E, d]``, ``edge_w`` ``[H, d]``, ``edge_b`` ``[H]``
+    (optional); the self loop's edge term is ``loop`` ``[N, H]``. ``max`` :math:`M` and ``den``
+    :math:`D` ``[N, H]`` are each destination's and head's maximum logit and softmax denominator,
+    :math:`\kappa` the attention-dropout scale of :func:`attention_keep` (``seed``, drop rate
+    ``p``; 1 where ``p = 0``). ``rowptr`` ``[N + 1]``, ``col`` ``[E]``, ``perm`` ``[E]`` are the same
+    edges sorted by source (the pointer over sources, each edge's destination and its position in
+    the destination order: :func:`revgnn.nn.graph_input.source_order`), by which the C++ backward
+    sums the sources' gradients per source."""
+    kernel = select("gat_attention", xp, a_src, a_dst, loop, attr, edge_w, edge_b, num_edges=src.numel())
+    if kernel is not None:
+        dropout_threshold(p)  # refuses p outside [0, 1), as the PyTorch path does
+        return tuple(
+            kernel.forward(
+                xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b, negative_slope, p, int(seed)
+            )
+        )
+    with _in_dtype(xp):
+        return _gat_attention_torch(
+            xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b, negative_slope, p, seed
+        )
+
+
+@gat_attention.register_fake
+def _(xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b, negative_slope, p, seed, rowptr, col, perm):
+    return torch.empty_like(xp), torch.empty_like(a_src), torch.empty_like(a_src)
+
+
+@torch.library.custom_op("revgnn::gat_attention_backward", mutates_args=())
+def gat_attention_backward(
+    grad: Tensor,
+    out: Tensor,
+    top: Tensor,
+    den: Tensor,
+    xp: Tensor,
+    a_src: Tensor,
+    a_dst: Tensor,
+    loop: Tensor,
+    ptr: Tensor,
+    src: Tensor,
+    attr: Optional[Tensor],
+    edge_w: Optional[Tensor],
+    edge_b: Optional[Tensor],
+    negative_slope: float,
+    p: float,
+    seed: Tensor,
+    rowptr: Tensor,
+    col: Tensor,
+    perm: Tensor,
+    need_attr: bool,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The gradients of :func:`gat_attention`'s ``out`` for ``xp``, ``a_src``, ``a_dst``, ``loop``,
+    ``attr``, ``edge_w``, ``edge_b`` (an empty tensor where that input is absent, and for ``attr``
+    where not asked for)."""
+    kernel = select("gat_attention", xp, a_src, a_dst, loop, attr, edge_w, edge_b, num_edges=src.numel())
+    if kernel is not None:
+        return tuple(
+            kernel.backward(
+                grad, out, top, den, xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b,
+                negative_slope, p, int(seed), rowptr, col, perm, need_attr,
+            )
+        )  # fmt: skip
+    with _in_dtype(xp):
+        grads = _gat_attention_backward_torch(
+            grad, out, top, den, xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b,
+            negative_slope, p, seed, need_attr,
+        )  # fmt: skip
+    return tuple(_or_empty(g, xp) for g in grads)
+
+
+@gat_attention_backward.register_fake
+def _(
+    grad,
+    out,
+    top,
+    den,
+    xp,
+    a_src,
+    a_dst,
+    loop,
+    ptr,
+    src,
+    attr,
+    edge_w,
+    edge_b,
+    slope,
+    p,
+    seed,
+    *order,
+    need_attr,
+):
+    def like(t, present=True):
+        return torch.empty_like(t) if t is not None and present else xp.new_empty(0)
+
+    factored = attr is not None
+    return (
+        like(xp),
+        like(a_src),
+        like(a_dst),
+        like(loop),
+        like(attr, need_attr),
+        like(edge_w, factored),
+        like(edge_b, factored),
+    )
+
+
+def _gat_attention_setup(ctx, inputs, output):
+    xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b, slope, p, seed, rowptr, col, perm = inputs
+    out, top, den = output
+    ctx.slope, ctx.p = slope, p
+    ctx.save_for_backward(
+        xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b, seed, rowptr, col, perm, out, top, den
+    )
+
+
+def _gat_attention_grad(ctx, grad_out, _grad_top, _grad_den):
+    xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b, seed, rowptr, col, perm, out, top, den = (
+        ctx.saved_tensors
+    )
+    need = ctx.needs_input_grad
+    grads = gat_attention_backward(
+        grad_out.contiguous(), out, top, den, xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b,
+        ctx.slope, ctx.p, seed, rowptr, col, perm, need[6],
+    )  # fmt: skip
+    present = (True, True, True, True, attr is not None, attr is not None, edge_b is not None)
+    g_xp, g_src, g_dst, g_loop, g_attr, g_w, g_b = (
+        g if wanted and here else None for g, wanted, here in zip(grads, need[:4] + need[6:9], present)
+    )
+    return g_xp, g_src, g_dst, g_loop, None, None, g_attr, g_w, g_b, None, None, None, None, None, None
+
+
+gat_attention.register_autograd(_gat_attention_grad, setup_context=_gat_attention_setup)
+
+
+__all__ += ["attention_keep", "gat_attention", "gat_attention_backward"]

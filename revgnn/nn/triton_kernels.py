@@ -1379,3 +1379,283 @@ def gen_aggr_backward(
         if need_t:
             gt = part["t"].sum().to(dt).view_as(t)
     return gx, ga, gw, gb, gt
+
+
+# ------------------------------------------------------------------------- (c) GAT attention
+#
+# torch.ops.revgnn.gat_attention's Triton version, call-compatible with revgnn/csrc/gat_attention.cpp
+# (the formulas: revgnn.nn.ops.gat_attention). Forward: one program per (destination, head), an
+# online softmax over tiles of BE edges (self loop first). Backward: pass A per (destination, head)
+# recomputes each edge's dL/dz and writes it to an [E, H] buffer (E x H, no channels), from which
+# the edge-feature, w and b gradients are two small matrix products; pass B per (source, head)
+# walks the source order (rowptr, col, perm) for the a_src and xp gradients: gathers, no atomics.
+
+if AVAILABLE:
+
+    @triton.jit
+    def _gat_mix32(x):
+        """revgnn.nn.ops._mix32 on int64 values in [0, 2^32): the same constants and masks (the mask
+        as an int64 block: a literal 2^32 - 1 would not fit Triton's int32 literals)."""
+        m32 = tl.full([1], 0xFFFFFFFF, tl.int64)
+        x = x ^ (x >> 16)
+        x = (x * 0x7FEB352D) & m32
+        x = x ^ (x >> 15)
+        x = (x * 0x2C1B3C6D) & m32
+        x = x ^ (x >> 16)
+        x = (x * 0x297A2D39) & m32
+        return x ^ (x >> 15)
+
+    @triton.jit
+    def _gat_kappa(key, ids, h, threshold, scale, DROPOUT: tl.constexpr):
+        """The dropout scale of edge ids ``ids`` (int64 block), head ``h``: scale kept, 0 dropped."""
+        if DROPOUT:
+            x = _gat_mix32(key ^ (ids & tl.full([1], 0xFFFFFFFF, tl.int64)))
+            x = _gat_mix32(x ^ h)
+            return tl.where((x >> 8) >= threshold, scale, 0.0 * scale)
+        else:
+            return tl.where(ids >= 0, 1.0 + 0.0 * scale, 0.0 * scale)
+
+    @triton.jit
+    def _gat_logit(
+        asrc_ptr, adst_ptr, attr_ptr, w_ptr, b_ptr, j, i, e, valid, h, H, d,
+        EDGES: tl.constexpr, HAS_BIAS: tl.constexpr, ACC: tl.constexpr, BD: tl.constexpr,
+    ):  # fmt: skip
+        """Pre-LeakyReLU logits [BE] of edges ``e`` (j -> i, blocks) for head ``h``."""
+        z = tl.load(asrc_ptr + j * H + h, mask=valid, other=0.0).to(ACC)
+        z += tl.load(adst_ptr + i * H + h, mask=valid, other=0.0).to(ACC)
+        if EDGES:
+            kk = tl.arange(0, BD)
+            km = kk < d
+            a = tl.load(attr_ptr + e[:, None] * d + kk[None, :], mask=valid[:, None] & km[None, :], other=0.0)
+            wv = tl.load(w_ptr + h * d + kk, mask=km, other=0.0).to(ACC)
+            t = tl.sum(a.to(ACC) * wv[None, :], axis=1)
+            if HAS_BIAS:
+                t += tl.load(b_ptr + h).to(ACC)
+            z += t
+        return z
+
+    @triton.jit
+    def _gat_fwd_kernel(
+        xp_ptr, asrc_ptr, adst_ptr, loop_ptr, ptr_ptr, src_ptr, attr_ptr, w_ptr, b_ptr, par_ptr,
+        out_ptr, top_ptr, den_ptr, key, threshold, E, H, C, d,
+        EDGES: tl.constexpr, HAS_BIAS: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr,
+        BE: tl.constexpr, BC: tl.constexpr, BD: tl.constexpr,
+    ):  # fmt: skip
+        i = tl.program_id(0).to(tl.int64)
+        h = tl.program_id(1).to(tl.int64)
+        c = tl.arange(0, BC)
+        cm = c < C
+        slope = tl.load(par_ptr).to(ACC)
+        scale = tl.load(par_ptr + 1).to(ACC)
+        one = tl.zeros([1], tl.int64) + i
+        z0 = tl.load(asrc_ptr + one * H + h).to(ACC) + tl.load(adst_ptr + one * H + h).to(ACC)
+        z0 += tl.load(loop_ptr + one * H + h).to(ACC)
+        m = tl.max(tl.where(z0 > 0, z0, z0 * slope), axis=0)  # the self loop starts the softmax
+        dsum = 1.0 + 0.0 * m
+        k0 = tl.sum(_gat_kappa(key, E + one, h, threshold, scale, DROPOUT), axis=0)
+        acc = k0 * tl.load(xp_ptr + (i * H + h) * C + c, mask=cm, other=0.0).to(ACC)
+        e0 = tl.load(ptr_ptr + i)
+        e1 = tl.load(ptr_ptr + i + 1)
+        for s in range(e0, e1, BE):
+            e = s + tl.arange(0, BE)
+            em = e < e1
+            j = tl.load(src_ptr + e, mask=em, other=0).to(tl.int64)
+            valid = em & (j != i)
+            z = _gat_logit(
+                asrc_ptr, adst_ptr, attr_ptr, w_ptr, b_ptr, j, tl.zeros_like(j) + i, e, valid, h, H, d,
+                EDGES, HAS_BIAS, ACC, BD,
+            )  # fmt: skip
+            sc = tl.where(valid, tl.where(z > 0, z, z * slope), float("-inf"))
+            mnew = tl.maximum(m, tl.max(sc, axis=0))
+            r = tl.exp(m - mnew)
+            pe = tl.where(valid, tl.exp(sc - mnew), 0.0)
+            kp = _gat_kappa(key, e, h, threshold, scale, DROPOUT) * pe
+            xv = tl.load(
+                xp_ptr + (j[:, None] * H + h) * C + c[None, :], mask=valid[:, None] & cm[None, :], other=0.0
+            )
+            dsum = dsum * r + tl.sum(pe, axis=0)
+            acc = acc * r + tl.sum(kp[:, None] * xv.to(ACC), axis=0)
+            m = mnew
+        tl.store(out_ptr + (i * H + h) * C + c, (acc / dsum).to(out_ptr.dtype.element_ty), mask=cm)
+        tl.store(top_ptr + i * H + h, m.to(top_ptr.dtype.element_ty))
+        tl.store(den_ptr + i * H + h, dsum.to(den_ptr.dtype.element_ty))
+
+    @triton.jit
+    def _gat_bwd_dst_kernel(
+        g_ptr, out_ptr, top_ptr, den_ptr, xp_ptr, asrc_ptr, adst_ptr, loop_ptr, ptr_ptr, src_ptr,
+        attr_ptr, w_ptr, b_ptr, par_ptr, dz_ptr, gdst_ptr, gloop_ptr, key, threshold, E, H, C, d,
+        EDGES: tl.constexpr, HAS_BIAS: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr,
+        BE: tl.constexpr, BC: tl.constexpr, BD: tl.constexpr,
+    ):  # fmt: skip
+        """Pass A, per (destination i, head h): dL/dz of each in-edge into dz [E, H], and the
+        a_dst and self-loop gradients."""
+        i = tl.program_id(0).to(tl.int64)
+        h = tl.program_id(1).to(tl.int64)
+        c = tl.arange(0, BC)
+        cm = c < C
+        slope = tl.load(par_ptr).to(ACC)
+        scale = tl.load(par_ptr + 1).to(ACC)
+        gi = tl.load(g_ptr + (i * H + h) * C + c, mask=cm, other=0.0).to(ACC)
+        go = tl.sum(gi * tl.load(out_ptr + (i * H + h) * C + c, mask=cm, other=0.0).to(ACC), axis=0)
+        mx = tl.load(top_ptr + i * H + h).to(ACC)
+        dn = tl.load(den_ptr + i * H + h).to(ACC)
+        one = tl.zeros([1], tl.int64) + i
+        z0 = tl.load(asrc_ptr + one * H + h).to(ACC) + tl.load(adst_ptr + one * H + h).to(ACC)
+        z0 += tl.load(loop_ptr + one * H + h).to(ACC)
+        a0 = tl.exp(tl.where(z0 > 0, z0, z0 * slope) - mx) / dn
+        q0 = _gat_kappa(key, E + one, h, threshold, scale, DROPOUT)
+        q0 = q0 * tl.sum(gi * tl.load(xp_ptr + (i * H + h) * C + c, mask=cm, other=0.0).to(ACC), axis=0)
+        ds0 = a0 * (q0 - go)
+        dz0 = tl.sum(tl.where(z0 > 0, ds0, ds0 * slope), axis=0)
+        tl.store(gloop_ptr + i * H + h, dz0.to(gloop_ptr.dtype.element_ty))
+        accd = dz0
+        e0 = tl.load(ptr_ptr + i)
+        e1 = tl.load(ptr_ptr + i + 1)
+        for s in range(e0, e1, BE):
+            e = s + tl.arange(0, BE)
+            em = e < e1
+            j = tl.load(src_ptr + e, mask=em, other=0).to(tl.int64)
+            valid = em & (j != i)
+            z = _gat_logit(
+                asrc_ptr, adst_ptr, attr_ptr, w_ptr, b_ptr, j, tl.zeros_like(j) + i, e, valid, h, H, d,
+                EDGES, HAS_BIAS, ACC, BD,
+            )  # fmt: skip
+            alpha = tl.where(valid, tl.exp(tl.where(z > 0, z, z * slope) - mx) / dn, 0.0)
+            xv = tl.load(
+                xp_ptr + (j[:, None] * H + h) * C + c[None, :], mask=valid[:, None] & cm[None, :], other=0.0
+            )
+            q = _gat_kappa(key, e, h, threshold, scale, DROPOUT) * tl.sum(gi[None, :] * xv.to(ACC), axis=1)
+            ds = alpha * (q - go)
+            dz = tl.where(valid, tl.where(z > 0, ds, ds * slope), 0.0)
+            accd += tl.sum(dz, axis=0)
+            tl.store(dz_ptr + e * H + h, dz.to(dz_ptr.dtype.element_ty), mask=em)
+        tl.store(gdst_ptr + i * H + h, accd.to(gdst_ptr.dtype.element_ty))
+
+    @triton.jit
+    def _gat_bwd_src_kernel(
+        g_ptr, top_ptr, den_ptr, xp_ptr, asrc_ptr, adst_ptr, loop_ptr, attr_ptr, w_ptr, b_ptr, par_ptr,
+        rowptr_ptr, col_ptr, perm_ptr, dz_ptr, gloop_ptr, gxp_ptr, gsrc_ptr, key, threshold, E, H, C, d,
+        EDGES: tl.constexpr, HAS_BIAS: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr,
+        BE: tl.constexpr, BC: tl.constexpr, BD: tl.constexpr,
+    ):  # fmt: skip
+        """Pass B, per (source j, head h), over j's out-edges in source order: the a_src and xp
+        gradients (the self loop's terms first)."""
+        j = tl.program_id(0).to(tl.int64)
+        h = tl.program_id(1).to(tl.int64)
+        c = tl.arange(0, BC)
+        cm = c < C
+        slope = tl.load(par_ptr).to(ACC)
+        scale = tl.load(par_ptr + 1).to(ACC)
+        one = tl.zeros([1], tl.int64) + j
+        z0 = tl.load(asrc_ptr + one * H + h).to(ACC) + tl.load(adst_ptr + one * H + h).to(ACC)
+        z0 += tl.load(loop_ptr + one * H + h).to(ACC)
+        a0 = tl.exp(tl.where(z0 > 0, z0, z0 * slope) - tl.load(top_ptr + one * H + h).to(ACC))
+        a0 = a0 / tl.load(den_ptr + one * H + h).to(ACC)
+        ka0 = tl.sum(_gat_kappa(key, E + one, h, threshold, scale, DROPOUT) * a0, axis=0)
+        gx = ka0 * tl.load(g_ptr + (j * H + h) * C + c, mask=cm, other=0.0).to(ACC)
+        accs = tl.load(gloop_ptr + j * H + h).to(ACC)
+        o0 = tl.load(rowptr_ptr + j)
+        o1 = tl.load(rowptr_ptr + j + 1)
+        for s in range(o0, o1, BE):
+            o = s + tl.arange(0, BE)
+            om = o < o1
+            e = tl.load(perm_ptr + o, mask=om, other=0).to(tl.int64)
+            i = tl.load(col_ptr + o, mask=om, other=0).to(tl.int64)
+            valid = om & (i != j)
+            accs += tl.sum(tl.load(dz_ptr + e * H + h, mask=valid, other=0.0).to(ACC), axis=0)
+            z = _gat_logit(
+                asrc_ptr, adst_ptr, attr_ptr, w_ptr, b_ptr, tl.zeros_like(i) + j, i, e, valid, h, H, d,
+                EDGES, HAS_BIAS, ACC, BD,
+            )  # fmt: skip
+            mx = tl.load(top_ptr + i * H + h, mask=valid, other=0.0).to(ACC)
+            dn = tl.load(den_ptr + i * H + h, mask=valid, other=1.0).to(ACC)
+            alpha = tl.where(valid, tl.exp(tl.where(z > 0, z, z * slope) - mx) / dn, 0.0)
+            ka = _gat_kappa(key, e, h, threshold, scale, DROPOUT) * alpha
+            gv = tl.load(
+                g_ptr + (i[:, None] * H + h) * C + c[None, :], mask=valid[:, None] & cm[None, :], other=0.0
+            )
+            gx += tl.sum(ka[:, None] * gv.to(ACC), axis=0)
+        tl.store(gxp_ptr + (j * H + h) * C + c, gx.to(gxp_ptr.dtype.element_ty), mask=cm)
+        tl.store(gsrc_ptr + j * H + h, accs.to(gsrc_ptr.dtype.element_ty))
+
+
+def _gat_setup(xp, attr, edge_w, edge_b, slope: float, p: float, seed: int):
+    """Shared launch arguments: (edges?, bias?, dropout?, key, threshold, params tensor [slope,
+    scale] in xp's dtype (float scalars would reach the kernel as float32), constexprs)."""
+    _require(xp)
+    if xp.dim() != 3 or not xp.is_contiguous():
+        raise ValueError("gat_attention: xp must be a contiguous [N, H, C]")
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"attention dropout must be in [0, 1), got {p}")
+    threshold = int(round(p * 2**24))  # revgnn.nn.ops.dropout_threshold (ops imports this module)
+    key = 0
+    if p > 0:  # revgnn.nn.ops._mix32 of the seed, on the host
+        x = int(seed) & 0xFFFFFFFF
+        for shift, mult in ((16, 0x7FEB352D), (15, 0x2C1B3C6D), (16, 0x297A2D39)):
+            x = ((x ^ (x >> shift)) * mult) & 0xFFFFFFFF
+        key = x ^ (x >> 15)
+    par = torch.tensor([slope, 1.0 / (1.0 - p)], dtype=torch.float64).to(xp.dtype).to(xp.device)
+    edges = attr is not None
+    d = attr.size(1) if edges else 0
+    acc, _ = _acc(xp.dtype)
+    meta = dict(
+        EDGES=edges, HAS_BIAS=edges and edge_b is not None, DROPOUT=p > 0, ACC=acc, BE=16,
+        BC=_pow2(xp.size(2), 2), BD=_pow2(d, 2),
+    )  # fmt: skip
+    dummy = lambda t: t if t is not None else xp  # noqa: E731
+    return (dummy(attr), dummy(edge_w), dummy(edge_b), par), key, threshold, d, meta
+
+
+def gat_attention_forward(
+    xp: Tensor, a_src: Tensor, a_dst: Tensor, loop: Tensor, ptr: Tensor, src: Tensor,
+    attr: Optional[Tensor], edge_w: Optional[Tensor], edge_b: Optional[Tensor],
+    slope: float, p: float, seed: int,
+) -> Tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """``(out [N, H, C], max [N, H], den [N, H])``, as ``kernels.load("gat_attention").forward``."""
+    (attr_, w_, b_, par), key, threshold, d, meta = _gat_setup(xp, attr, edge_w, edge_b, slope, p, seed)
+    n, heads, c = xp.shape
+    out, top, den = torch.empty_like(xp), torch.empty_like(a_src), torch.empty_like(a_src)
+    if n > 0:
+        _launch(_gat_fwd_kernel)[(n, heads)](
+            xp, a_src, a_dst, loop, ptr, src, attr_, w_, b_, par, out, top, den, key, threshold,
+            src.numel(), heads, c, d, **meta,
+        )  # fmt: skip
+    return out, top, den
+
+
+def gat_attention_backward(
+    grad: Tensor, out: Tensor, top: Tensor, den: Tensor, xp: Tensor, a_src: Tensor, a_dst: Tensor,
+    loop: Tensor, ptr: Tensor, src: Tensor, attr: Optional[Tensor], edge_w: Optional[Tensor],
+    edge_b: Optional[Tensor], slope: float, p: float, seed: int, rowptr: Tensor, col: Tensor,
+    perm: Tensor, need_attr: bool,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    """``(xp, a_src, a_dst, loop, attr, edge_w, edge_b)`` gradients (empty where the input is
+    absent, or attr's not asked for), as ``kernels.load("gat_attention").backward``."""
+    (attr_, w_, b_, par), key, threshold, d, meta = _gat_setup(xp, attr, edge_w, edge_b, slope, p, seed)
+    n, heads, c = xp.shape
+    e = src.numel()
+    _, acc_dtype = _acc(xp.dtype)
+    dz = torch.zeros((e, heads), dtype=acc_dtype, device=xp.device)
+    g_dst, g_loop = torch.empty_like(a_dst), torch.empty((n, heads), dtype=acc_dtype, device=xp.device)
+    g_xp, g_src = torch.empty_like(xp), torch.empty_like(a_src)
+    if n > 0:
+        common = (key, threshold, e, heads, c, d)
+        _launch(_gat_bwd_dst_kernel)[(n, heads)](
+            grad, out, top, den, xp, a_src, a_dst, loop, ptr, src, attr_, w_, b_, par, dz, g_dst,
+            g_loop, *common, **meta,
+        )  # fmt: skip
+        _launch(_gat_bwd_src_kernel)[(n, heads)](
+            grad, top, den, xp, a_src, a_dst, loop, attr_, w_, b_, par, rowptr, col, perm, dz, g_loop,
+            g_xp, g_src, *common, **meta,
+        )  # fmt: skip
+    g_attr, g_w, g_b = (xp.new_empty(0) for _ in range(3))  # distinct: a custom op's outputs may not alias
+    if attr is not None:
+        g_w = (dz.t() @ attr.to(acc_dtype)).to(xp.dtype)
+        if need_attr:
+            g_attr = (dz @ edge_w.to(acc_dtype)).to(xp.dtype)
+        if edge_b is not None:
+            g_b = dz.sum(0).to(xp.dtype)
+    return g_xp, g_src, g_dst, g_loop.to(xp.dtype), g_attr, g_w, g_b
+
+
+__all__ += ["gat_attention_forward", "gat_attention_backward"]
