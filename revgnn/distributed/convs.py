@@ -362,7 +362,9 @@ class SARGCNConv(GCNConv):
             )
         graph = edge_index
         x = self.lin(x)
-        out = sar_aggregate(graph.with_self_loops(), x, "sum", gcn_edge_weight(graph, self.improved))
+        # not self.improved: without edge weights PyG's gcn_norm gives the added loops weight 1 either
+        # way (add_remaining_self_loops fills no weight where there is none), and SAR equals PyG
+        out = sar_aggregate(graph.with_self_loops(), x, "sum", gcn_edge_weight(graph))
         if self.bias is not None:
             out = out + self.bias
         return out
