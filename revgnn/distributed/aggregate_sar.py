@@ -72,7 +72,7 @@ class _ShardSegments:
         self.src_ref = graph.src
         n = graph.num_local
         self.shards: List[_Shard] = []
-        self._weights: Dict[Tuple[int, torch.dtype, torch.device], Tuple[Tensor, List[Tensor]]] = {}
+        self._weights: Dict[Tuple[torch.dtype, torch.device], Tuple[Tensor, List[Tensor]]] = {}
         for q in range(graph.world_size):
             a, b = graph.shard(q)
             src, dst = graph.src[a:b], graph.dst[a:b]
@@ -102,10 +102,11 @@ class _ShardSegments:
 
     def weights(self, weight: Optional[Tensor], dtype: torch.dtype) -> List[Optional[Tensor]]:
         """``weight`` (the graph's local edge order) per shard in destination order, in ``dtype``;
-        cached while ``weight`` is the same tensor (e.g. the graph's cached GCN normalisation)."""
+        cached (one tensor per dtype and device, so a caller passing new weights every time does not
+        pile them up) while ``weight`` is the same tensor, e.g. the graph's cached GCN normalisation."""
         if weight is None:
             return [None] * len(self.shards)
-        key = (id(weight), dtype, weight.device)
+        key = (dtype, weight.device)
         hit = self._weights.get(key)
         if hit is not None and hit[0] is weight:
             return hit[1]
