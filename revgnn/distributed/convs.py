@@ -28,6 +28,7 @@ from torch_geometric.nn.conv import MessagePassing
 from revgnn.nn.edge_features import LinearEdgeFeatures
 from revgnn.nn.norm_act import sequential_forward
 
+from .aggregate_sar import sar_aggregate
 from .comm import AllReduceSum
 from .gen_max_sar import sar_gen_max
 from .sar import EdgeOp, SARGraph, sequential_aggregate
@@ -57,13 +58,6 @@ def sar_conv(cls: Type[MessagePassing]) -> Type[MessagePassing]:
     (base,) = [b for b in cls.__bases__ if issubclass(b, MessagePassing)]
     SAR_CONVS[base] = cls
     return cls
-
-
-class _Linear(EdgeOp):
-    linear = True
-
-    def __init__(self, kind: str):
-        self.kind = kind
 
 
 def _simple_aggr_kind(module, name: str) -> str:
@@ -283,9 +277,10 @@ class SARGATConv(GATConv):
 
 @sar_conv
 class SARSAGEConv(SAGEConv):
-    """:class:`torch_geometric.nn.SAGEConv` (sum/mean/max aggregation) that
-    also runs on a :class:`~revgnn.distributed.sar.SARGraph`; mean and sum
-    take the no-re-fetch fast path."""
+    r""":class:`torch_geometric.nn.SAGEConv` (sum/mean/max aggregation) that
+    also runs on a :class:`~revgnn.distributed.sar.SARGraph`, aggregating shard by shard
+    through the fused operators (:mod:`revgnn.distributed.aggregate_sar`): no
+    :math:`E \times C` tensor; mean and sum take the no-re-fetch fast path."""
 
     def forward(self, x, edge_index, size=None):
         if not isinstance(edge_index, SARGraph):
@@ -293,8 +288,7 @@ class SARSAGEConv(SAGEConv):
         _no_tuple(x, "SAGEConv")
         x_src = self.lin(x).relu() if (self.project and hasattr(self, "lin")) else x
         kind = _simple_aggr_kind(self, "SAGEConv")
-        op = _Linear(kind) if kind != "max" else _MaxOfX()
-        out = self.lin_l(sequential_aggregate(op, edge_index, x_src))
+        out = self.lin_l(sar_aggregate(edge_index, x_src, kind))
         if self.root_weight:
             out = out + self.lin_r(x)
         if self.normalize:
@@ -302,19 +296,13 @@ class SARSAGEConv(SAGEConv):
         return out
 
 
-class _MaxOfX(EdgeOp):
-    kind = "max"
-
-    def message(self, x_j, x_i, edge, params):
-        return None, x_j
-
-
 @sar_conv
 class SARGINConv(GINConv):
     r""":class:`torch_geometric.nn.GINConv` that also runs on a
     :class:`~revgnn.distributed.sar.SARGraph`:
     :math:`h_\Theta((1+\epsilon)\mathbf{x}_i + \sum_j \mathbf{x}_j)`, the sum
-    on the no-re-fetch fast path."""
+    through the fused operators (:mod:`revgnn.distributed.aggregate_sar`) on the
+    no-re-fetch fast path."""
 
     def forward(self, x, edge_index, size=None):
         if not isinstance(edge_index, SARGraph):
@@ -322,8 +310,7 @@ class SARGINConv(GINConv):
         _no_tuple(x, "GINConv")
         _check_no_batch_norm(self.nn, "GINConv")
         kind = _simple_aggr_kind(self, "GINConv")
-        op = _Linear(kind) if kind != "max" else _MaxOfX()
-        out = sequential_aggregate(op, edge_index, x)
+        out = sar_aggregate(edge_index, x, kind)
         out = out + (1 + self.eps) * x
         return self.nn(out)
 
@@ -359,7 +346,8 @@ def gcn_edge_weight(graph: SARGraph, improved: bool = False) -> Tensor:
 class SARGCNConv(GCNConv):
     """:class:`torch_geometric.nn.GCNConv` (unweighted graph, self loops,
     symmetric normalisation) that also runs on a
-    :class:`~revgnn.distributed.sar.SARGraph`, on the no-re-fetch fast
+    :class:`~revgnn.distributed.sar.SARGraph`: the weighted sum through the fused
+    operators (:mod:`revgnn.distributed.aggregate_sar`) on the no-re-fetch fast
     path."""
 
     def forward(self, x, edge_index, edge_weight=None):
@@ -374,8 +362,9 @@ class SARGCNConv(GCNConv):
             )
         graph = edge_index
         x = self.lin(x)
-        norm = gcn_edge_weight(graph, self.improved).to(x.dtype)
-        out = sequential_aggregate(_Linear("sum"), graph.with_self_loops(), x, None, norm)
+        # not self.improved: without edge weights PyG's gcn_norm gives the added loops weight 1 either
+        # way (add_remaining_self_loops fills no weight where there is none), and SAR equals PyG
+        out = sar_aggregate(graph.with_self_loops(), x, "sum", gcn_edge_weight(graph))
         if self.bias is not None:
             out = out + self.bias
         return out

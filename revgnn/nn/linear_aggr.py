@@ -186,6 +186,8 @@ def gcn_conv(conv, x: Tensor, edge_index) -> Tensor:
     if graph is None or not plain or conv.aggr not in ("add", "sum"):
         return conv(x, pyg_edge_index(edge_index))
     h = conv.lin(x)
-    weight, loop = gcn_edge_weights(graph, 2.0 if conv.improved else 1.0, h.dtype)
+    # 1 for improved too: without edge weights PyG's add_remaining_self_loops fills no weight and gcn_norm
+    # then gives every edge, the added loops included, weight 1 (PyG 2.8), and this equals PyG's conv
+    weight, loop = gcn_edge_weights(graph, 1.0, h.dtype)
     out = _aggregate(h, graph, weight, False) + loop * h
     return out + conv.bias if conv.bias is not None else out

@@ -346,3 +346,21 @@ def test_the_guard_catches_pyg_path(kind, monkeypatch):
     torch.manual_seed(0)
     largest, _ = measure(BLOCKS[kind](C), torch.randn(N, C), big_graph())
     assert largest >= E * C * 4
+
+
+@pytest.mark.parametrize("improved", [False, True])
+def test_gcn_conv_equals_pyg_improved_too(improved):
+    """gcn_conv on a GCNConv of any ``improved`` equals the conv itself in float64: without edge
+    weights PyG gives the added self loops weight 1 either way (its gcn_norm, PyG 2.8)."""
+    from torch_geometric.nn import GCNConv
+
+    g = torch.Generator().manual_seed(3)
+    n = 30
+    ei = torch.randint(0, n, (2, 200), generator=g)
+    ei = torch.cat([ei, torch.tensor([[4, 4, 7], [4, 4, 7]])], 1)  # self loops, one duplicated
+    torch.manual_seed(0)
+    conv = GCNConv(6, 5, improved=improved).double()
+    x = torch.randn(n, 6, generator=g, dtype=torch.float64)
+    ref = conv(x, ei)
+    out = linear_aggr.gcn_conv(conv, x, ei)
+    assert ((out - ref).abs().max() / ref.abs().max()).item() <= 1e-12

@@ -934,3 +934,61 @@ def test_gat_attention_matches_cpp(monkeypatch, p, edges, dtype):
         exact = run("1", torch.float64)
         for a, b, r in zip(tri, ref, exact):
             assert rel(a, r) <= 4 * rel(b, r) + 1e-6
+
+
+@pytest.mark.parametrize("kind", ["sage_mean", "sage_max", "gin", "gcn"])
+def test_sar_aggregation_shards_take_the_triton_kernels(monkeypatch, kind):
+    """SAR's SAGE, GIN and GCN shards (revgnn.distributed.aggregate_sar) reach the Triton
+    aggregations through the dispatch table under ``REVGNN_KERNELS=triton`` (as on CUDA tensors): on
+    one part they launch the forward and backward kernels once each and equal PyG's conv on the
+    full graph in float64 (the same sums in other orders, so 1e-12)."""
+    from conftest import rel_err
+    from sar_cases import F_IN, N, make_graph
+    from torch_geometric.nn import GCNConv, GINConv, SAGEConv
+
+    from revgnn.distributed.convs import convert_to_sar
+    from revgnn.distributed.partition import build_partitions
+    from revgnn.distributed.sar import SARGraph
+
+    convs = {
+        "sage_mean": lambda: SAGEConv(F_IN, 6, aggr="mean"),
+        "sage_max": lambda: SAGEConv(F_IN, 6, aggr="max"),
+        "gin": lambda: GINConv(torch.nn.Linear(F_IN, 6)),
+        "gcn": lambda: GCNConv(F_IN, 6),
+    }
+    ei, x, _ = make_graph()
+    x = x.double()
+    graph = SARGraph(build_partitions(ei, N, 1)[0])
+    torch.manual_seed(0)
+    ref = convs[kind]().double()
+    sar = convert_to_sar(convs[kind]().double())
+    sar.load_state_dict(ref.state_dict())
+    monkeypatch.setenv("REVGNN_KERNELS", "0")
+    xr = x.clone().requires_grad_()
+    out_ref = ref(xr, ei)
+    w = torch.randn(out_ref.shape, dtype=torch.float64)
+    (out_ref * w).sum().backward()
+    monkeypatch.setenv("REVGNN_KERNELS", "triton")
+    launches = {}
+    launch = tk._launch
+
+    def counted(kernel):
+        name = kernel.fn.__name__ if hasattr(kernel, "fn") else kernel.__name__
+        launches[name] = launches.get(name, 0) + 1
+        return launch(kernel)
+
+    monkeypatch.setattr(tk, "_launch", counted)
+    nid = graph.node_ids
+    xl = x[nid].clone().requires_grad_()
+    out = sar(xl, graph)
+    (out * w[nid]).sum().backward()
+    fwd, bwd = (
+        ("_smax_fwd_kernel", "_smax_bwd_kernel")
+        if kind == "sage_max"
+        else ("_agg_fwd_kernel", "_agg_src_kernel")
+    )
+    assert launches == {fwd: 1, bwd: 1}, launches
+    assert rel_err(out, out_ref[nid]) <= 1e-12
+    assert rel_err(xl.grad, xr.grad[nid]) <= 1e-12
+    for p, q in zip(sar.parameters(), ref.parameters()):
+        assert rel_err(p.grad, q.grad) <= 1e-12

@@ -1,0 +1,301 @@
+"""SAR SAGE (sum/mean/max), GIN and GCN through the fused operators shard by shard
+(revgnn.distributed.aggregate_sar): equal to one process (PyG's convs) at P = 1, 2, 3 and with an
+empty part, float64, gradients included, alone and inside GroupAddRev; the operators are the path
+taken (not sequential_aggregate's PyTorch messages); no edge-sized float tensor saved; no allocation
+near one shard's E_q x C, where the old path's messages are one.
+
+One spawn per world size runs every check (starting workers dominates the cost). Helpers and the
+graph come from tests/sar_cases.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import require_kernel
+from sar_cases import F_IN, N, check, compare_model, make_graph, make_parts
+
+from revgnn.distributed.partition import build_partitions
+from revgnn.testing.workers import run_workers
+
+
+class TiesSAGE(torch.nn.Module):
+    """SAGE max over integer-valued features (straight-through floor): most maxima are ties, also
+    across shards, and some are exactly 0 (the divisor PyG's backward adds one to)."""
+
+    def __init__(self):
+        super().__init__()
+        from torch_geometric.nn import SAGEConv
+
+        self.conv = SAGEConv(F_IN, 8, aggr="max")
+
+    def forward(self, x, edge_index):
+        return self.conv(torch.floor(x).clamp(-1, 1) + (x - x.detach()), edge_index)
+
+
+class RevStack(torch.nn.Module):
+    """Linear -> 3 x GroupAddRev(block of ``conv``, 2 groups) -> Linear: the reversible recompute
+    runs the shard operators again in backward."""
+
+    def __init__(self, conv, hidden=8, **kwargs):
+        super().__init__()
+        from revgnn.nn import GroupAddRev, make_block
+
+        self.enc = torch.nn.Linear(F_IN, hidden)
+        self.layers = torch.nn.ModuleList(
+            [GroupAddRev(make_block(conv, hidden // 2, **kwargs), num_groups=2) for _ in range(3)]
+        )
+        self.head = torch.nn.Linear(hidden, 3)
+
+    def forward(self, x, edge_index):
+        h = self.enc(x)
+        for layer in self.layers:
+            h = layer(h, edge_index)
+        return self.head(h)
+
+
+def _cases():
+    from torch.nn import Linear, ReLU, Sequential
+    from torch_geometric.nn import GCNConv, GINConv, SAGEConv
+
+    return [
+        ("SAGE-mean", lambda: SAGEConv(F_IN, 8, aggr="mean")),
+        ("SAGE-sum", lambda: SAGEConv(F_IN, 8, aggr="sum")),
+        ("SAGE-max", lambda: SAGEConv(F_IN, 8, aggr="max")),
+        ("SAGE-max-ties", TiesSAGE),
+        ("SAGE-mean-project-normalize", lambda: SAGEConv(F_IN, 8, aggr="mean", project=True, normalize=True)),
+        ("GIN", lambda: GINConv(Sequential(Linear(F_IN, 16), ReLU(), Linear(16, 8)), train_eps=True)),
+        ("GIN-mean", lambda: GINConv(Linear(F_IN, 8), aggr="mean")),
+        ("GCN", lambda: GCNConv(F_IN, 8)),
+        ("GCN-improved", lambda: GCNConv(F_IN, 8, improved=True)),
+        ("RevStack-SAGE-max", lambda: RevStack("sage", aggr="max")),
+        ("RevStack-GIN", lambda: RevStack("gin")),
+        ("RevStack-GCN", lambda: RevStack("gcn")),
+    ]
+
+
+def _call(model, x, edge_index, edge_attr):
+    return model(x, edge_index)
+
+
+class _Counts:
+    """Counts the shard operators' calls and the PyTorch SAR path's (sequential_aggregate)."""
+
+    NAMES = ("aggregate", "aggregate_backward", "segment_max", "segment_max_backward")
+
+    def __init__(self):
+        from revgnn.distributed import aggregate_sar, convs
+
+        self.calls = dict.fromkeys(self.NAMES + ("torch",), 0)
+        real_ops, real_seq = aggregate_sar.ops, convs.sequential_aggregate
+        calls = self.calls
+
+        class Proxy:
+            def __getattr__(self, name):
+                fn = getattr(real_ops, name)
+                if name not in calls:
+                    return fn
+
+                def counted(*args):
+                    calls[name] += 1
+                    return fn(*args)
+
+                return counted
+
+        def seq(*args, **kwargs):
+            calls["torch"] += 1
+            return real_seq(*args, **kwargs)
+
+        aggregate_sar.ops, convs.sequential_aggregate = Proxy(), seq
+        self._restore = lambda: (
+            setattr(aggregate_sar, "ops", real_ops),
+            setattr(convs, "sequential_aggregate", real_seq),
+        )
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._restore()
+
+
+def _edge_sized_saved(fn, graph, module):
+    """Shapes of the float tensors saved for backward during ``fn().sum().backward()`` (reversible
+    blocks save in backward, when they re-run their forward) whose first dim is an edge count (all
+    local edges or one shard's, with or without self loops) and not also a node or parameter size."""
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn().sum().backward()
+    sizes = set()
+    for g in (graph, graph.with_self_loops()):
+        sizes |= {g.num_edges} | {b - a for a, b in (g.shard(q) for q in range(g.world_size))}
+    sizes -= {graph.num_local, *graph.num_needed, 0} | {d for p in module.parameters() for d in p.shape}
+    return [tuple(t.shape) for t in saved if t.is_floating_point() and t.dim() and t.size(0) in sizes]
+
+
+#: the graph of the allocation guard: E x C dwarfs N x C and the E-sized int64 arrays
+BIG_N, BIG_E, BIG_C = 300, 30_000, 32
+
+
+def _largest_allocations(rank, world_size):
+    """Per conv, the largest single allocation (bytes) of a float32 forward + backward on the big
+    graph (the shard caches built beforehand, as by any earlier layer), next to the smallest shard's
+    E_q x C x 4 bytes; and the same for the old PyTorch path (sequential_aggregate), which shows the
+    measure sees a shard's messages."""
+    from torch_geometric.nn import GCNConv, GINConv, SAGEConv
+
+    from revgnn.distributed.convs import convert_to_sar
+    from revgnn.distributed.sar import EdgeOp, SARGraph, sequential_aggregate
+    from revgnn.nn import GroupAddRev, make_block
+    from revgnn.utils.memory import LargestAllocation
+
+    g = torch.Generator().manual_seed(11)
+    ei = torch.randint(0, BIG_N, (2, BIG_E), generator=g)
+    parts = torch.randint(0, world_size, (BIG_N,), generator=g)
+    graph = SARGraph(build_partitions(ei, BIG_N, world_size, parts=parts)[rank], timeout_s=60)
+    x = torch.randn(graph.num_local, BIG_C, generator=g, dtype=torch.float32)
+    torch.manual_seed(0)
+    convs = {
+        "SAGE-mean": SAGEConv(BIG_C, BIG_C, aggr="mean"),
+        "SAGE-max": SAGEConv(BIG_C, BIG_C, aggr="max"),
+        "GIN": GINConv(torch.nn.Linear(BIG_C, BIG_C)),
+        "GCN": GCNConv(BIG_C, BIG_C),
+        "GroupAddRev-SAGE-max": GroupAddRev(make_block("sage", BIG_C // 2, aggr="max"), num_groups=2),
+    }
+    out = {}
+    for name, conv in convs.items():
+        conv = convert_to_sar(conv.float())
+        conv(x.clone().requires_grad_(), graph).sum().backward()  # builds the per-shard caches
+        xl = x.clone().requires_grad_()
+        with LargestAllocation() as largest:
+            conv(xl, graph).sum().backward()
+        out[name] = largest.bytes
+    edges = [b - a for a, b in (graph.shard(q) for q in range(world_size))]
+
+    class Sum(EdgeOp):
+        linear = True
+
+    xl = x.clone().requires_grad_()
+    with LargestAllocation() as old:
+        sequential_aggregate(Sum(), graph, xl).sum().backward()
+    return out, min(edges) * BIG_C * 4, max(edges) * BIG_C * 4, old.bytes
+
+
+def _worker(rank, world_size, kind):
+    torch.set_default_dtype(torch.float64)
+    from revgnn.distributed.convs import convert_to_sar
+    from revgnn.distributed.sar import SARGraph
+
+    ei, x, ea = make_graph()
+    parts = build_partitions(ei, N, world_size, parts=make_parts(world_size, kind), edge_attr=ea)
+    graph = SARGraph(parts[rank], timeout_s=60)
+    errs, calls, bad = [], {}, {}
+    for name, build in _cases():
+        with _Counts() as counts:
+            errs += compare_model(name, build, False, graph, parts[rank], _call, _call)
+        calls[name] = counts.calls
+        torch.manual_seed(3)
+        model = convert_to_sar(build())
+        xl = x[graph.node_ids].clone().requires_grad_()
+        bad[name] = _edge_sized_saved(lambda: model(xl, graph), graph, model)
+    torch.set_default_dtype(torch.float32)
+    return errs, calls, bad, _largest_allocations(rank, world_size)
+
+
+def _check_all(results, world_size):
+    check([type("R", (), {"rank": r.rank, "value": r.value[0]}) for r in results])
+    for r in results:
+        _, calls, bad, (largest, shard_min, shard_max, old) = r.value
+        for name, c in calls.items():
+            assert c["torch"] == 0, (r.rank, name, c)
+            fwd = "segment_max" if "max" in name else "aggregate"
+            if name.startswith("RevStack"):  # the blocks also run in the recompute of backward
+                assert c[fwd] > c[fwd + "_backward"] > 0, (r.rank, name, c)
+                assert c[fwd] % world_size == 0 and c[fwd + "_backward"] % world_size == 0, (r.rank, name, c)
+            else:  # one call per shard in the forward ring and in the backward ring
+                assert c[fwd] == world_size and c[fwd + "_backward"] == world_size, (r.rank, name, c)
+        assert not any(bad.values()), (r.rank, bad)
+        # the old path forms a shard's E_q x C messages, and the measure sees them ...
+        assert old >= shard_max, (r.rank, old, shard_max)
+        # ... the shard operators nothing close to it (only O(N C) and E-sized int64 arrays)
+        for name, size in largest.items():
+            assert size < shard_min / 4, (r.rank, name, size, shard_min)
+
+
+class _Local:
+    def __init__(self, value):
+        self.rank, self.value = 0, value
+
+
+@pytest.mark.parametrize(
+    "world_size,kind",
+    [
+        (1, "metis"),
+        (2, "metis"),
+        (3, "unbalanced"),
+        (3, "empty"),  # rank 1 owns no node: empty shards both ways
+    ],
+)
+def test_sar_aggregations_match_single_process(world_size, kind):
+    require_kernel("aggregate")
+    require_kernel("segment_max")
+    if world_size == 1:  # no process group needed: run in this process
+        dtype = torch.get_default_dtype()
+        try:
+            results = [_Local(_worker(0, 1, kind))]
+        finally:
+            torch.set_default_dtype(dtype)
+    else:
+        results = run_workers(_worker, world_size, kind, timeout_s=60, wall_s=300, threads=1)
+    _check_all(results, world_size)
+
+
+def test_bad_input_is_a_clear_error():
+    from revgnn.distributed.aggregate_sar import sar_aggregate
+    from revgnn.distributed.sar import SARGraph
+
+    ei, x, _ = make_graph()
+    graph = SARGraph(build_partitions(ei, N, 1)[0])
+    xl = x[graph.node_ids]
+    with pytest.raises(ValueError, match="unknown aggregation"):
+        sar_aggregate(graph, xl, "softmax")
+    with pytest.raises(ValueError, match="local rows"):
+        sar_aggregate(graph, xl[1:], "sum")
+    with pytest.raises(ValueError, match="kind='sum'"):
+        sar_aggregate(graph, xl, "mean", torch.ones(graph.num_edges, dtype=x.dtype))
+    with pytest.raises(ValueError, match="constants"):
+        sar_aggregate(graph, xl, "sum", torch.ones(graph.num_edges, dtype=x.dtype, requires_grad=True))
+    with pytest.raises(ValueError, match=r"weight must be \["):
+        sar_aggregate(graph, xl, "sum", torch.ones(3, dtype=x.dtype))
+
+
+def test_unsorted_shards_and_weights_follow_the_edges():
+    """A hand-made part whose edges are not sorted by destination: the shard is sorted once, the
+    edge weights follow it; equal to PyG's sum with those weights."""
+    from torch_geometric.utils import scatter
+
+    from revgnn.distributed.aggregate_sar import sar_aggregate
+    from revgnn.distributed.sar import SARGraph
+
+    ei, x, _ = make_graph()
+    part = build_partitions(ei, N, 1)[0]
+    perm = torch.randperm(part["dst"].numel(), generator=torch.Generator().manual_seed(0))
+    for key in ("src", "dst", "edge_ids"):
+        part[key] = part[key][perm]
+    graph = SARGraph(part)
+    w = torch.rand(graph.num_edges, dtype=torch.float64)
+    xl = x[graph.node_ids].clone().requires_grad_()
+    out = sar_aggregate(graph, xl, "sum", w)
+    xr = xl.detach().clone().requires_grad_()
+    ref = scatter(xr[graph.src] * w.view(-1, 1), graph.dst, 0, graph.num_local, reduce="sum")
+    g = torch.randn(ref.shape, dtype=torch.float64)
+    out.backward(g)
+    ref.backward(g)
+    assert graph._aggregate_segments.shards[0].perm is not None  # the sorting path
+    assert torch.allclose(out, ref, rtol=0, atol=1e-12 * ref.abs().max().item())
+    assert torch.allclose(xl.grad, xr.grad, rtol=0, atol=1e-12 * xr.grad.abs().max().item())
