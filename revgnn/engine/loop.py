@@ -47,6 +47,7 @@ from revgnn.engine.checkpoint import (
 )
 from revgnn.engine.divergence import NonFiniteError, diverged
 from revgnn.engine.interrupt import StopRequest, TrainingInterrupted
+from revgnn.engine.metrics import better
 from revgnn.engine.reports import FIELDS, Summary, plot_learning_curve, write_metrics
 from revgnn.engine.seeds import Stream, evaluation_seed, seed_stream, seed_worker
 
@@ -332,7 +333,7 @@ def _evaluate(run: Run, state: RunState, epoch: int, row: Dict[str, Any], epoch_
     scores = run.task.evaluate(run.model, generator, run.backend.device, run.autocast)
     model_epoch_stats(run.model, run.backend, gather=False)  # the evaluation's solves are not training's
     row.update(scores, evaluation="selection")
-    improved = scores["valid"] > state.best["valid"]
+    improved = better(run.task.metric, scores["valid"], state.best["valid"], state.best["epoch"] > 0)
     if improved:
         state.best = {"epoch": epoch, **scores}
     log.info(
@@ -605,10 +606,12 @@ def checkpoint_test(run: Run, best_epoch: int) -> Optional[Dict[str, Any]]:
 
 def build_model(model_cfg: DictConfig, shapes: Dict[str, Any]) -> "torch.nn.Module":
     """Instantiates ``model_cfg`` with the data's shapes (``in_channels``, ``out_channels``,
-    ``edge_channels``, ``species_channels``); every key is passed on, ``null`` as :obj:`None`."""
+    ``edge_channels``, ``species_channels``) where the config does not set them; every key is passed
+    on, ``null`` as :obj:`None`."""
     from hydra.utils import instantiate
 
-    return instantiate(OmegaConf.to_container(model_cfg, resolve=True), **shapes)
+    cfg = OmegaConf.to_container(model_cfg, resolve=True)
+    return instantiate(cfg, **{k: v for k, v in shapes.items() if cfg.get(k) is None})
 
 
 def resolve_output_dir(cfg: DictConfig) -> str:
