@@ -61,9 +61,12 @@ def main(cfg: DictConfig) -> float:
 
 def cli() -> None:
     """``revgnn-train``: re-executes once with tcmalloc preloaded when it is installed (flat peak
-    RSS in depth, faster steps; ``REVGNN_ALLOCATOR=system`` opts out), then runs :func:`main`. Under
+    RSS in depth, faster steps; ``REVGNN_ALLOCATOR=system`` opts out), checks the command line
+    (:func:`revgnn.cli.overrides.prepare`: one message and exit 2 for a mistake, path values
+    quoted for Hydra), then runs :func:`main`. Under
     ``torchrun`` the ranks first agree on one run directory and only rank 0 writes Hydra's files and
     ``train.log`` (:func:`revgnn.distributed.torchrun.worker_overrides`)."""
+    from revgnn.cli.overrides import prepare
     from revgnn.config import ConfigError, check_launcher, refuse
     from revgnn.distributed.torchrun import worker_overrides
     from revgnn.utils.allocator import use_tcmalloc
@@ -73,6 +76,10 @@ def cli() -> None:
     except ConfigError as e:
         refuse(e)
     use_tcmalloc()
+    try:  # every mistake on the command line: one message, exit 2, before Hydra or the data
+        sys.argv[1:] = prepare(sys.argv[1:])
+    except ConfigError as e:
+        refuse(e)
     sys.argv += worker_overrides()
     main()
 
