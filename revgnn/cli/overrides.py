@@ -210,6 +210,15 @@ def _unknown_key(cause: Any, overrides: Sequence[str]) -> ConfigError:
     parent = full_key[: -len(key)].rstrip(".") if full_key.endswith(key) else full_key.rpartition(".")[0]
     kind = getattr(cause, "object_type", None)
     names = [f.name for f in dataclasses.fields(kind)] if dataclasses.is_dataclass(kind) else []
+    node = getattr(cause, "parent_node", None)
+    if not names and node is not None and "_target_" in node:  # an open node: its target's arguments
+        try:
+            from revgnn.engine.preflight import _import_target
+            from revgnn.utils.signature import keyword_parameters
+
+            names = ["_target_", *keyword_parameters(_import_target(node["_target_"], f"{parent}._target_"))]
+        except Exception:
+            names = []
     close = difflib.get_close_matches(key, names, 1)
     prefix = f"{parent}." if parent else ""
     hint = f" (did you mean {prefix}{close[0]}?)" if close else ""

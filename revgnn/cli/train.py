@@ -41,6 +41,8 @@ def main(cfg: DictConfig) -> float:
     exits with 2; a divergence (:class:`~revgnn.engine.divergence.TrainingDiverged`: ``summary.json``
     says ``diverged``) or a failed operation between workers
     (:class:`~revgnn.distributed.comm.SARCommError`, naming the peer) is printed alone and exits with 1."""
+    from hydra.errors import InstantiationException
+
     from revgnn.config import ConfigError
     from revgnn.distributed.comm import SARCommError
     from revgnn.engine.divergence import TrainingDiverged
@@ -57,6 +59,25 @@ def main(cfg: DictConfig) -> float:
     except ConfigError as e:
         log.error("%s", e)
         sys.exit(2)
+    except InstantiationException as e:  # a loader (a user's own, or a file it reads) refused its input
+        log.error("%s", instantiation_message(e))
+        sys.exit(2)
+
+
+def instantiation_message(e: BaseException) -> str:
+    """One line for a failure inside what a config's ``_target_`` built (Hydra's message names the
+    target; the cause says what failed): the cause's message alone when it is a
+    :class:`~revgnn.config.ConfigError` (a loader's own check), else the target and the cause."""
+    from revgnn.config import ConfigError
+
+    cause = e.__cause__
+    if isinstance(cause, ConfigError):
+        return str(cause)
+    head = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if cause is None:
+        return head
+    target = head.split("'")[1] if head.count("'") >= 2 else "its _target_"
+    return f"{target} failed: {type(cause).__name__}: {cause}"
 
 
 def cli() -> None:

@@ -406,16 +406,21 @@ class GraphTask:
         return self.evaluate(model, generator, device, autocast)
 
 
-def make_task(ds, trainer_cfg, workers: Workers = ONE_WORKER) -> Task:
+def make_task(ds, trainer_cfg, workers: Workers = ONE_WORKER, name: str = "graph") -> Task:
     """:class:`NodeTask` for a ``NodeDataset``, :class:`GraphTask` for a ``GraphDataset``; features
     that are not finite are a :class:`~revgnn.config.ConfigError`
-    (:func:`revgnn.data.checks.check_finite_inputs`)."""
+    (:func:`revgnn.data.checks.check_finite_inputs`). Anything else a loader returns (a PyG ``Data``,
+    a list of them, a PyG data set) is converted by :func:`revgnn.data.pyg_data.from_pyg` under
+    ``name``, with its conventions (task and metric from ``y``, split from masks or ``split_idx``)."""
     from revgnn.data.checks import check_finite_inputs
     from revgnn.data.graph_dataset import GraphDataset
     from revgnn.data.node_dataset import NodeDataset
 
-    if isinstance(ds, (NodeDataset, GraphDataset)):  # NaN inputs: refused here, not a "divergence"
-        check_finite_inputs(ds)
+    if not isinstance(ds, (NodeDataset, GraphDataset)):
+        from revgnn.data.pyg_data import from_pyg
+
+        ds = from_pyg(ds, name)
+    check_finite_inputs(ds)  # NaN inputs: refused here, not read as a divergence
     if isinstance(ds, NodeDataset):
         return NodeTask(ds, trainer_cfg, workers)
     if isinstance(ds, GraphDataset):
