@@ -140,7 +140,7 @@ def _train(cfg: DictConfig, backend: Backend) -> Summary:
         )
     log.info(
         "Highest Train: %.4f  Highest Valid: %.4f  Final Test: %.4f  (%s, epoch %d of %d, %s params, "
-        "%.2f s/epoch, peak %.0f MB)",
+        "%.2f s/epoch, peak %.0f MB); outputs in %s",
         summary.highest_train,
         summary.highest_valid,
         summary.final_test,
@@ -150,6 +150,7 @@ def _train(cfg: DictConfig, backend: Backend) -> Summary:
         f"{summary.num_parameters:,}",
         summary.epoch_time_s,
         summary.peak_memory_mb,
+        os.path.abspath(run.out_dir),
     )
     return summary
 
@@ -171,6 +172,8 @@ def _setup(cfg: DictConfig, backend: Backend) -> Run:
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if _use_bf16(cfg, device) else None
     torch.manual_seed(cfg.seed)
     task = backend.make_task()
+    if backend.is_writer:
+        log.info("output directory: %s", os.path.abspath(out_dir))
     log.info("data: %s", task)
     model = backend.prepare_model(build_model(cfg.model, task.shapes).to(device))
     if cfg.trainer.compile:  # in place: the state dict, checkpoints and hooks stay the module's own
@@ -504,13 +507,19 @@ def resume_command(cfg: DictConfig, backend: Backend, last_path: str) -> str:
     overrides (without any earlier ``ckpt_path``) and ``ckpt_path=<last_path>``."""
     from hydra.core.hydra_config import HydraConfig
 
+    from revgnn.config import hydra_override
+
     overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
     overrides = [o for o in overrides if not o.lstrip("+~").startswith(("ckpt_path=", "output_dir="))]
-    overrides.append(
-        f"output_dir={os.path.dirname(os.path.abspath(last_path))}"
-    )  # continue in the same directory
-    overrides.append(f"ckpt_path={os.path.abspath(last_path)}")
-    return " ".join([backend.launch_prefix()] + [shlex.quote(o) for o in overrides])
+    words = [shlex.quote(o) for o in overrides]
+    if HydraConfig.initialized():  # a --config-dir of the user's own: its options are needed again
+        for source in HydraConfig.get().runtime.config_sources:
+            if source.provider == "command-line" and source.schema == "file":
+                words.insert(0, f"--config-dir {shlex.quote(source.path)}")
+    # continue in the same directory; paths quoted for Hydra (a sweep job's directory holds = and ,)
+    words.append(hydra_override("output_dir", os.path.dirname(os.path.abspath(last_path))))
+    words.append(hydra_override("ckpt_path", os.path.abspath(last_path)))
+    return " ".join([backend.launch_prefix()] + words)
 
 
 def model_epoch_stats(model, backend: Backend, gather: bool = True) -> Dict[str, float]:
