@@ -3,6 +3,7 @@ exit status 2 (:func:`~revgnn.config.refuse`), with the closest names, before an
 
 :func:`prepare` is what :func:`revgnn.cli.train.cli` calls first:
 
+* ``data.kwargs.<key>=value`` adds the key to that dict (as Hydra's ``++``);
 * path values holding ``=`` or ``,`` (a sweep job's directory, ``multirun/.../1_seed=1/last.pt``) are
   quoted for Hydra (:func:`~revgnn.config.quote_path_overrides`), so a resume command pastes as printed;
 * a ``--config-dir``'s data options get their schemas (:func:`~revgnn.config.register_data_dir`);
@@ -26,6 +27,8 @@ from revgnn.config import ConfigError
 
 __all__ = ["prepare", "check_command_line", "explain"]
 
+#: Config nodes that are dicts of keyword arguments: ``data.kwargs.name=Cora`` adds the key.
+OPEN_DICTS = ("data.kwargs.",)
 #: Hydra flags after which the command does not train (help, config printing, completion).
 _NO_RUN = ("help", "hydra_help", "cfg", "info", "shell_completion")
 
@@ -57,6 +60,11 @@ def _quoted(argv: List[str], overrides: List[str], multirun: bool) -> List[str]:
     from revgnn.config import quote_path_overrides
 
     fixed = dict(zip(overrides, quote_path_overrides(overrides, multirun)))
+    for o, new in fixed.items():
+        # the keys of a dict of keyword arguments (data=pyg's data.kwargs) are the user's to choose:
+        # added or replaced (Hydra's ++), where Hydra would refuse a key the dict does not hold yet
+        if new.startswith(OPEN_DICTS):
+            fixed[o] = "++" + new
     return [fixed.get(a, a) for a in argv]
 
 
