@@ -258,6 +258,8 @@ def _node_dataset(
     if not isinstance(x, torch.Tensor) or x.dim() not in (1, 2):
         raise _error(f"{name}: x must be an [N, F] tensor, got {getattr(x, 'shape', type(x).__name__)}")
     x = _float(x)
+    if x.size(1) == 0:
+        raise _error(f"{name}: x has no feature columns ([{x.size(0)}, 0]); give each node at least one")
     edge_attr = _float(edge_attr) if isinstance(edge_attr, torch.Tensor) else edge_attr
     num_nodes = x.size(0)
     check_node_graph(name, num_nodes, edge_index, edge_attr, x, None)
@@ -308,6 +310,11 @@ def _graph_dataset(
             if getattr(g, key, None) is None:
                 raise _error(f"{where} has no {key!r}; every graph needs x, edge_index and y")
         x = _float(g.x)
+        if x.dim() != 2 or x.size(1) == 0:
+            raise _error(
+                f"{where}: x must be [n, F] with F >= 1, got {list(x.shape)} (a TUDataset keeps continuous "
+                f"node attributes with data.kwargs.use_node_attr=true)"
+            )
         edge_attr = _float(getattr(g, "edge_attr", None))
         check_node_graph(where, x.size(0), g.edge_index, edge_attr, x, None)
         ys.append(torch.as_tensor(g.y).reshape(1, -1))
@@ -499,7 +506,8 @@ def load_pyg_dataset(
         if "process" in cls.__mro__[1].__dict__:  # PyG processes only if the class defines process
             cls.process = cls.__mro__[1].__dict__["process"]
     try:
-        dataset = cls(**kwargs)
+        with pyg_safe_globals():  # PyG's own torch.load of the processed file, without its fallback
+            dataset = cls(**kwargs)
     except TypeError as e:
         raise _error(f"data: {described}: {e}") from None
     except _DownloadRefused as e:
