@@ -91,7 +91,9 @@ def check_command_line(
 ) -> None:
     """Composes ``train.yaml`` (or ``config_name``) with ``overrides`` as Hydra will and checks the
     result (:func:`revgnn.engine.preflight.check_config`); under ``multirun`` every value of every
-    swept key is composed once (with the other keys' first values); raises :class:`ConfigError`."""
+    swept key is composed once (with the other keys' first values), and the settings of each job are
+    left to :class:`~revgnn.engine.preflight.CheckBeforeStart`, which names the job; raises
+    :class:`ConfigError`."""
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.types import RunMode
@@ -124,7 +126,8 @@ def check_command_line(
                 cfg = hydra.compose_config(config_name or "train", job, run_mode=RunMode.RUN)
             except Exception as e:
                 raise explain(e, job) from None
-            check_config(_task_config(cfg))
+            if not multirun:  # a sweep's jobs are checked, named by number, by CheckBeforeStart
+                check_config(_task_config(cfg))
     finally:
         GlobalHydra.instance().clear()
 
