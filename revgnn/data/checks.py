@@ -123,6 +123,12 @@ def check_finite_inputs(ds) -> None:
         check_finite(ds.name, "x", ds.x)
         check_finite(ds.name, "edge_attr", getattr(ds, "edge_attr", None), "edge")
         return
-    for i, g in enumerate(getattr(ds, "graphs", ())):
+    graphs = getattr(ds, "graphs", ())
+    stored = getattr(graphs, "_data", None)  # a PyG InMemoryDataset: its graphs' tensors, collated
+    if stored is not None and getattr(stored, "x", None) is not None:
+        check_finite(ds.name, "x (all graphs' nodes)", stored.x)
+        check_finite(ds.name, "edge_attr (all graphs' edges)", getattr(stored, "edge_attr", None), "edge")
+        return
+    for i, g in enumerate(graphs):
         check_finite(ds.name, f"graph {i}'s x", getattr(g, "x", None))
         check_finite(ds.name, f"graph {i}'s edge_attr", getattr(g, "edge_attr", None), "edge")

@@ -218,9 +218,8 @@ def _split(
     return {k: given[k] for k in ("train", "valid", "test")}, how
 
 
-def _check_classes(name: str, y: "Tensor", task: str, num_classes: int, split_idx) -> None:
-    """Every labelled row of a split has a class the model outputs (ids >= 0 are checked by
-    :func:`_labels`)."""
+def _check_classes(name: str, task: str, num_classes: int) -> None:
+    """Classification needs two classes at least (class ids >= 0 are checked by :func:`_labels`)."""
     if task == "multiclass" and num_classes < 2:
         raise _error(f"{name}: y has {num_classes} class(es); classification needs at least 2")
 
@@ -265,7 +264,7 @@ def _node_dataset(
     check_node_graph(name, num_nodes, edge_index, edge_attr, x, None)
     y, task, num_classes = _labels(name, data.y, task, num_nodes)
     split_idx, how = _split(name, data, num_nodes, split, valid_fraction, test_fraction, split_seed)
-    _check_classes(name, y, task, num_classes, split_idx)
+    _check_classes(name, task, num_classes)
     metric = _metric(name, metric, task)
     ds = NodeDataset(
         name=name,
@@ -332,7 +331,7 @@ def _graph_dataset(
     split_idx, how = _split(
         name, split_source, len(out), 0, valid_fraction, test_fraction, split_seed, "graph"
     )
-    _check_classes(name, y, task, num_classes, split_idx)
+    _check_classes(name, task, num_classes)
     return GraphDataset(
         name=name,
         graphs=out,

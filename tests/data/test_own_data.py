@@ -14,7 +14,7 @@ from torch_geometric.data import Data
 
 from revgnn.config import ConfigError
 from revgnn.data.pyg_data import from_pyg, infer_task, load_pyg_file
-from revgnn.engine.metrics import score
+from revgnn.engine.metrics import better, score
 
 #: a 2-layer, 8-channel node-level model, one epoch, no plot or bar
 TINY_MODEL = [
@@ -104,6 +104,13 @@ def test_metrics_by_name():
     pred = torch.tensor([[2.0], [2.0], [5.0]])
     assert score("rmse", yr, pred, "regression") == pytest.approx(np.sqrt(0.5), rel=1e-6)
     assert score("mae", yr, pred, "regression") == pytest.approx(0.5, rel=1e-6)
+    # the loop keeps the lowest validation error, the highest accuracy
+    assert (
+        better("rmse", 0.4, 0.5, True)
+        and not better("rmse", 0.6, 0.5, True)
+        and better("mae", 9.0, 0.0, False)
+    )
+    assert better("accuracy", 0.6, 0.5, True) and not better("accuracy", 0.4, 0.5, True)
 
 
 @pytest.mark.parametrize(
