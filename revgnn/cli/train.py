@@ -5,6 +5,8 @@
     revgnn-train -m experiment=proteins_revgnn_deep seed=0,1,2,3,4,5,6,7,8,9
     revgnn-train experiment=molhiv_revgnn_graphnorm       # graph-level: RevGNN + GraphNorm on ogbg-molhiv
     revgnn-train trainer.epochs=5 ckpt_path=outputs/.../last.pt                       # resume
+    revgnn-train data=pyg_file data.path=graph.pt model=revgnn_small   # a torch.save'd PyG Data
+    revgnn-train --config-dir myconf data=my_graph     # myconf/data/my_graph.yaml names your loader
     torchrun --nproc_per_node=2 -m revgnn.train backend=ddp                          # data-parallel
     torchrun --nproc_per_node=4 -m revgnn.train backend=sar backend.partition_dir=parts/pl4  # SAR
 
