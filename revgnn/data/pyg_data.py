@@ -5,11 +5,13 @@ a function that returns a ``Data``).
 
 The conventions, for one ``Data`` (node-level: one graph, a label per node):
 
-* ``x`` (``[N, F]``, required; integers are taken as numbers), ``edge_index`` (``[2, E]``, required),
-  ``edge_attr`` (``[E, D]`` or ``[E]``, optional), ``y`` (``[N]`` or ``[N, T]``, required).
+* ``x`` (``[N, F]``, required; integers are taken as numbers), ``edge_index`` (``[2, E]``, required;
+  or PyG's transposed ``adj_t``), ``edge_attr`` (``[E, D]`` or ``[E]``, optional), ``y`` (``[N]`` or
+  ``[N, T]``, required).
 * The task follows from ``y`` unless named (``task``): integers are classes (``multiclass``, scored by
   accuracy), booleans or floats that are all 0 or 1 are binary tasks (``multilabel``, ROC-AUC), other
-  floats are values (``regression``, RMSE). NaN in a float ``y`` marks an entry without a label.
+  floats are values (``regression``, RMSE). NaN in a float ``y`` marks an entry without a label, a
+  negative class a node without one (no split may hold it; random parts are drawn from labelled ones).
   ``metric`` names another score (:mod:`revgnn.engine.metrics`: ``accuracy``, ``rocauc``, ``f1``,
   ``rmse``, ``mae``); no OGB name is involved.
 * The split: PyG's boolean ``train_mask``, ``val_mask`` (or ``valid_mask``), ``test_mask`` (a 2-d mask,
@@ -105,10 +107,8 @@ def _labels(name: str, y: Any, task: Optional[str], rows: int) -> tuple:
         if y.is_floating_point():
             if bool((y != y.round()).any()):
                 raise _error(f"{name}: data.task=multiclass needs integer classes in y, got fractions")
-        y = y.long().view(-1, 1)
-        if y.numel() and int(y.min()) < 0:
-            raise _error(f"{name}: y holds class {int(y.min())}; classes are numbered 0..C-1")
-        return y, task, int(y.max()) + 1 if y.numel() else 0
+        y = y.long().view(-1, 1)  # a negative class marks a row without a label (_unlabelled)
+        return y, task, int(y.max()) + 1 if y.numel() and int(y.max()) >= 0 else 0
     y = y.float()
     y = y.view(-1, 1) if y.dim() == 1 else y.reshape(rows, -1)
     if not bool((y == y).any()):
@@ -142,9 +142,10 @@ def _split(
     test_fraction: float,
     seed: int,
     what: str = "node",
+    labelled: Optional["Tensor"] = None,
 ) -> tuple:
     """``(split_idx, how it was made)`` from ``data``'s ``split_idx`` or masks (see the module
-    docstring); missing parts are drawn at random from the ids in no given part."""
+    docstring); missing parts are drawn at random from the ids in no given part (and ``labelled``)."""
     import torch
 
     given: Dict[str, "Tensor"] = {}
@@ -199,7 +200,7 @@ def _split(
                     f"(min {int(idx.min())}, max {int(idx.max())})"
                 )
             used[idx] = True
-        free = (~used).nonzero().view(-1)
+        free = (~used if labelled is None else ~used & labelled).nonzero().view(-1)
         free = free[torch.randperm(free.numel(), generator=torch.Generator().manual_seed(seed))]
         counts = {"valid": round(valid_fraction * size), "test": round(test_fraction * size)}
         start = 0
@@ -216,6 +217,30 @@ def _split(
 
     check_split(name, given, size, what)
     return {k: given[k] for k in ("train", "valid", "test")}, how
+
+
+def _labelled(y: "Tensor", task: str) -> "Tensor":
+    """Rows of ``y`` with a label: a class >= 0, or any non-NaN target."""
+    if task == "multiclass":
+        return y.view(-1) >= 0
+    return (y == y).any(1)
+
+
+def _unlabelled(name: str, y: "Tensor", task: str, split_idx, what: str = "node") -> "Tensor":
+    """``y`` with the rows no split holds that have no class (negative) set to class 0 (never scored
+    or trained on); a split holding such a row is an error."""
+    if task != "multiclass" or not bool((y < 0).any()):
+        return y
+    missing = y.view(-1) < 0
+    for key, idx in split_idx.items():
+        bad = idx[missing[idx]]
+        if bad.numel():
+            raise _error(
+                f"{name}: {what} {int(bad[0])} is in split {key!r} but has no class (y = "
+                f"{int(y[bad[0]])}; {bad.numel()} such {what}s there): classes are numbered 0..C-1, a "
+                f"negative one marks a {what} without a label, which no split may hold"
+            )
+    return y.clamp(min=0)
 
 
 def _check_classes(name: str, task: str, num_classes: int) -> None:
@@ -246,6 +271,9 @@ def _node_dataset(
     from revgnn.data.checks import check_node_graph
     from revgnn.data.node_dataset import NodeDataset
 
+    if getattr(data, "edge_index", None) is None and getattr(data, "adj_t", None) is not None:
+        data = data.clone()
+        data.edge_index = _edges_of_adj_t(name, data.adj_t)
     for key in ("x", "edge_index", "y"):
         if getattr(data, key, None) is None:
             keys = ", ".join(sorted(k for k in data.keys()))
@@ -263,7 +291,11 @@ def _node_dataset(
     num_nodes = x.size(0)
     check_node_graph(name, num_nodes, edge_index, edge_attr, x, None)
     y, task, num_classes = _labels(name, data.y, task, num_nodes)
-    split_idx, how = _split(name, data, num_nodes, split, valid_fraction, test_fraction, split_seed)
+    labelled = _labelled(y, task)
+    split_idx, how = _split(
+        name, data, num_nodes, split, valid_fraction, test_fraction, split_seed, labelled=labelled
+    )
+    y = _unlabelled(name, y, task, split_idx)
     _check_classes(name, task, num_classes)
     metric = _metric(name, metric, task)
     ds = NodeDataset(
@@ -279,6 +311,22 @@ def _node_dataset(
         info={"split": how},
     )
     return ds.sorted_by_destination()
+
+
+def _edges_of_adj_t(name: str, adj_t: Any) -> "Tensor":
+    """``edge_index`` (source, destination) of a transposed adjacency ``adj_t`` (PyG's
+    ``ToSparseTensor``: a ``torch_sparse.SparseTensor`` or a ``torch.sparse`` tensor, row = destination)."""
+    import torch
+
+    if hasattr(adj_t, "coo") and not isinstance(adj_t, torch.Tensor):  # torch_sparse.SparseTensor
+        row, col, _ = adj_t.coo()
+    elif isinstance(adj_t, torch.Tensor) and adj_t.is_sparse:
+        row, col = adj_t.coalesce().indices()
+    elif isinstance(adj_t, torch.Tensor) and adj_t.layout in (torch.sparse_csr, torch.sparse_csc):
+        row, col = adj_t.to_sparse_coo().coalesce().indices()
+    else:
+        raise _error(f"{name}: adj_t is a {type(adj_t).__name__}; give edge_index [2, E] instead")
+    return torch.stack([col, row])
 
 
 def _graph_dataset(
@@ -322,15 +370,24 @@ def _graph_dataset(
     if len(widths) > 1:
         raise _error(f"{name}: the graphs' y have different widths {sorted(widths)}")
     y, task, num_classes = _labels(name, torch.cat(ys), task, len(out))
-    for g, label in zip(out, y):
-        g.y = label.view(1, -1)
     widths = {(g.x.size(1), None if g.edge_attr is None else g.edge_attr.size(1)) for g in out}
     if len(widths) > 1:
         raise _error(f"{name}: the graphs' (x, edge_attr) widths differ: {sorted(widths, key=str)}")
     ((in_channels, edge_channels),) = widths
     split_idx, how = _split(
-        name, split_source, len(out), 0, valid_fraction, test_fraction, split_seed, "graph"
+        name,
+        split_source,
+        len(out),
+        0,
+        valid_fraction,
+        test_fraction,
+        split_seed,
+        "graph",
+        _labelled(y, task),
     )
+    y = _unlabelled(name, y, task, split_idx, "graph")
+    for g, label in zip(out, y):
+        g.y = label.view(1, -1)
     _check_classes(name, task, num_classes)
     return GraphDataset(
         name=name,

@@ -132,6 +132,25 @@ def test_a_bad_file_is_one_message_naming_the_field(tmp_path, change, message):
         load_pyg_file(str(tmp_path / "bad.pt"))
 
 
+def test_unlabelled_nodes_and_a_sparse_adjacency():
+    n = 40
+    y = torch.arange(n) % 3
+    y[:10] = -1  # no class: no random part may draw them
+    data = _graph(n, y=y)
+    ds = from_pyg(data)
+    held = torch.cat(list(ds.split_idx.values()))
+    assert held.numel() == 30 and int(held.min()) >= 10 and ds.num_classes == 3 and int(ds.y.min()) == 0
+    with pytest.raises(ConfigError, match="node 0 is in split 'train' but has no class"):
+        from_pyg(_graph(n, y=y, **_masks(n)))
+    # PyG's ToSparseTensor layout: adj_t (destination x source) instead of edge_index
+    plain = _graph(n, **_masks(n))
+    ones = torch.ones(plain.edge_index.size(1))
+    adj_t = torch.sparse_coo_tensor(plain.edge_index.flip(0), ones, (n, n), check_invariants=True)
+    sparse = Data(x=plain.x, adj_t=adj_t.coalesce(), y=plain.y, **_masks(n))
+    a, b = from_pyg(plain), from_pyg(sparse)
+    assert torch.equal(torch.unique(a.edge_index, dim=1), torch.unique(b.edge_index, dim=1))
+
+
 def test_split_ids_out_of_range_and_unreadable_files(tmp_path):
     data = _graph(20)
     data.split_idx = {
