@@ -117,7 +117,10 @@ def check_data_config(data: Any) -> None:
                 raise ConfigError(f"data.{name} is required by {target}: set it, e.g. data.{name}=...")
     if any(p.kind is p.VAR_KEYWORD for p in params.values()):
         return
-    given = OmegaConf.to_container(data, resolve=True)
+    try:
+        given = OmegaConf.to_container(data, resolve=True)
+    except Exception:  # an interpolation only Hydra's run resolves (${hydra:...}): the keys suffice
+        given = OmegaConf.to_container(data, resolve=False)
     given = {k: v for k, v in given.items() if not str(k).startswith("_")}
     try:
         check_arguments(fn, given, what=f"the data loader {target}", prefix="data.")
