@@ -68,7 +68,10 @@ def pyg_safe_globals():
     from torch_geometric.data.storage import BaseStorage, EdgeStorage, GlobalStorage, NodeStorage
 
     classes = [Data, DataEdgeAttr, DataTensorAttr, GlobalStorage, BaseStorage, NodeStorage, EdgeStorage]
-    return torch.serialization.safe_globals(classes)
+    # only those not allowed yet: torch's context manager removes what it was given on exit, also a
+    # class that PyG allowed for good at import (Data), which OGB's later loads then lack
+    allowed = set(torch.serialization.get_safe_globals())
+    return torch.serialization.safe_globals([c for c in classes if c not in allowed])
 
 
 def infer_task(y: "Tensor") -> str:

@@ -151,6 +151,15 @@ def test_unlabelled_nodes_and_a_sparse_adjacency():
     assert torch.equal(torch.unique(a.edge_index, dim=1), torch.unique(b.edge_index, dim=1))
 
 
+def test_loading_leaves_the_allowed_globals_as_they_were(tmp_path):
+    from torch.serialization import get_safe_globals
+
+    before = set(get_safe_globals())
+    torch.save(_graph(20), tmp_path / "g.pt")
+    load_pyg_file(str(tmp_path / "g.pt"))
+    assert set(get_safe_globals()) == before  # PyG's Data stays allowed for OGB's loaders
+
+
 def test_split_ids_out_of_range_and_unreadable_files(tmp_path):
     data = _graph(20)
     data.split_idx = {
