@@ -66,6 +66,11 @@ __all__ = [
     "have_submitit",
     "check_launcher",
     "import_modules",
+    "hydra_quote",
+    "hydra_override",
+    "PATH_KEYS",
+    "quote_path_overrides",
+    "register_data_dir",
 ]
 
 
@@ -277,12 +282,12 @@ def data_schema(target: str) -> type:
     return schema
 
 
-def data_schemas(config_dir: Path = _DATA_CONFIGS) -> Dict[str, type]:
+def data_schemas(config_dir: Optional[Path] = None) -> Dict[str, type]:
     """``{loader function name: schema}`` for every ``_target_`` named in ``config_dir``'s YAML files
     (default: the package's ``data`` group); the name is what an option's ``defaults`` list selects."""
     schemas: Dict[str, type] = {}
     targets: Dict[str, str] = {}
-    for path in sorted(config_dir.glob("*.yaml")):
+    for path in sorted(Path(config_dir or _DATA_CONFIGS).glob("*.yaml")):
         target = OmegaConf.load(path).get("_target_")
         if not isinstance(target, str):
             raise ValueError(f"{path} names no _target_: a data option says which loader builds it")
@@ -520,6 +525,100 @@ def check_launcher(overrides: List[str]) -> None:
             )
 
 
+#: Keys whose values are paths: a value holding ``=``, ``,``, a space, quotes or brackets is quoted
+#: for Hydra when given unquoted (:func:`quote_path_overrides`), as a sweep job's directory
+#: (``1_seed=1``) is.
+PATH_KEYS = (
+    "ckpt_path",
+    "output_dir",
+    "data.path",
+    "data.root",
+    "backend.partition_dir",
+    "hydra.run.dir",
+    "hydra.sweep.dir",
+)
+_HYDRA_SPECIAL = set("=,[]{}()'\"\\ \t")
+
+
+def hydra_quote(value: str) -> str:
+    """``value`` as a Hydra override value: as it is when Hydra's grammar reads it back unchanged,
+    else quoted (``'multirun/x/1_seed=1/last.pt'``)."""
+    text = str(value)
+    if text and not (set(text) & _HYDRA_SPECIAL):
+        return text
+    if "'" not in text:
+        return f"'{text}'"
+    if '"' not in text:
+        return f'"{text}"'
+    return "'" + text.replace("'", "\\'") + "'"
+
+
+def hydra_override(key: str, value: str) -> str:
+    """``key=value`` for a command line: quoted for Hydra (:func:`hydra_quote`) and for the shell,
+    so it can be pasted as printed."""
+    import shlex
+
+    return shlex.quote(f"{key}={hydra_quote(value)}")
+
+
+def quote_path_overrides(overrides: List[str], multirun: bool = False) -> List[str]:
+    """The command line's overrides with the values of :data:`PATH_KEYS` quoted for Hydra where they
+    hold a character its grammar reads otherwise (``ckpt_path=multirun/x/1_seed=1/last.pt``, which
+    Hydra would refuse with ``mismatched input '='``). Under ``-m`` a value with a comma stays a
+    sweep unless it is an existing path; an interpolation (``${...}``) is left alone."""
+    import os
+
+    out = []
+    for arg in overrides:
+        key, sep, value = arg.partition("=")
+        if (
+            sep
+            and key.lstrip("+~") in PATH_KEYS
+            and value
+            and value[0] not in "'\""
+            and "${" not in value
+            and set(value) & _HYDRA_SPECIAL
+            and not (multirun and "," in value and not os.path.exists(value))
+        ):
+            arg = f"{key}={hydra_quote(value)}"
+        out.append(arg)
+    return out
+
+
+def register_data_dir(config_dir: Path) -> None:
+    """Stores the schemas of the data options in ``config_dir`` (a user's ``--config-dir``'s ``data/``
+    group) that select one in their ``defaults`` (``- /schema/data@_here_: <loader name>``), so such
+    a file composes from the user's directory as from the package's. A loader that cannot be imported
+    gets an open schema: the run then refuses it in one message when it checks the data config
+    (:func:`revgnn.engine.preflight.check_data_config`). The working directory is put on the module
+    path, as for ``imports``."""
+    import os
+    import sys
+
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    cs = ConfigStore.instance()
+    for path in sorted(Path(config_dir).glob("*.yaml")):
+        try:
+            target = OmegaConf.load(path).get("_target_")
+        except Exception:  # Hydra names a file it cannot read
+            continue
+        if not isinstance(target, str):
+            continue
+        _store_data_schema(cs, target)
+
+
+def _store_data_schema(cs: ConfigStore, target: str) -> None:
+    """Stores the schema of the loader ``target`` under its function's name; an open node when the
+    loader cannot be imported or typed (the run's data check says why, in one message)."""
+    name = target.rpartition(".")[2]
+    try:
+        node: Any = data_schema(target)
+    except Exception:
+        node = OmegaConf.create({"_target_": target}, flags={"struct": False})
+    cs.store(group="schema/data", name=name, node=node)
+
+
 def register_configs() -> None:
     """Stores the schemas in Hydra's ConfigStore and the run-directory resolvers (idempotent)."""
     for name, fn in (("revgnn.run_dir", _run_dir), ("revgnn.job_dir", _job_dir), ("revgnn.stamp", _stamp)):
@@ -533,8 +632,12 @@ def register_configs() -> None:
     )
     for name in builtin_model_names():
         store_model_config(name)
-    for name, schema in data_schemas().items():
-        cs.store(group="schema/data", name=name, node=schema)
+    for path in sorted(_DATA_CONFIGS.glob("*.yaml")):
+        # a loader that cannot be imported spoils only the runs that choose it (an open schema; the
+        # run's data check names the import error), not every run
+        target = OmegaConf.load(path).get("_target_")
+        if isinstance(target, str):
+            _store_data_schema(cs, target)
     cs.store(group="schema/optim", name="adam", node=AdamConfig)
 
 

@@ -74,9 +74,9 @@ def paper_score(experiment: str) -> Tuple[str, "Reported"]:
 
 
 def _mean_std(values):
-    mean = statistics.mean(values)
-    std = statistics.stdev(values) if len(values) > 1 else float("nan")  # unbiased (n - 1)
-    return mean, std
+    from revgnn.engine.reports import mean_std
+
+    return mean_std(values)
 
 
 def _compose(experiment: str, overrides: Sequence[str] = ()):

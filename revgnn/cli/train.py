@@ -5,6 +5,8 @@
     revgnn-train -m experiment=proteins_revgnn_deep seed=0,1,2,3,4,5,6,7,8,9
     revgnn-train experiment=molhiv_revgnn_graphnorm       # graph-level: RevGNN + GraphNorm on ogbg-molhiv
     revgnn-train trainer.epochs=5 ckpt_path=outputs/.../last.pt                       # resume
+    revgnn-train data=pyg_file data.path=graph.pt model=revgnn_small   # a torch.save'd PyG Data
+    revgnn-train --config-dir myconf data=my_graph     # myconf/data/my_graph.yaml names your loader
     torchrun --nproc_per_node=2 -m revgnn.train backend=ddp                          # data-parallel
     torchrun --nproc_per_node=4 -m revgnn.train backend=sar backend.partition_dir=parts/pl4  # SAR
 
@@ -41,6 +43,8 @@ def main(cfg: DictConfig) -> float:
     exits with 2; a divergence (:class:`~revgnn.engine.divergence.TrainingDiverged`: ``summary.json``
     says ``diverged``) or a failed operation between workers
     (:class:`~revgnn.distributed.comm.SARCommError`, naming the peer) is printed alone and exits with 1."""
+    from hydra.errors import InstantiationException
+
     from revgnn.config import ConfigError
     from revgnn.distributed.comm import SARCommError
     from revgnn.engine.divergence import TrainingDiverged
@@ -57,13 +61,35 @@ def main(cfg: DictConfig) -> float:
     except ConfigError as e:
         log.error("%s", e)
         sys.exit(2)
+    except InstantiationException as e:  # a loader (a user's own, or a file it reads) refused its input
+        log.error("%s", instantiation_message(e))
+        sys.exit(2)
+
+
+def instantiation_message(e: BaseException) -> str:
+    """One line for a failure inside what a config's ``_target_`` built (Hydra's message names the
+    target; the cause says what failed): the cause's message alone when it is a
+    :class:`~revgnn.config.ConfigError` (a loader's own check), else the target and the cause."""
+    from revgnn.config import ConfigError
+
+    cause = e.__cause__
+    if isinstance(cause, ConfigError):
+        return str(cause)
+    head = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if cause is None:
+        return head
+    target = head.split("'")[1] if head.count("'") >= 2 else "its _target_"
+    return f"{target} failed: {type(cause).__name__}: {cause}"
 
 
 def cli() -> None:
     """``revgnn-train``: re-executes once with tcmalloc preloaded when it is installed (flat peak
-    RSS in depth, faster steps; ``REVGNN_ALLOCATOR=system`` opts out), then runs :func:`main`. Under
+    RSS in depth, faster steps; ``REVGNN_ALLOCATOR=system`` opts out), checks the command line
+    (:func:`revgnn.cli.overrides.prepare`: one message and exit 2 for a mistake, path values
+    quoted for Hydra), then runs :func:`main`. Under
     ``torchrun`` the ranks first agree on one run directory and only rank 0 writes Hydra's files and
     ``train.log`` (:func:`revgnn.distributed.torchrun.worker_overrides`)."""
+    from revgnn.cli.overrides import prepare
     from revgnn.config import ConfigError, check_launcher, refuse
     from revgnn.distributed.torchrun import worker_overrides
     from revgnn.utils.allocator import use_tcmalloc
@@ -73,6 +99,10 @@ def cli() -> None:
     except ConfigError as e:
         refuse(e)
     use_tcmalloc()
+    try:  # every mistake on the command line: one message, exit 2, before Hydra or the data
+        sys.argv[1:] = prepare(sys.argv[1:])
+    except ConfigError as e:
+        refuse(e)
     sys.argv += worker_overrides()
     main()
 

@@ -1,5 +1,6 @@
-"""Data: the :class:`NodeDataset` format, OGB loaders, the generated ``proteins_like`` graph and
-vectorised random-partition sub-graph sampling.
+"""Data: the :class:`NodeDataset` format, OGB loaders, one's own graphs (a saved PyG ``Data``, a
+``torch_geometric.datasets`` class: :mod:`revgnn.data.pyg_data`), the generated ``proteins_like``
+graph and vectorised random-partition sub-graph sampling.
 
 Names are imported on first use: the config schemas read the loaders' signatures
 (:func:`revgnn.config.data_schema`) without importing torch.
@@ -24,6 +25,9 @@ _HOME = {
     "OgbnSpec": "ogbn",
     "node_order": "ordering",
     "reorder": "ordering",
+    "load_pyg_file": "pyg_data",
+    "load_pyg_dataset": "pyg_data",
+    "from_pyg": "pyg_data",
 }
 __all__ = list(_HOME)
 __getattr__ = lazy_exports(__name__, _HOME)

@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # torch is imported where it is used: the config schemas read
 
 __all__ = ["GraphDataset", "load_ogbg", "mol_like", "OGBG_DATASETS"]
 
-TASKS = ("multilabel", "multiclass")
+TASKS = ("multilabel", "multiclass", "regression")
 OGBG_DATASETS = ("ogbg-molhiv", "ogbg-molpcba", "ogbg-moltox21", "ogbg-molbace", "ogbg-molbbbp")
 
 
@@ -43,7 +43,8 @@ class GraphDataset:
         split_idx (dict): ``{"train", "valid", "test"}`` -> long graph ids.
         task (str): ``"multilabel"`` (BCE over tasks, missing labels ignored) or ``"multiclass"``.
         num_classes (int): Output channels of the model (tasks, or classes).
-        evaluator (str): Name passed to :class:`ogb.graphproppred.Evaluator`.
+        evaluator (str): Name passed to :class:`ogb.graphproppred.Evaluator`, or a metric of
+            :mod:`revgnn.engine.metrics` (``accuracy``, ``rocauc``, ``f1``, ``rmse``, ``mae``).
         in_channels (int): Node feature columns (9 categorical atom features for OGB molecules).
         edge_channels (int, optional): Edge feature columns (3 bond features), :obj:`None` if none.
         batch_size (int): Graphs per training step (and per evaluation batch).

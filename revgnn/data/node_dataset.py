@@ -12,7 +12,7 @@ from revgnn.data.random_parts import sort_by_destination
 
 __all__ = ["NodeDataset"]
 
-TASKS = ("multilabel", "multiclass")
+TASKS = ("multilabel", "multiclass", "regression")
 
 
 @dataclass
@@ -28,12 +28,14 @@ class NodeDataset:
             :attr:`species_channels` columns are a species one-hot.
         edge_index (Tensor): ``[2, E]`` long, (source, destination), sorted by destination.
         edge_attr (Tensor, optional): ``[E, D]`` float edge features, aligned with :attr:`edge_index`.
-        y (Tensor): ``[N, T]`` float 0/1 targets (``multilabel``) or ``[N, 1]`` long classes
-            (``multiclass``), OGB's shapes.
+        y (Tensor): ``[N, T]`` float 0/1 targets (``multilabel``), ``[N, 1]`` long classes
+            (``multiclass``), OGB's shapes, or ``[N, T]`` float values (``regression``).
         split_idx (dict): ``{"train", "valid", "test"}`` -> long node ids.
-        task (str): ``"multilabel"`` (BCE over tasks) or ``"multiclass"`` (cross entropy).
+        task (str): ``"multilabel"`` (BCE over tasks), ``"multiclass"`` (cross entropy) or
+            ``"regression"`` (mean squared error).
         num_classes (int): Output channels of the model (tasks, or classes).
-        evaluator (str): Name passed to :class:`ogb.nodeproppred.Evaluator`.
+        evaluator (str): Name passed to :class:`ogb.nodeproppred.Evaluator`, or a metric of
+            :mod:`revgnn.engine.metrics` (``accuracy``, ``rocauc``, ``f1``, ``rmse``, ``mae``).
         species_channels (int): Width of the species one-hot at the end of :attr:`x` (0 if none).
     """
 

@@ -75,7 +75,8 @@ class Backend(OneWorker):
         from revgnn.engine.tasks import make_task
 
         ds = instantiate(self.cfg.data)
-        return make_task(ds, self.cfg.trainer, self)
+        # a loader of one's own may return a PyG Data: named after its function
+        return make_task(ds, self.cfg.trainer, self, name=str(self.cfg.data._target_).rpartition(".")[2])
 
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
         return model

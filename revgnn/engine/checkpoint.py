@@ -30,7 +30,7 @@ from typing import Any, Dict, List, Optional
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from revgnn.config import ConfigError
+from revgnn.config import ConfigError, hydra_override
 
 __all__ = [
     "atomic_save",
@@ -180,8 +180,8 @@ def check_run_dir(out_dir: str, ckpt_path: Optional[str] = None, overwrite: bool
         return  # resuming the run that is there: it continues its files
     raise ConfigError(
         f"output directory {out_dir} holds an earlier run ({', '.join(found)}): pass overwrite=true "
-        f"to replace it, resume it with ckpt_path={os.path.join(out_dir, 'last.pt')}, or choose "
-        f"another output_dir"
+        f"to replace it, resume it with {hydra_override('ckpt_path', os.path.join(out_dir, 'last.pt'))}, "
+        f"or choose another output_dir"
     )
 
 

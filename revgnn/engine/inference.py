@@ -143,15 +143,21 @@ class Scorer:
     """Scores logits with OGB's node evaluator (the leaderboard's metric).
 
     Args:
-        evaluator (str): Name for :class:`ogb.nodeproppred.Evaluator`, e.g. ``"ogbn-proteins"``.
+        evaluator (str): Name for :class:`ogb.nodeproppred.Evaluator`, e.g. ``"ogbn-proteins"``, or
+            a metric of :mod:`revgnn.engine.metrics` (``"accuracy"``, ``"rmse"``, ...).
         task (str): ``"multilabel"`` (logits scored as they are) or ``"multiclass"`` (their argmax).
         ds (NodeDataset, optional): Labels and splits for :meth:`__call__`.
     """
 
     def __init__(self, evaluator: str, task: str, ds: Optional[NodeDataset] = None):
-        from ogb.nodeproppred import Evaluator
+        from revgnn.engine.metrics import METRICS
 
         self.ds, self.task = ds, task
+        if evaluator in METRICS:  # a metric by name (a data set of one's own)
+            self.evaluator, self.metric = None, evaluator
+            return
+        from ogb.nodeproppred import Evaluator
+
         self.evaluator = Evaluator(evaluator)
         self.metric = self.evaluator.eval_metric
 
@@ -161,6 +167,10 @@ class Scorer:
 
     def score(self, y_true: Tensor, logits: Tensor) -> float:
         """The metric of ``logits`` (``[n, C]``) against ``y_true`` (OGB's ``[n, T]`` / ``[n, 1]``)."""
+        if self.evaluator is None:
+            from revgnn.engine.metrics import score
+
+            return score(self.metric, y_true, logits, self.task)
         pred = logits.argmax(dim=-1, keepdim=True) if self.task == "multiclass" else logits
         return float(self.evaluator.eval({"y_true": y_true, "y_pred": pred})[self.metric])
 

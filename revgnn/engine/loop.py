@@ -47,6 +47,7 @@ from revgnn.engine.checkpoint import (
 )
 from revgnn.engine.divergence import NonFiniteError, diverged
 from revgnn.engine.interrupt import StopRequest, TrainingInterrupted
+from revgnn.engine.metrics import better
 from revgnn.engine.reports import FIELDS, Summary, plot_learning_curve, write_metrics
 from revgnn.engine.seeds import Stream, evaluation_seed, seed_stream, seed_worker
 
@@ -139,7 +140,7 @@ def _train(cfg: DictConfig, backend: Backend) -> Summary:
         )
     log.info(
         "Highest Train: %.4f  Highest Valid: %.4f  Final Test: %.4f  (%s, epoch %d of %d, %s params, "
-        "%.2f s/epoch, peak %.0f MB)",
+        "%.2f s/epoch, peak %.0f MB); outputs in %s",
         summary.highest_train,
         summary.highest_valid,
         summary.final_test,
@@ -149,6 +150,7 @@ def _train(cfg: DictConfig, backend: Backend) -> Summary:
         f"{summary.num_parameters:,}",
         summary.epoch_time_s,
         summary.peak_memory_mb,
+        os.path.abspath(run.out_dir),
     )
     return summary
 
@@ -170,6 +172,8 @@ def _setup(cfg: DictConfig, backend: Backend) -> Run:
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if _use_bf16(cfg, device) else None
     torch.manual_seed(cfg.seed)
     task = backend.make_task()
+    if backend.is_writer:
+        log.info("output directory: %s", os.path.abspath(out_dir))
     log.info("data: %s", task)
     model = backend.prepare_model(build_model(cfg.model, task.shapes).to(device))
     if cfg.trainer.compile:  # in place: the state dict, checkpoints and hooks stay the module's own
@@ -332,7 +336,7 @@ def _evaluate(run: Run, state: RunState, epoch: int, row: Dict[str, Any], epoch_
     scores = run.task.evaluate(run.model, generator, run.backend.device, run.autocast)
     model_epoch_stats(run.model, run.backend, gather=False)  # the evaluation's solves are not training's
     row.update(scores, evaluation="selection")
-    improved = scores["valid"] > state.best["valid"]
+    improved = better(run.task.metric, scores["valid"], state.best["valid"], state.best["epoch"] > 0)
     if improved:
         state.best = {"epoch": epoch, **scores}
     log.info(
@@ -503,13 +507,19 @@ def resume_command(cfg: DictConfig, backend: Backend, last_path: str) -> str:
     overrides (without any earlier ``ckpt_path``) and ``ckpt_path=<last_path>``."""
     from hydra.core.hydra_config import HydraConfig
 
+    from revgnn.config import hydra_override
+
     overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
     overrides = [o for o in overrides if not o.lstrip("+~").startswith(("ckpt_path=", "output_dir="))]
-    overrides.append(
-        f"output_dir={os.path.dirname(os.path.abspath(last_path))}"
-    )  # continue in the same directory
-    overrides.append(f"ckpt_path={os.path.abspath(last_path)}")
-    return " ".join([backend.launch_prefix()] + [shlex.quote(o) for o in overrides])
+    words = [shlex.quote(o) for o in overrides]
+    if HydraConfig.initialized():  # a --config-dir of the user's own: its options are needed again
+        for source in HydraConfig.get().runtime.config_sources:
+            if source.provider == "command-line" and source.schema == "file":
+                words.insert(0, f"--config-dir {shlex.quote(source.path)}")
+    # continue in the same directory; paths quoted for Hydra (a sweep job's directory holds = and ,)
+    words.append(hydra_override("output_dir", os.path.dirname(os.path.abspath(last_path))))
+    words.append(hydra_override("ckpt_path", os.path.abspath(last_path)))
+    return " ".join([backend.launch_prefix()] + words)
 
 
 def model_epoch_stats(model, backend: Backend, gather: bool = True) -> Dict[str, float]:
@@ -605,10 +615,12 @@ def checkpoint_test(run: Run, best_epoch: int) -> Optional[Dict[str, Any]]:
 
 def build_model(model_cfg: DictConfig, shapes: Dict[str, Any]) -> "torch.nn.Module":
     """Instantiates ``model_cfg`` with the data's shapes (``in_channels``, ``out_channels``,
-    ``edge_channels``, ``species_channels``); every key is passed on, ``null`` as :obj:`None`."""
+    ``edge_channels``, ``species_channels``) where the config does not set them; every key is passed
+    on, ``null`` as :obj:`None`."""
     from hydra.utils import instantiate
 
-    return instantiate(OmegaConf.to_container(model_cfg, resolve=True), **shapes)
+    cfg = OmegaConf.to_container(model_cfg, resolve=True)
+    return instantiate(cfg, **{k: v for k, v in shapes.items() if cfg.get(k) is None})
 
 
 def resolve_output_dir(cfg: DictConfig) -> str:

@@ -22,21 +22,138 @@ from revgnn.config import (
 )
 from revgnn.engine.checkpoint import check_resume, check_run_dir
 
-__all__ = ["check_config", "check_before_start", "sweep_jobs", "check_sweep_jobs", "CheckBeforeStart"]
+__all__ = [
+    "check_config",
+    "check_data_config",
+    "check_model_constraints",
+    "check_before_start",
+    "sweep_jobs",
+    "check_sweep_jobs",
+    "CheckBeforeStart",
+]
 
 
 def check_config(cfg: DictConfig) -> None:
     """Checks the settings of a composed ``train.yaml`` on their own: the user's modules imported
     first (``imports``), then no unknown key (:func:`~revgnn.config.check_keys`), every value in its
     range (:func:`~revgnn.config.check_ranges`), every model key an argument of the variant's class
-    (:func:`revgnn.models.check_model_config`). Raises :class:`~revgnn.config.ConfigError` naming
-    the key."""
+    (:func:`revgnn.models.check_model_config`) and the constraints between them
+    (:func:`check_model_constraints`), the data loader importable and every data key one of its
+    arguments (:func:`check_data_config`). Raises :class:`~revgnn.config.ConfigError` naming the
+    key."""
     from revgnn.models import check_model_config
 
     import_modules(cfg.get("imports"))  # what a user's modules register (models, convs, backends)
     check_keys(cfg)  # no key the schema lacks (Hydra's +key=value adds any)
     check_ranges(cfg)
     check_model_config(cfg.model)
+    check_model_constraints(cfg.model)
+    check_data_config(cfg.data)
+
+
+def _import_target(target: str, key: str) -> Any:
+    """The callable ``target`` names (a user's module found on the path or in the working directory);
+    an import that fails, for whatever reason inside the module, is one :class:`ConfigError`."""
+    import importlib
+    import os
+    import sys
+
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    module, _, name = str(target).rpartition(".")
+    if not module:
+        raise ConfigError(f"{key}={target}: name a function as module.function (e.g. my_graph.load)")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError as e:
+        if e.name is not None and (module == e.name or module.startswith(e.name + ".")):
+            raise ConfigError(
+                f"{key}={target}: no module named {e.name!r} on the Python path or in the working "
+                f"directory {os.getcwd()}; run from the directory that holds it, or add that directory "
+                f"to PYTHONPATH"
+            ) from None
+        raise ConfigError(f"{key}={target}: importing {module} failed: {type(e).__name__}: {e}") from None
+    except AttributeError:
+        raise ConfigError(f"{key}={target}: module {module} has no {name!r}") from None
+    except Exception as e:  # a user's module that fails on import: this run only, one message
+        where = ""
+        tb = e.__traceback__
+        while tb is not None:
+            if tb.tb_frame.f_code.co_filename.endswith(module.replace(".", os.sep) + ".py"):
+                where = f" (line {tb.tb_lineno})"
+            tb = tb.tb_next
+        if isinstance(e, SyntaxError):
+            where = f" ({e.filename}, line {e.lineno})"
+        raise ConfigError(
+            f"{key}={target}: importing {module} failed{where}: {type(e).__name__}: {e}"
+        ) from None
+    if not callable(fn):
+        raise ConfigError(f"{key}={target} is a {type(fn).__name__}, not a function or class")
+    return fn
+
+
+def check_data_config(data: Any) -> None:
+    """Checks the ``data`` config before anything is loaded: its ``_target_`` imports (a user's
+    module from the working directory), every key is an argument of that loader (the closest one
+    named), no required argument is missing, and values fit the annotations. Raises
+    :class:`~revgnn.config.ConfigError`."""
+    import inspect
+
+    from omegaconf import OmegaConf
+
+    from revgnn.utils.signature import check_arguments
+
+    if not isinstance(data, DictConfig) or "_target_" not in data:
+        raise ConfigError("data has no _target_: a data option names the function that loads it")
+    target = data._target_
+    fn = _import_target(target, "data._target_")
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return
+    for name, p in params.items():
+        if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+            if name not in data or OmegaConf.is_missing(data, name):
+                raise ConfigError(f"data.{name} is required by {target}: set it, e.g. data.{name}=...")
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return
+    try:
+        given = OmegaConf.to_container(data, resolve=True)
+    except Exception:  # an interpolation only Hydra's run resolves (${hydra:...}): the keys suffice
+        given = OmegaConf.to_container(data, resolve=False)
+    given = {k: v for k, v in given.items() if not str(k).startswith("_")}
+    try:
+        check_arguments(fn, given, what=f"the data loader {target}", prefix="data.")
+    except (TypeError, ValueError) as e:
+        raise ConfigError(str(e)) from None
+
+
+def check_model_constraints(model: Any) -> None:
+    """Constraints between a model's arguments that its constructor would otherwise refuse only
+    after the data has loaded: ``hidden_channels`` divisible by ``num_groups`` (each reversible
+    group has ``hidden_channels / num_groups`` channels). The values are the config's, else the
+    variant's defaults. Raises :class:`~revgnn.config.ConfigError`."""
+    from revgnn.models.registry import CONFIG_TARGET, MODELS, model_info
+
+    if not isinstance(model, DictConfig) or model.get("_target_") != CONFIG_TARGET:
+        return
+    name = model.get("name")
+    if name not in MODELS:
+        return
+    info = model_info(name)
+
+    def value(key: str) -> Any:
+        return model[key] if model.get(key) is not None else info.defaults.get(key)
+
+    hidden, groups = value("hidden_channels"), value("num_groups")
+    if isinstance(hidden, int) and isinstance(groups, int) and groups > 0 and hidden % groups:
+        low = hidden - hidden % groups
+        close = [c for c in (low, low + groups) if c > 0]
+        raise ConfigError(
+            f"model.hidden_channels={hidden} must be divisible by model.num_groups={groups} (each "
+            f"reversible group gets hidden_channels / num_groups channels); e.g. "
+            + " or ".join(f"model.hidden_channels={c}" for c in close)
+        )
 
 
 def check_before_start(cfg: DictConfig, out_dir: str) -> None:

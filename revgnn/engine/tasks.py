@@ -132,14 +132,17 @@ class Task(Protocol):
 
 
 def task_loss(logits: Tensor, y: Tensor, task: str, reduction: str = "mean") -> Tensor:
-    """BCE-with-logits over labelled entries (``multilabel``; NaN = unlabelled) or cross entropy;
+    """BCE-with-logits over labelled entries (``multilabel``; NaN = unlabelled), squared error over
+    them (``regression``) or cross entropy;
     ``reduction`` is ``"mean"`` or ``"sum"`` over those entries. Half-precision logits (autocast)
     are scored in float32; float64 stays float64."""
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
-    if task == "multilabel":
+    if task in ("multilabel", "regression"):
         y = y.to(logits.dtype)
         labelled = y == y
+        if task == "regression":
+            return F.mse_loss(logits[labelled], y[labelled], reduction=reduction)
         return F.binary_cross_entropy_with_logits(logits[labelled], y[labelled], reduction=reduction)
     return F.cross_entropy(logits, y.view(-1), reduction=reduction)
 
@@ -310,12 +313,18 @@ class GraphTask:
     level = "graph"
 
     def __init__(self, ds, trainer_cfg=None):
-        from ogb.graphproppred import Evaluator
+        from revgnn.engine.metrics import METRICS
 
         self.ds = ds
-        self.evaluator = Evaluator(ds.evaluator)
-        self.metric = self.evaluator.eval_metric
-        if self.evaluator.num_tasks != ds.num_classes:
+        self.evaluator = None  # a metric of revgnn.engine.metrics, by name
+        if ds.evaluator in METRICS:
+            self.metric = ds.evaluator
+        else:
+            from ogb.graphproppred import Evaluator
+
+            self.evaluator = Evaluator(ds.evaluator)
+            self.metric = self.evaluator.eval_metric
+        if self.evaluator is not None and self.evaluator.num_tasks != ds.num_classes:
             raise ValueError(
                 f"{ds.name}: {ds.num_classes} tasks, but evaluator {ds.evaluator!r} expects "
                 f"{self.evaluator.num_tasks}"
@@ -378,6 +387,11 @@ class GraphTask:
         scores = {}
         for split, out in logits.items():
             y = self.ds.labels(split)
+            if self.evaluator is None:
+                from revgnn.engine.metrics import score
+
+                scores[split] = score(self.metric, y, out, self.ds.task)
+                continue
             pred = out.argmax(-1, keepdim=True) if self.ds.task == "multiclass" else out
             scores[split] = float(self.evaluator.eval({"y_true": y, "y_pred": pred})[self.metric])
         return scores
@@ -392,11 +406,21 @@ class GraphTask:
         return self.evaluate(model, generator, device, autocast)
 
 
-def make_task(ds, trainer_cfg, workers: Workers = ONE_WORKER) -> Task:
-    """:class:`NodeTask` for a ``NodeDataset``, :class:`GraphTask` for a ``GraphDataset``."""
+def make_task(ds, trainer_cfg, workers: Workers = ONE_WORKER, name: str = "graph") -> Task:
+    """:class:`NodeTask` for a ``NodeDataset``, :class:`GraphTask` for a ``GraphDataset``; features
+    that are not finite are a :class:`~revgnn.config.ConfigError`
+    (:func:`revgnn.data.checks.check_finite_inputs`). Anything else a loader returns (a PyG ``Data``,
+    a list of them, a PyG data set) is converted by :func:`revgnn.data.pyg_data.from_pyg` under
+    ``name``, with its conventions (task and metric from ``y``, split from masks or ``split_idx``)."""
+    from revgnn.data.checks import check_finite_inputs
     from revgnn.data.graph_dataset import GraphDataset
     from revgnn.data.node_dataset import NodeDataset
 
+    if not isinstance(ds, (NodeDataset, GraphDataset)):
+        from revgnn.data.pyg_data import from_pyg
+
+        ds = from_pyg(ds, name)
+    check_finite_inputs(ds)  # NaN inputs: refused here, not read as a divergence
     if isinstance(ds, NodeDataset):
         return NodeTask(ds, trainer_cfg, workers)
     if isinstance(ds, GraphDataset):

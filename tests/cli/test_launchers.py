@@ -65,7 +65,8 @@ def test_two_seed_sweep_through_submitit_local(tmp_path):
     assert "Submitit 'local' sweep output dir" in proc.stdout + proc.stderr
     # the jobs run in submitit's processes, yet their directories are named by the swept values
     # alone, as under the basic launcher; no literal `%j` folder
-    assert sorted(p.name for p in sweep.iterdir()) == [".submitit", "0_seed=0", "1_seed=1", "multirun.yaml"]
+    names = sorted(p.name for p in sweep.iterdir())
+    assert names == [".submitit", "0_seed=0", "1_seed=1", "multirun.yaml", "results.md"]  # + the sweep table
     assert not [p for p in sweep.rglob("*") if "%" in p.name]
     summaries = sorted(sweep.rglob("summary.json"))
     assert [p.parent.name for p in summaries] == ["0_seed=0", "1_seed=1"]
