@@ -12,9 +12,10 @@ Each row is one fresh child process (so that its peak RSS is its own), run one a
    channels, default 80 on proteins as RevGNN-Deep, 160 on products as the PyG products example) with
    ``--layers`` reversible blocks;
 3. ``train``: one full-graph training step (forward, loss over every node, backward, Adam step);
-   ``infer``: one forward under ``torch.no_grad``. Timed once after one untimed warm-up call (the
-   first call builds caches and kernels); **peak** is the process's ``ru_maxrss`` at the end, and
-   **ns/(E·C·L)** the timed seconds over edges × hidden channels × layers.
+   ``infer``: one forward under ``torch.no_grad``. Timed once after ``--warmup`` untimed calls
+   (default 1: the first call loads kernels and fills caches); **peak** is the process's
+   ``ru_maxrss`` at the end, and **ns/(E·C·L)** the timed seconds over edges × hidden channels ×
+   layers.
 
 The recipes are the conv blocks of the zoo: ``gen_max`` (GENConv max, RevGNN-Deep's), ``gen_mean``,
 ``gen_softmax`` (learnable temperature), ``sage``, ``gcn``, ``gin``, ``gat`` (2 heads; edge
@@ -146,7 +147,8 @@ def child(args) -> dict:
             loss_fn(model(x, edge_index, edge_attr), y).backward()
             optimizer.step()
 
-        call()  # warm-up: caches, kernels
+        for _ in range(args.warmup):  # caches, kernel loads, the allocator's first pages
+            call()
         start = time.perf_counter()
         call()
         seconds = time.perf_counter() - start
@@ -237,6 +239,7 @@ def parse(argv=None):
     p.add_argument("--hidden", type=int, default=0, help="hidden channels (default: the size's recipe)")
     p.add_argument("--pyg", action="store_true", help="add one layer of PyG's own conv per recipe")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=1, help="untimed calls before the timed one (default: 1)")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per row")
     p.add_argument(
         "--memory-limit-gb",
@@ -274,7 +277,7 @@ def main(argv=None) -> List[dict]:
         cmd = [sys.executable, "-m", "benchmarks.scale", "--child", "--graph", args.graph]
         cmd += ["--recipe", row["recipe"], "--mode", row["mode"], "--layers", str(row["layers"])]
         cmd += ["--hidden", str(args.hidden), "--threads", str(args.threads)]
-        cmd += ["--memory-limit-gb", str(args.memory_limit_gb)]
+        cmd += ["--memory-limit-gb", str(args.memory_limit_gb), "--warmup", str(args.warmup)]
         try:
             result = run_child(cmd, env=child_env(), timeout=args.timeout)[-1]
         except ChildFailed as err:
