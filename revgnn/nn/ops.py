@@ -20,13 +20,16 @@ and autograd see them as single ops.
   gradients;
 * ``torch.ops.revgnn.aggregate``: the sum / mean / edge-weighted sum over destination-sorted edges
   (SAGE, GIN, GCN; :mod:`revgnn.nn.linear_aggr`), ``torch.ops.revgnn.segment_max``: the plain
-  per-channel maximum with tie counts (SAGE max); each with its ``_backward``, chunked over edges in
-  PyTorch (no :math:`E \times C` tensor in any implementation).
+  per-channel maximum with tie counts (SAGE max); each with its ``_backward``;
+* ``torch.ops.revgnn.gat_attention``: GATConv's attention (heads, edge features, PyG's self loops,
+  attention dropout from a counter-based hash) as an online softmax per destination and head, keeping
+  the per (node, head) maximum and denominator (:mod:`revgnn.nn.gat`);
+  ``torch.ops.revgnn.gat_attention_backward``: its gradients, every per-edge quantity recomputed.
 
-Each operator has a fake (meta) implementation, so it traces with FakeTensors, and ``gen_max`` and
-``layer_norm_relu`` have their autograd formula registered (their backward operators are
-differentiable once: a second derivative raises). Behind each operator there are two
-implementations of the same function, chosen per call from the inputs alone:
+Each operator has a fake (meta) implementation, so it traces with FakeTensors, and each forward
+operator has its autograd formula registered (the backward operators are differentiable once: a
+second derivative raises). Behind each operator there are up to three implementations of the same
+function, chosen per call from the inputs alone:
 
 * **the C++ kernels** of :mod:`revgnn.nn.kernels` for CPU float32/float64 tensors, where they built
   (``REVGNN_KERNELS=0`` turns them off);
@@ -35,12 +38,12 @@ implementations of the same function, chosen per call from the inputs alone:
   through Triton's interpreter, ``TRITON_INTERPRET=1``). They have not yet run on a GPU: only in the
   interpreter, against the C++ kernels (``tests/nn/test_triton_kernels.py``);
 * **PyTorch** everywhere else (other dtypes, no compiler, no Triton): the same outputs from PyTorch ops
-  (``gen_max`` forms the :math:`E \times C` messages once, transiently, and keeps only the winners
-  for backward, like the kernel).
+  over chunks of :data:`CHUNK_EDGES` edges, so that no :math:`E \times C` tensor exists in any
+  implementation (``gen_max`` keeps only the winners for backward, like the kernel).
 
 The choice is the dispatch table's (:func:`revgnn.nn.dispatch.select`, one rule for every operator),
-made inside the operator, which ``torch.compile`` does not trace into. The shard operators have only
-the fused implementations, C++ or Triton (their caller takes PyTorch's SAR path elsewhere).
+made inside the operator, which ``torch.compile`` does not trace into. The GEN max shard operators
+have only the fused implementations, C++ or Triton (their caller takes PyTorch's SAR path elsewhere).
 """
 
 from __future__ import annotations
@@ -140,19 +143,30 @@ def _messages(
 
 
 def _gen_max_torch(x, ptr, src, attr, weight, bias, eps):
+    """Two passes over :data:`CHUNK_EDGES`-edge chunks (the maximum; then its first winner and how
+    many edges reach it), each chunk's messages formed and dropped: no :math:`E \times C` tensor."""
     n, c, e = ptr.numel() - 1, x.size(1), src.numel()
     dst = destinations(ptr, e)
-    msg = _messages(x, src, attr, weight, bias)
-    index = dst.view(-1, 1).expand(e, c)
-    top = msg.new_full((n, c), float("-inf")).scatter_reduce_(0, index, msg, "amax")  # NaN propagates
+
+    def chunk_messages():
+        for part in _edge_chunks(e):
+            a = attr[part] if attr is not None else None
+            yield part, _messages(x, src[part], a, weight, bias), dst[part]
+
+    top = x.new_full((n, c), float("-inf"))
+    for _, msg, d in chunk_messages():  # NaN propagates through amax
+        top.scatter_reduce_(0, d.view(-1, 1).expand_as(msg), msg, "amax")
     positive = top > 0
-    reached = (msg == top.index_select(0, dst)) & positive.index_select(0, dst)
-    offset = (torch.arange(e, device=x.device) - ptr.index_select(0, dst)).view(-1, 1).expand(e, c)
     none = torch.iinfo(torch.int64).max
     arg = torch.full((n, c), none, dtype=torch.int64, device=x.device)
-    arg.scatter_reduce_(0, index, torch.where(reached, offset, none), "amin")  # the first winner
+    count = torch.zeros((n, c), dtype=torch.int32, device=x.device)
+    for part, msg, d in chunk_messages():
+        index = d.view(-1, 1).expand_as(msg)
+        reached = (msg == top.index_select(0, d)) & positive.index_select(0, d)
+        offset = (torch.arange(part.start, part.stop, device=x.device) - ptr.index_select(0, d)).view(-1, 1)
+        arg.scatter_reduce_(0, index, torch.where(reached, offset, none), "amin")  # the first winner
+        count.scatter_add_(0, index, reached.int())
     arg = torch.where(positive, arg, -1).to(torch.int32)
-    count = torch.zeros((n, c), dtype=torch.int32, device=x.device).scatter_add_(0, index, reached.int())
     tied = (count > 1).any(1).to(torch.uint8)
     out = torch.where(positive | top.isnan(), top, 0.0) + eps
     return out.masked_fill_((ptr.diff() == 0).view(-1, 1), 0.0), arg, tied
@@ -188,25 +202,40 @@ def _gen_max_backward_torch(
     nodes = tied.nonzero().flatten()
     if nodes.numel():  # the edges of tied nodes: split each node's gradient among its maxima
         dst = destinations(ptr, src.numel())
-        edges = (tied.index_select(0, dst) != 0).nonzero().flatten()
-        d = dst.index_select(0, edges)
-        a = attr.index_select(0, edges) if attr is not None else None
-        msg = _messages(x, src.index_select(0, edges), a, weight, bias)
-        index = d.view(-1, 1).expand_as(msg)
-        top = msg.new_full((n, c), float("-inf")).scatter_reduce_(0, index, msg, "amax")
-        reached = (msg == top.index_select(0, d)) & (top > 0).index_select(0, d)
-        count = torch.zeros_like(top).scatter_add_(0, index, reached.to(top.dtype))
-        share = torch.where(reached, (grad / count.clamp_min(1)).index_select(0, d), 0.0)
-        gx.index_add_(0, src.index_select(0, edges), share)
-        if attr is not None and weight is None:
-            ga.index_add_(0, edges, share)
-        elif attr is not None:
-            if gw is not None:
-                gw += share.t() @ a
-            if gb is not None:
-                gb += share.sum(0)
-            if ga is not None:
-                ga.index_add_(0, edges, share @ weight)
+        tied_edges = (tied.index_select(0, dst) != 0).nonzero().flatten()
+
+        def chunk_messages():  # the tied nodes' edges, a chunk of messages at a time
+            for part in _edge_chunks(tied_edges.numel()):
+                edges = tied_edges[part]
+                a = attr.index_select(0, edges) if attr is not None else None
+                yield (
+                    edges,
+                    dst.index_select(0, edges),
+                    a,
+                    _messages(x, src.index_select(0, edges), a, weight, bias),
+                )
+
+        top = x.new_full((n, c), float("-inf"))
+        for _, d, _, msg in chunk_messages():
+            top.scatter_reduce_(0, d.view(-1, 1).expand_as(msg), msg, "amax")
+        count = torch.zeros_like(top)
+        for _, d, _, msg in chunk_messages():
+            reached = (msg == top.index_select(0, d)) & (top > 0).index_select(0, d)
+            count.scatter_add_(0, d.view(-1, 1).expand_as(msg), reached.to(top.dtype))
+        share_of = grad / count.clamp_min(1)
+        for edges, d, a, msg in chunk_messages():
+            reached = (msg == top.index_select(0, d)) & (top > 0).index_select(0, d)
+            share = torch.where(reached, share_of.index_select(0, d), 0.0)
+            gx.index_add_(0, src.index_select(0, edges), share)
+            if attr is not None and weight is None:
+                ga.index_add_(0, edges, share)
+            elif attr is not None:
+                if gw is not None:
+                    gw += share.t() @ a
+                if gb is not None:
+                    gb += share.sum(0)
+                if ga is not None:
+                    ga.index_add_(0, edges, share @ weight)
     return gx if need_x else None, ga if need_attr else None, gw, gb
 
 
