@@ -40,6 +40,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from torch import nn
 
 from revgnn.config import ConfigTypeError
+from revgnn.nn.conv_registry import conv_table
 from revgnn.utils.registry import Registry
 from revgnn.utils.signature import check_types, keyword_parameters, takes_options
 
@@ -355,8 +356,9 @@ def _reported_cell(info: ModelInfo) -> str:
 
 
 def zoo_table(pattern: str = "*") -> str:
-    """The markdown table of the zoo (the README's, between its zoo markers): one row per variant of
-    this package, its published scores with the arguments they were obtained at."""
+    """The markdown tables of the zoo (the README's, between its zoo markers): one row per variant of
+    this package, its published scores with the arguments they were obtained at; then the conv blocks
+    (:func:`revgnn.nn.conv_registry.conv_table`)."""
     lines = [
         "| name | model | layers × channels | parameters (data set) | reported | experiment |",
         "|---|---|---|---|---|---|",
@@ -370,7 +372,8 @@ def zoo_table(pattern: str = "*") -> str:
             f"| `{name}` | {_markdown(info.summary)} | {_size(info)} | {info.num_parameters:,} "
             f"({info.dataset}) | {_reported_cell(info)} | {experiments} |"
         )
-    return "\n".join(lines) + "\n"
+    intro = "\n\nThe conv blocks every model takes (`conv=`; options as `model.<option>=`):\n\n"
+    return "\n".join(lines) + intro + conv_table()
 
 
 BEGIN, END = "<!-- zoo:begin -->", "<!-- zoo:end -->"

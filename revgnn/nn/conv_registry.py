@@ -175,3 +175,36 @@ def conv_name(block: nn.Module) -> str:
         if type(block) is spec.block:
             return spec.name
     return ""
+
+
+def _choices(annotation) -> str:
+    """The choices of a ``Literal`` annotation (inside ``Optional``/``Annotated``), as ``" (a, b)"``."""
+    import typing
+
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is typing.Literal:
+        return " (" + ", ".join(map(str, args)) + ")"
+    return next((c for c in map(_choices, args) if c), "")
+
+
+def conv_table() -> str:
+    """The markdown table of the registered conv blocks of this package (the README's, under the zoo
+    table): the name models take (``conv=``), the conv, each option with its default and choices
+    (read off the block's signature), and whether it reads edge features."""
+    from revgnn.utils.signature import keyword_parameters
+
+    lines = ["| `conv=` | block | options (default, choices) | edge features |", "|---|---|---|---|"]
+    norms = set()
+    for spec in CONVS.values():
+        if not spec.block.__module__.startswith("revgnn."):
+            continue  # registered by a user or a test
+        params = keyword_parameters(spec.block)
+        norms.add(_choices(params["norm"].annotation))
+        options = ", ".join(f"`{k}={v!r}`{_choices(params[k].annotation)}" for k, v in spec.defaults.items())
+        what = " ".join((spec.block.__doc__ or "").split()).split(" in a pre-activation block")[0]
+        lines.append(
+            f"| `{spec.name}` | {spec.block.__name__}: {what} | {options or '—'} | "
+            f"{'yes' if spec.uses_edges else 'no'} |"
+        )
+    norm = " or ".join(sorted(norms)).strip()
+    return "\n".join(lines) + f"\n\nEvery block also takes `norm`, the pre-activation norm {norm}.\n"
