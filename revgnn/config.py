@@ -33,6 +33,7 @@ import ast
 import dataclasses
 import importlib
 import inspect
+import sys
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -41,6 +42,7 @@ from typing import Annotated, Any, Dict, List, Optional, get_args, get_origin
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from revgnn.errors import ConfigError, ConfigTypeError
 from revgnn.utils.ranges import Range
 
 __all__ = [
@@ -74,17 +76,6 @@ __all__ = [
 ]
 
 
-class ConfigError(ValueError):
-    """Bad input that a run refuses before it trains: a setting, a file it names, or how it was
-    launched. The message says what was wrong and what to do; ``revgnn-train`` prints it alone (no
-    traceback) and exits with status 2."""
-
-
-class ConfigTypeError(ConfigError, TypeError):
-    """A :class:`ConfigError` that is also a :class:`TypeError`: a key that is no argument of what it
-    configures (as Python says of an unexpected keyword argument)."""
-
-
 def import_modules(names: Any, key: str = "imports") -> None:
     """Imports the modules ``names`` (the config's ``imports``, e.g. ``[my_pkg.my_models]``), so that
     what they register (:func:`~revgnn.models.register_model`, :func:`~revgnn.nn.register_conv`,
@@ -93,7 +84,6 @@ def import_modules(names: Any, key: str = "imports") -> None:
     on ``sys.path`` and then in the working directory (as ``python -m`` does); one that is not found
     is a :class:`ConfigError` naming it (an error inside the module is its own traceback)."""
     import os
-    import sys
 
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())
@@ -107,6 +97,9 @@ def import_modules(names: Any, key: str = "imports") -> None:
                 f"{key}[{i}]={name}: no module named {e.name!r} on the Python path or in the working "
                 f"directory {os.getcwd()}; add its directory to PYTHONPATH"
             ) from None
+    registry = sys.modules.get("revgnn.models.registry")
+    for model in registry.list_models() if registry is not None else ():
+        store_model_config(model)  # model=<name> for what they registered (the library stores none)
 
 
 def ranged(
@@ -593,7 +586,6 @@ def register_data_dir(config_dir: Path) -> None:
     (:func:`revgnn.engine.preflight.check_data_config`). The working directory is put on the module
     path, as for ``imports``."""
     import os
-    import sys
 
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())
@@ -630,7 +622,10 @@ def register_configs() -> None:
     cs.store(
         group="schema/model", name="model", node=OmegaConf.structured(ModelConfig, flags={"struct": False})
     )
-    for name in builtin_model_names():
+    # the package's variants, read from its source (no torch import), and any registered already (a
+    # user's module imported before this one); a user's registered later are stored by import_modules
+    registry = sys.modules.get("revgnn.models.registry")
+    for name in {*builtin_model_names(), *(registry.list_models() if registry is not None else ())}:
         store_model_config(name)
     for path in sorted(_DATA_CONFIGS.glob("*.yaml")):
         # a loader that cannot be imported spoils only the runs that choose it (an open schema; the

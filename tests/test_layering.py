@@ -118,3 +118,18 @@ def test_no_function_over_the_line_bound():
         and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
     ]
     assert long == []
+
+
+def test_the_library_imports_no_hydra():
+    """The models, blocks, solvers and data (what users import into their own code) load no Hydra or
+    OmegaConf module: the config layer builds Hydra's nodes from their registries, not the other way
+    round. A fresh interpreter, so that nothing imported earlier in the test session counts."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, revgnn.models, revgnn.nn, revgnn.deq, revgnn.data, revgnn.errors\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('hydra', 'omegaconf')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out

@@ -1,6 +1,6 @@
 """Checks of a loaded graph that a run makes before it trains: node ids in range, splits that are
 node (or graph) ids, disjoint and in range, and finite inputs. Each failure is a
-:class:`~revgnn.config.ConfigError` naming the data set, the field and the first offending entry, so
+:class:`~revgnn.errors.ConfigError` naming the data set, the field and the first offending entry, so
 ``revgnn-train`` prints one message and exits with 2 instead of training on it (an id out of range
 corrupts memory in the fused kernels; a NaN feature makes the loss NaN, which would read as a
 divergence blamed on the learning rate).
@@ -22,13 +22,13 @@ __all__ = ["check_node_graph", "check_split", "check_finite", "check_finite_inpu
 
 
 def _error(message: str):
-    from revgnn.config import ConfigError
+    from revgnn.errors import ConfigError
 
     return ConfigError(message)
 
 
 def check_finite(name: str, what: str, t: Optional["Tensor"], row: str = "node") -> None:
-    """Raises :class:`~revgnn.config.ConfigError` when the float tensor ``t`` holds NaN or infinite
+    """Raises :class:`~revgnn.errors.ConfigError` when the float tensor ``t`` holds NaN or infinite
     entries, saying how many and the first ``row`` holding one."""
     if t is None or not t.is_floating_point() or t.numel() == 0:
         return
@@ -54,7 +54,7 @@ def check_node_graph(
 ) -> None:
     """Checks one graph: ``edge_index`` is ``[2, E]`` of integer node ids in ``[0, num_nodes)``,
     ``edge_attr`` has one row per edge, ``x`` and ``y`` one row per node, and ``x`` and
-    ``edge_attr`` are finite. Raises :class:`~revgnn.config.ConfigError`."""
+    ``edge_attr`` are finite. Raises :class:`~revgnn.errors.ConfigError`."""
     import torch
 
     if not isinstance(edge_index, torch.Tensor) or edge_index.dim() != 2 or edge_index.size(0) != 2:
@@ -83,7 +83,7 @@ def check_node_graph(
 def check_split(name: str, split_idx: Mapping[str, Any], size: int, what: str = "node") -> None:
     """Checks ``split_idx`` (``{"train", "valid", "test"}`` -> integer ids): every split present,
     ids in ``[0, size)``, no id twice in a split and no id in two splits; the training split not
-    empty. Raises :class:`~revgnn.config.ConfigError`."""
+    empty. Raises :class:`~revgnn.errors.ConfigError`."""
     import torch
 
     seen = torch.zeros(size, dtype=torch.long)
@@ -118,7 +118,7 @@ def check_split(name: str, split_idx: Mapping[str, Any], size: int, what: str = 
 
 def check_finite_inputs(ds) -> None:
     """Checks that the features a model reads (``x``, ``edge_attr``) of a node-level data set, or of
-    every graph of a graph-level one, are finite. Raises :class:`~revgnn.config.ConfigError`."""
+    every graph of a graph-level one, are finite. Raises :class:`~revgnn.errors.ConfigError`."""
     if hasattr(ds, "x"):
         check_finite(ds.name, "x", ds.x)
         check_finite(ds.name, "edge_attr", getattr(ds, "edge_attr", None), "edge")

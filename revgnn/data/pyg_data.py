@@ -28,7 +28,7 @@ model.encoder=linear``).
 
 Everything is checked before training (:mod:`revgnn.data.checks`): a missing key, node ids out of range
 (negative ones too), splits that overlap or leave the range, labels outside the classes, non-finite
-features; each is one :class:`~revgnn.config.ConfigError` naming the file and the field.
+features; each is one :class:`~revgnn.errors.ConfigError` naming the file and the field.
 
 This module imports torch inside its functions: the config schemas read the loaders' signatures
 without it (:func:`revgnn.config.data_schema`).
@@ -54,7 +54,7 @@ TASK_NAMES = ("multiclass", "multilabel", "regression")
 
 
 def _error(message: str):
-    from revgnn.config import ConfigError
+    from revgnn.errors import ConfigError
 
     return ConfigError(message)
 

@@ -19,13 +19,15 @@ annotation declares (``num_layers: Annotated[int, Range(1)]``, read by
 :func:`revgnn.utils.signature.check_types`), so a typo is an error that lists what exists, never
 silently ignored. The README's zoo table, the paper
 column of ``revgnn-reproduce`` and the model configs all come from this registry: every variant is the
-Hydra option ``model=<name>``, stored in Hydra's ConfigStore when it registers
-(:func:`revgnn.config.store_model_config`; a node holding the name only), and
+Hydra option ``model=<name>``, which the config layer stores in Hydra's ConfigStore from it
+(:func:`revgnn.config.store_model_config`; a node holding the name only: the library itself imports no
+Hydra), and
 ``python -m revgnn.models --markdown`` prints the table, ``--update-readme README.md`` writes it.
 
 A variant registered by a user's module is chosen with ``model=<name>`` when the module is imported
-before Hydra composes the config, and with ``imports=[my_pkg.my_models] model.name=<name>`` on any
-``revgnn-train`` command line (:func:`revgnn.config.import_modules`).
+before :mod:`revgnn.config` (which stores every registered variant), and with
+``imports=[my_pkg.my_models] model.name=<name>`` on any ``revgnn-train`` command line
+(:func:`revgnn.config.import_modules`).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from torch import nn
 
-from revgnn.config import ConfigTypeError
+from revgnn.errors import ConfigError, ConfigTypeError
 from revgnn.nn.conv_registry import conv_table
 from revgnn.utils.registry import Registry
 from revgnn.utils.signature import check_types, keyword_parameters, takes_options
@@ -158,8 +160,6 @@ def register_model(
     """
 
     def wrap(arguments: Callable[[], Dict[str, Any]]) -> Callable[..., nn.Module]:
-        from revgnn.config import store_model_config
-
         key = name or arguments.__name__
         if key in MODELS:
             raise ValueError(f"a model named {key!r} is already registered ({MODELS[key].__module__})")
@@ -184,7 +184,6 @@ def register_model(
         factory.__doc__ = arguments.__doc__
         factory.info = info
         MODELS.register(key, factory)
-        store_model_config(key)
         return factory
 
     return wrap
@@ -293,11 +292,9 @@ def check_model_config(model_cfg: Mapping[str, Any], prefix: str = "model.") -> 
     class or an option it forwards (a conv's, the DEQ's), of the annotated type and choices, and in
     its range (the annotations), and what spans several keys holds (the class's ``check_options``
     classmethod, e.g. ``hidden_channels`` divisible by ``num_groups``, a DEQ's solver options).
-    Raises :class:`~revgnn.config.ConfigError` (one message naming the key, no traceback from
+    Raises :class:`~revgnn.errors.ConfigError` (one message naming the key, no traceback from
     ``revgnn-train``). A config with another ``_target_`` (a user's own factory) is left to that
     factory."""
-    from revgnn.config import ConfigError
-
     if model_cfg.get("_target_") != CONFIG_TARGET:
         return
     if "name" not in model_cfg:
