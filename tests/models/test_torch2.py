@@ -231,13 +231,18 @@ def test_rng_capture_is_device_generic_or_a_clear_error():
 
 def test_quantized_reversible_stack_reads_no_value_per_layer():
     """GroupAddRev(quantize=...) checks its range on the device and reads it back (a host sync on a GPU)
-    at calls 1, 2, 4, ...: 64 blocks forward read it 7 times in all, not once per block."""
+    at calls 1, 2, 4, ...: 64 blocks forward read it 7 times in all, not once per block. The graph is
+    sorted once, as a model does before its blocks (the fused aggregation takes sorted edges; a plain
+    edge_index would be sorted and checked in every call)."""
     from conftest import HostSyncs
 
     from revgnn.nn import GENBlock, GroupAddRev
+    from revgnn.nn.graph_input import segments, sort_edges
 
     n = 30
     ei = torch.randint(0, n, (2, 120), generator=torch.Generator().manual_seed(0))
+    ei, _ = sort_edges(ei, None, n)
+    segments(ei, n)  # the source order, kept with the graph, as the first block of a model computes it
     block = GroupAddRev(GENBlock(4, aggr="mean"), num_groups=2, quantize=16)
     x = torch.randn(n, 8)
     with torch.no_grad(), HostSyncs() as syncs:
