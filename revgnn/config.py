@@ -304,7 +304,7 @@ class AdamConfig:
 
 @dataclass
 class TrainerConfig:
-    """The training loop's schedule (``revgnn/train.py``).
+    """The training loop's schedule (``revgnn/engine/loop.py``).
 
     Attributes:
         epochs: Passes over the graph; each draws a new random partition.

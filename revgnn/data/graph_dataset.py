@@ -195,12 +195,12 @@ def load_ogbg(
         allow_download (bool): Let OGB download a missing data set. (default: :obj:`False`)
         batch_size (int): Graphs per step. (default: :obj:`32`)
     """
-    from revgnn.data.ogbn import _check_layout, _load_pyg
+    from revgnn.data.ogbn import check_layout, load_ogb_dataset
 
     if name not in OGBG_DATASETS:
         raise ValueError(f"unknown OGB graph data set {name!r}; expected one of {OGBG_DATASETS}")
-    _check_layout(name, root, allow_download)
-    dataset, split_idx = _load_pyg(name, root)
+    check_layout(name, root, allow_download)
+    dataset, split_idx = load_ogb_dataset(name, root)
     if "classification" not in dataset.task_type or dataset.task_type.startswith("multiclass"):
         raise ValueError(f"{name}: task type {dataset.task_type!r} is not supported (binary tasks only)")
     data = dataset._data

@@ -83,7 +83,7 @@ def _required_raw_files(meta) -> list[str]:
     return files
 
 
-def _check_layout(name: str, root: str, allow_download: bool) -> str:
+def check_layout(name: str, root: str, allow_download: bool) -> str:
     """Validates the on-disk layout; returns the data set directory. Writes a missing release marker."""
     meta = _meta(name)
     dir_name = name.replace("-", "_")
@@ -224,7 +224,7 @@ def _node_split(dataset, meta) -> Dict[str, Any]:
     }
 
 
-def _load_pyg(name: str, root: str):
+def load_ogb_dataset(name: str, root: str):
     if name.startswith("ogbg-"):
         from ogb.graphproppred import PygGraphPropPredDataset as Dataset
     else:
@@ -427,8 +427,8 @@ def load_ogbn(
         raise ValueError(
             f"duplicate_edges must be one of {', '.join(DUPLICATE_EDGES)}, got {duplicate_edges!r}"
         )
-    path = _check_layout(name, root, allow_download)
-    dataset, split_idx = _load_pyg(name, root)
+    path = check_layout(name, root, allow_download)
+    dataset, split_idx = load_ogb_dataset(name, root)
     data = dataset[0]
     task = _TASKS[_meta(name)["task type"]]
     graph = _handle_duplicates(name, OGBN_SPECS[name].prepare(path, data), data.num_nodes, duplicate_edges)

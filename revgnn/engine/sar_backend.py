@@ -27,7 +27,14 @@ import torch
 from torch import Tensor, nn
 
 from revgnn.engine.backends import DistributedBackend, register_backend
-from revgnn.engine.tasks import Batch, Step, _autocast, check_whole_graph_test, labelled_entries, task_loss
+from revgnn.engine.tasks import (
+    Batch,
+    Step,
+    autocast_or_null,
+    check_whole_graph_test,
+    labelled_entries,
+    task_loss,
+)
 
 __all__ = ["SARTask", "SARBackend"]
 
@@ -115,7 +122,7 @@ class SARTask:
     def evaluate(self, model: nn.Module, generator, device, autocast=None) -> Dict[str, float]:
         was_training = model.training
         model.eval()
-        with _autocast(autocast):
+        with autocast_or_null(autocast):
             out = model(self.x, self.graph, self.edge_attr).float().cpu()
         model.train(was_training)
         pieces = {

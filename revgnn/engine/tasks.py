@@ -155,7 +155,8 @@ def labelled_entries(y: Tensor) -> Tensor:
     return torch.ones(y.size(0), dtype=torch.long, device=y.device)
 
 
-def _autocast(ctx):
+def autocast_or_null(ctx):
+    """``ctx`` (an autocast context of the run's precision) or a no-op context where it is None."""
     return ctx if ctx is not None else contextlib.nullcontext()
 
 
@@ -372,7 +373,7 @@ class GraphTask:
         model.eval()
         out = []
         for data in self.ds.loader(split, shuffle=False):
-            with _autocast(autocast):
+            with autocast_or_null(autocast):
                 out.append(model(*self._inputs(data, device)).float().cpu())
         model.train(was_training)
         return torch.cat(out, dim=0) if out else torch.zeros(0, self.ds.num_classes)
