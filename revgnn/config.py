@@ -178,6 +178,14 @@ class Precision(str, Enum):
     bf16 = "bf16"
 
 
+class DistBackend(str, Enum):
+    """The ``torch.distributed`` backend of ``ddp`` and ``sar`` (``null`` in the config: gloo on CPU,
+    NCCL on CUDA)."""
+
+    gloo = "gloo"
+    nccl = "nccl"
+
+
 class PartitionMode(str, Enum):
     """How a random node partition is drawn (:func:`revgnn.data.random_parts.random_partition`)."""
 
@@ -391,7 +399,7 @@ class BackendConfig:
     num_threads: Optional[int] = ranged(None, 1)
     partition_dir: Optional[str] = None
     timeout_s: float = ranged(300.0, 0, low_open=True)
-    dist_backend: Optional[str] = None
+    dist_backend: Optional[DistBackend] = None
 
 
 @dataclass

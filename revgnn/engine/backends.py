@@ -151,9 +151,10 @@ class DistributedBackend(Backend):
                 f"environment, so it was not started by torchrun)"
             )
         device = super().start()
-        dist_backend = b.dist_backend or ("nccl" if device.type == "cuda" else "gloo")
-        if dist_backend not in ("gloo", "nccl"):
-            raise ValueError(f"backend.dist_backend must be gloo, nccl or null, got {dist_backend!r}")
+        # a choice of the schema (config.DistBackend): Hydra refused any other value before the run
+        dist_backend = getattr(b.dist_backend, "value", b.dist_backend) or (
+            "nccl" if device.type == "cuda" else "gloo"
+        )
         if dist_backend == "nccl" and device.type != "cuda":
             raise ValueError("backend.dist_backend=nccl moves CUDA tensors only; use gloo on CPU")
         if device.type == "cuda":
