@@ -1,8 +1,8 @@
 r"""SAGE, GIN and GCN aggregations under SAR through the fused operators, shard by shard.
 
-On one process :func:`revgnn.nn.ops.aggregate` computes
+On one process ``torch.ops.revgnn.aggregate`` computes
 :math:`\mathbf{h}_i = s_i \sum_{j \in \mathcal{N}(i)} w_{ji} \mathbf{x}_j` and
-:func:`revgnn.nn.ops.segment_max` :math:`\mathbf{h}_{i,c} = \max_{j \in \mathcal{N}(i)} \mathbf{x}_{j,c}`
+``torch.ops.revgnn.segment_max`` :math:`\mathbf{h}_{i,c} = \max_{j \in \mathcal{N}(i)} \mathbf{x}_{j,c}`
 over the destination-sorted edges without an :math:`E \times C` tensor (C++ on CPU, Triton on CUDA
 or under ``REVGNN_KERNELS=triton``, chunked PyTorch otherwise: :func:`revgnn.nn.dispatch.select`).
 Here the same operators run once per shard :math:`q` of a :class:`~revgnn.distributed.sar.SARGraph`:
@@ -24,8 +24,8 @@ shard, never :math:`O(E_q C)`.
   :math:`(m, n + n')` if equal; 0 for nodes without in-edges. This is the one-process operator's
   maximum and tie count, so backward gives every edge reaching the maximum
   :math:`g_{ic} / (n_{ic} + [h_{ic} = 0])` exactly as it does (PyG's semantics,
-  :func:`revgnn.nn.ops._tie_divisor`): the ring re-fetches each block and runs
-  :func:`~revgnn.nn.ops.segment_max_backward` on the shard with the merged maximum and counts.
+  ``revgnn.nn.ops._tie_divisor``): the ring re-fetches each block and runs
+  ``torch.ops.revgnn.segment_max_backward`` on the shard with the merged maximum and counts.
   Saved: the local input, the maximum and the counts (:math:`O(N C)`).
 
 Per shard the destination pointer, the sources, the sorting permutation (if the part's edges are

@@ -309,7 +309,7 @@ def csc(
 
 class Segments(NamedTuple):
     """A graph's edges in both orders, as int64 tensors for the aggregation operators
-    (:func:`revgnn.nn.ops.aggregate`): destination order for the forward pass, source order (E int64s
+    (``torch.ops.revgnn.aggregate``): destination order for the forward pass, source order (E int64s
     each, no channels) for the backward pass's reduction to the sources."""
 
     src: Tensor  #: ``[E]`` the source of each edge, in destination order
