@@ -13,7 +13,8 @@ cd "$(dirname "$0")/.."
 PY="${REVGNN_VENV:-.venv}/bin/python"
 
 # kernels, solvers and models: every test whose floats depend on the CPU's rounding
-FULL=(tests/nn/test_gen_max.py tests/nn/test_norm_act.py tests/nn/test_kernel_threads.py
+FULL=(tests/nn/test_gen_max.py tests/nn/test_gen_aggr.py tests/nn/test_linear_aggr.py tests/nn/test_gat.py
+  tests/nn/test_norm_act.py tests/nn/test_kernel_threads.py
   tests/nn/test_group_rev.py tests/nn/test_invertible_contract.py tests/nn/test_graph_norms.py
   tests/nn/test_conv_registry.py tests/distributed/test_sar_kernels.py
   tests/deq/test_deq_solvers.py tests/deq/test_deq_module.py tests/deq/test_deq_options.py
