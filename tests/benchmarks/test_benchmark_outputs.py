@@ -210,7 +210,9 @@ def test_scale(isolated, capsys):
     for r in results:
         assert "error" not in r, r
         assert finite(r["seconds"], r["ns_per_edge_channel_layer"], r["peak_rss_gb"], r["graph_rss_gb"])
-        assert min(r["peak_rss_gb"], r["step_peak_rss_gb"], r["graph_rss_gb"]) > 0  # ru_maxrss, VmHWM: not comparable to the KB
+        assert (
+            min(r["peak_rss_gb"], r["step_peak_rss_gb"], r["graph_rss_gb"]) > 0
+        )  # ru_maxrss, VmHWM: not comparable to the KB
     (header, rows), *_ = tables((isolated / "out" / "s.md").read_text())
     assert header[-1] == "ns/(E·C·L)" and len(rows) == 2
     with pytest.raises(SystemExit):
