@@ -307,6 +307,7 @@ def main(argv=None) -> List[dict]:
             oom = any(m in err.stderr for m in ("can't allocate memory", "MemoryError", "std::bad_alloc"))
             oom = oom or err.returncode in (-9, 137)
             result = {**row, "error": "out of memory" if oom else f"failed ({err.returncode})"}
+            result["stderr_tail"] = err.stderr.strip()[-1500:]  # where it ran out, in the JSON line
         print(json.dumps(result), flush=True)
         results.append(result)
     lines = table(results)

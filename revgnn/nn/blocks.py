@@ -192,7 +192,7 @@ class GENBlock(PreActBlock):
         return f"channels={self.channels}, aggr={self.conv.aggr}"
 
 
-@register_conv("gat")
+@register_conv("gat", factored_edges=True)
 class GATBlock(PreActBlock):
     r"""GATConv (Veličković et al., 2018) with concatenated heads in a pre-activation block.
 

@@ -61,7 +61,7 @@ def test_options_are_read_off_the_constructor():
     assert conv_spec("gat").defaults == {"heads": 1, "attn_dropout": 0.0}
     assert conv_spec("gcn").options == ()
     assert [c for c in list_convs() if conv_spec(c).uses_edges] == ["gat", "gen"]
-    assert [c for c in list_convs() if conv_spec(c).factored_edges] == ["gen"]
+    assert [c for c in list_convs() if conv_spec(c).factored_edges] == ["gat", "gen"]
     assert make_block("sage", 8, aggr="max").conv.aggr == "max"
     with pytest.raises(ValueError, match=r"conv='sage' has no option\(s\) heads; it accepts aggr"):
         make_block("sage", 8, heads=2)
@@ -99,7 +99,20 @@ def test_edge_embedding_factored_only_for_convs_registered_so(graph):
     _, _, ea = graph
     enc = torch.nn.Linear(F_EDGE, 8).double()
     assert isinstance(encode_edges(enc, ea, "gen"), LinearEdgeFeatures)
-    assert torch.equal(encode_edges(enc, ea, "gat").value, enc(ea))
+    assert isinstance(encode_edges(enc, ea, "gat"), LinearEdgeFeatures)  # GAT's fused op keeps it so
+
+    @register_conv("edge_sum")
+    class EdgeSum(PreActBlock):  # reads its edge features whole: the model evaluates them once
+        def __init__(self, channels, edge_channels=None, norm="layer", preact=True):
+            super().__init__(channels, norm, preact)
+
+        def conv_forward(self, h, edge_index, edge_attr):
+            return h
+
+    try:
+        assert torch.equal(encode_edges(enc, ea, "edge_sum").value, enc(ea))
+    finally:
+        CONVS.unregister("edge_sum")
 
 
 @pytest.mark.parametrize("name", list_convs())
