@@ -13,9 +13,11 @@ Each row is one fresh child process (so that its peak RSS is its own), run one a
    ``--layers`` reversible blocks;
 3. ``train``: one full-graph training step (forward, loss over every node, backward, Adam step);
    ``infer``: one forward under ``torch.no_grad``. Timed once after ``--warmup`` untimed calls
-   (default 1: the first call loads kernels and fills caches); **peak** is the process's
-   ``ru_maxrss`` at the end, and **ns/(E·C·L)** the timed seconds over edges × hidden channels ×
-   layers.
+   (default 1: the first call loads kernels and fills caches). **step peak** is the peak RSS from
+   the built graph on (Linux's ``VmHWM``, reset then: the graph resident, plus the model, optimiser
+   and every call); the JSON's ``peak_rss_gb`` is ``ru_maxrss`` at the end, which that reset clears
+   too (where it cannot be reset: the whole process's, graph generation included);
+   **ns/(E·C·L)** is the timed seconds over edges × hidden channels × layers.
 
 The recipes are the conv blocks of the zoo: ``gen_max`` (GENConv max, RevGNN-Deep's), ``gen_mean``,
 ``gen_softmax`` (learnable temperature), ``sage``, ``gcn``, ``gin``, ``gat`` (2 heads; edge
