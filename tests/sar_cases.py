@@ -135,3 +135,25 @@ class FactoredGEN(torch.nn.Module):
         else:
             edges = F.linear(edge_attr, self.enc.weight, self.enc.bias)
         return self.conv(x, edge_index, edges)
+
+
+class _Local:
+    """A worker's result as run_workers returns one, for a run in this process."""
+
+    def __init__(self, value):
+        self.rank, self.value = 0, value
+
+
+def run_sar_case(worker, world_size: int, kind: str) -> list:
+    """``worker(rank, world_size, kind)`` on every rank: in this process at one worker (no process
+    group needed; the default dtype the worker sets is put back), else in ``world_size`` worker
+    processes; their results (``rank``, ``value``)."""
+    from revgnn.testing.workers import run_workers
+
+    if world_size == 1:
+        dtype = torch.get_default_dtype()
+        try:
+            return [_Local(worker(0, 1, kind))]
+        finally:
+            torch.set_default_dtype(dtype)
+    return run_workers(worker, world_size, kind, timeout_s=60, wall_s=300, threads=1)

@@ -13,10 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import require_kernel
-from sar_cases import F_IN, N, check, compare_model, make_graph, make_parts
+from sar_cases import F_IN, N, check, compare_model, make_graph, make_parts, run_sar_case
 
 from revgnn.distributed.partition import build_partitions
-from revgnn.testing.workers import run_workers
 
 
 class TiesSAGE(torch.nn.Module):
@@ -227,11 +226,6 @@ def _check_all(results, world_size):
             assert size < shard_min / 4, (r.rank, name, size, shard_min)
 
 
-class _Local:
-    def __init__(self, value):
-        self.rank, self.value = 0, value
-
-
 @pytest.mark.parametrize(
     "world_size,kind",
     [
@@ -244,15 +238,7 @@ class _Local:
 def test_sar_aggregations_match_single_process(world_size, kind):
     require_kernel("aggregate")
     require_kernel("segment_max")
-    if world_size == 1:  # no process group needed: run in this process
-        dtype = torch.get_default_dtype()
-        try:
-            results = [_Local(_worker(0, 1, kind))]
-        finally:
-            torch.set_default_dtype(dtype)
-    else:
-        results = run_workers(_worker, world_size, kind, timeout_s=60, wall_s=300, threads=1)
-    _check_all(results, world_size)
+    _check_all(run_sar_case(_worker, world_size, kind), world_size)
 
 
 def test_bad_input_is_a_clear_error():

@@ -14,10 +14,9 @@ import os
 import pytest
 import torch
 from conftest import rel_err, require_kernel
-from sar_cases import F_EDGE, F_IN, FactoredGEN, N, check, compare_model, make_graph, make_parts
+from sar_cases import F_EDGE, F_IN, FactoredGEN, N, check, compare_model, make_graph, make_parts, run_sar_case
 
 from revgnn.distributed.partition import build_partitions
-from revgnn.testing.workers import run_workers
 
 
 class PlainGEN(torch.nn.Module):
@@ -223,11 +222,6 @@ def _check_all(results, world_size):
         assert fallback_ok, r.rank
 
 
-class _Local:
-    def __init__(self, value):
-        self.rank, self.value = 0, value
-
-
 @pytest.mark.parametrize(
     "world_size,kind",
     [
@@ -239,15 +233,7 @@ class _Local:
 )
 def test_sar_gen_max_kernel_matches_single_process(world_size, kind):
     require_kernel()
-    if world_size == 1:  # no process group needed: run in this process
-        dtype = torch.get_default_dtype()
-        try:
-            results = [_Local(_worker(0, 1, kind))]
-        finally:
-            torch.set_default_dtype(dtype)
-    else:
-        results = run_workers(_worker, world_size, kind, timeout_s=60, wall_s=300, threads=1)
-    _check_all(results, world_size)
+    _check_all(run_sar_case(_worker, world_size, kind), world_size)
 
 
 def test_unsorted_shards_and_raw_gradient():
