@@ -75,14 +75,7 @@ class _ShardSegments:
         self._weights: Dict[Tuple[torch.dtype, torch.device], Tuple[Tensor, List[Tensor]]] = {}
         for q in range(graph.world_size):
             a, b = graph.shard(q)
-            src, dst = graph.src[a:b], graph.dst[a:b]
-            perm = None
-            if dst.numel() > 1 and bool((dst[1:] < dst[:-1]).any()):
-                perm = torch.sort(dst, stable=True).indices
-                src, dst = src[perm], dst[perm]
-            rows = n if q == graph.rank else graph.num_needed[q]
-            if src.numel() and (int(src.min()) < 0 or int(src.max()) >= rows):
-                raise ValueError(f"shard {q}: source index outside the {rows} fetched rows")
+            src, dst, perm, rows = graph.sorted_shard(q)
             size = max(rows, n)
             ptr = torch.zeros(size + 1, dtype=torch.long, device=dst.device)
             ptr[1:] = torch.cumsum(torch.bincount(dst, minlength=size), 0)

@@ -78,16 +78,9 @@ class _ShardCSC:
         self.shards: List[Tuple[int, int, Tensor, Tensor, Optional[Tensor]]] = []
         for q in range(graph.world_size):
             a, b = graph.shard(q)
-            src, dst = graph.src[a:b], graph.dst[a:b]
-            perm = None
-            if dst.numel() > 1 and bool((dst[1:] < dst[:-1]).any()):
-                perm = torch.sort(dst, stable=True).indices
-                src, dst = src[perm], dst[perm]
+            src, dst, perm, _ = graph.sorted_shard(q)
             ptr = torch.zeros(n + 1, dtype=torch.long, device=dst.device)
             ptr[1:] = torch.cumsum(torch.bincount(dst, minlength=n), 0)
-            rows = n if q == graph.rank else graph.num_needed[q]
-            if src.numel() and (int(src.min()) < 0 or int(src.max()) >= rows):
-                raise ValueError(f"shard {q}: source index outside the {rows} fetched rows")
             self.shards.append((a, b, ptr, src.long().contiguous(), perm))
 
     @staticmethod

@@ -217,6 +217,23 @@ class SARGraph:
         """Edge range of the shard whose sources live on worker ``q``."""
         return self.shard_ptr[q], self.shard_ptr[q + 1]
 
+    def sorted_shard(self, q: int) -> Tuple[Tensor, Tensor, Optional[Tensor], int]:
+        """Shard ``q``'s edges by destination for a fused kernel: ``(src, dst, perm, rows)``, with
+        ``perm`` the stable sorting permutation of the shard's edges (:obj:`None` where they are sorted
+        already, as :mod:`~revgnn.distributed.partition` writes them) and ``rows`` the number of rows
+        its sources index (the local nodes for the own shard, else the rows fetched from ``q``); a
+        source outside them is a :class:`ValueError`, before any kernel reads with it."""
+        a, b = self.shard(q)
+        src, dst = self.src[a:b], self.dst[a:b]
+        perm = None
+        if dst.numel() > 1 and bool((dst[1:] < dst[:-1]).any()):
+            perm = torch.sort(dst, stable=True).indices
+            src, dst = src[perm], dst[perm]
+        rows = self.num_local if q == self.rank else self.num_needed[q]
+        if src.numel() and (int(src.min()) < 0 or int(src.max()) >= rows):
+            raise ValueError(f"shard {q}: source index outside the {rows} fetched rows")
+        return src, dst, perm, rows
+
     def local_range(self) -> Tuple[int, int]:
         return int(self.offsets[self.rank]), int(self.offsets[self.rank + 1])
 
