@@ -73,6 +73,9 @@ class Head(nn.Module):
         self.lin.reset_parameters()
 
     def forward(self, h: Tensor) -> Tensor:
+        from revgnn.nn.invertible import mark_internal
+
+        mark_internal(h)  # only this head reads the last block's output
         return self.lin(self.dropout(self.norm(h).relu()))
 
 

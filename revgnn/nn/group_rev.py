@@ -370,16 +370,36 @@ class GroupAddRev(InvertibleModule):
                     acc[j] = g if acc[j] is None else acc[j] + g
             return out.detach(), grads[0]
 
-        xs: List[Optional[Tensor]] = [None] * C
+        # The input and its gradient are written group by group into one buffer each (no
+        # torch.cat of the groups): at the peak of a block's backward the groups' parts and their
+        # concatenation are never alive together. Group i of the input replaces group i of the
+        # output once f_i has run on group i - 1 (the loop runs downwards), so where the output
+        # is scratch the input is rebuilt in its storage.
+        if x_kept is not None:
+            x = x_kept
+        elif self.output_is_scratch and y.is_contiguous():
+            x = y
+        else:
+            x = torch.empty_like(y)
+        xs = x.chunk(C, dim=dim)
+        grad_x = torch.empty_like(grad_y)
+        gxs = grad_x.chunk(C, dim=dim)
         for i in range(C - 1, 0, -1):
             out, g_in = step(i, ys[i - 1].detach().requires_grad_())
-            xs[i] = kept[i] if kept is not None else ys[i] - out
+            if kept is None:
+                torch.sub(ys[i], out, out=xs[i])
+            del out
             if g_in is not None:
-                gs[i - 1] = gs[i - 1] + g_in
+                gs[i - 1] = torch.add(gs[i - 1], g_in, out=gxs[i - 1])
         out, g_0 = step(0, self._sum(xs[1:]).detach().requires_grad_())
-        xs[0] = kept[0] if kept is not None else ys[0] - out
-        grad_x = torch.cat([gs[0]] + [gs[i] if g_0 is None else gs[i] + g_0 for i in range(1, C)], dim=dim)
-        x = x_kept if x_kept is not None else torch.cat(xs, dim=dim)
+        if kept is None:
+            torch.sub(ys[0], out, out=xs[0])
+        del out
+        for i in range(C):
+            if i > 0 and g_0 is not None:
+                torch.add(gs[i], g_0, out=gxs[i])
+            elif gs[i].data_ptr() != gxs[i].data_ptr():
+                gxs[i].copy_(gs[i])
         return x, grad_x, acc[: len(arg_leaves)], acc[len(arg_leaves) :]
 
     def __repr__(self) -> str:

@@ -66,12 +66,13 @@ class OutputSlot:
     refilled by that block's backward with the reconstructed tensor.
     """
 
-    __slots__ = ("tensor", "version", "consumed")
+    __slots__ = ("tensor", "version", "consumed", "internal")
 
     def __init__(self, output: Tensor):
         self.tensor: Optional[Tensor] = output.detach()
         self.version: int = output._version
         self.consumed = False
+        self.internal = False  # mark_internal: nothing reads the output after backward
 
     def consume(self) -> None:
         self.consumed = True
@@ -96,6 +97,20 @@ class OutputSlot:
                 "than `y.relu_()`)."
             )
         return self.tensor
+
+
+def mark_internal(y: Tensor) -> None:
+    """Declares that nothing reads ``y``, the output of a reversible block, after the backward
+    pass (a model's own intermediate, e.g. the last block's output that only the model's head
+    reads): the block may then rebuild its input in ``y``'s storage on its last backward pass
+    instead of a new tensor, one node state less at the peak of the backward. No effect on
+    any other tensor, and none inside a compiled region (where looking the slot up would break
+    the graph; the reversible blocks themselves run eagerly there)."""
+    if torch.compiler.is_compiling():
+        return
+    slot = _SLOTS.get(y)
+    if slot is not None:
+        slot.internal = True
 
 
 def input_slot(x: Tensor) -> Optional[OutputSlot]:
@@ -352,7 +367,10 @@ class InvertibleFunction(torch.autograd.Function):
         wanted_params = [p for i, p in enumerate(params) if needs[1 + num_args + i]]
 
         y = call.out_slot.take()
-        with autocast_as(ctx.autocast), bound_to(call.block, call.state):
+        # A consumer's reconstruction that nothing else holds, or an output marked internal, on
+        # its last use: the block may rebuild its input in it (InvertibleModule.output_is_scratch).
+        scratch = (call.out_slot.consumed or call.out_slot.internal) and last_pass
+        with autocast_as(ctx.autocast), bound_to(call.block, call.state), call.block.scratch_output(scratch):
             x, grad_x, arg_grads, param_grads = call.block._inverse_backward(
                 y,
                 grad_y,
@@ -583,6 +601,24 @@ class InvertibleModule(nn.Module, abc.ABC):
         :meth:`_inverse_forward`); for overrides of :meth:`_inverse_backward`."""
         with self._scope(_RNGScope(False, rng_states, device)):
             yield
+
+    @property
+    def output_is_scratch(self) -> bool:
+        """True within :meth:`_inverse_backward` when its ``y`` is a buffer nothing else reads
+        (the tensor a consuming block rebuilt, or an output passed to :func:`mark_internal`, on
+        the last backward pass): an override may then rebuild the input in ``y``'s storage
+        instead of a new tensor. False for an output the caller may still read."""
+        return getattr(self, "_output_is_scratch", False)
+
+    @contextlib.contextmanager
+    def scratch_output(self, scratch: bool) -> Iterator[None]:
+        """Within the body, :attr:`output_is_scratch` is ``scratch`` (set by
+        :class:`InvertibleFunction` around :meth:`_inverse_backward`)."""
+        outer, self._output_is_scratch = self.output_is_scratch, scratch
+        try:
+            yield
+        finally:
+            self._output_is_scratch = outer
 
     @contextlib.contextmanager
     def _scope(self, scope: Optional[_RNGScope]) -> Iterator[None]:
