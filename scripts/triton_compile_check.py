@@ -79,11 +79,11 @@ def record_launches(tk, dtypes, channels, smoke=False):
                 wl, bl = torch.randn(c).to(dt), torch.randn(c).to(dt)
                 stats = torch.zeros(n, dtype=torch.float64 if dt == torch.float64 else torch.float32)
                 for m in (torch.ones(n, c).to(dt),) if smoke else (None, torch.ones(n, c).to(dt)):
-                    tk.layer_norm_relu_forward(xl, wl, bl, 1e-5, m)
+                    tk.layer_norm_relu_forward(xl, wl, bl, 1e-5, m, 1.0)
                     for flags in (
                         [(True, True, True)] if smoke else [(True, True, True), (False, True, False)]
                     ):
-                        tk.layer_norm_relu_backward(grad, xl, wl, bl, stats, stats, m, *flags)
+                        tk.layer_norm_relu_backward(grad, xl, wl, bl, stats, stats, m, 1.0, *flags)
                 if dt in (torch.float32, torch.float64):  # the aggregations take no bfloat16
                     weight, perm, count = (
                         torch.randn(e).to(dt),

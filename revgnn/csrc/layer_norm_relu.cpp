@@ -4,6 +4,9 @@
 //   y_ic = (x_ic - mu_i) * rstd_i * w_c + b_c,   rstd_i = 1 / sqrt(var_i + eps)   (biased var)
 //   h_ic = max(y_ic, 0) * m_ic
 //
+// The mask is typed like x, or bool with a scale s (m_ic = s where kept, 0 where dropped: a
+// quarter of a float mask's bytes, the same products as the float mask holding s).
+//
 // PyTorch runs this as three ops (layer_norm, relu, mul) and three more in backward, each a pass
 // over the [N, C] tensor, with per-row overhead that dominates at GNN widths (C = 40..256).
 // Saved for backward: mu and rstd ([N]); y and the ReLU mask are recomputed from x.
@@ -20,6 +23,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -39,6 +43,25 @@ struct V {
   }
   static inline void store(T* p, vec v) { std::memcpy(p, &v, sizeof v); }
   static inline vec splat(T s) { return vec{} + s; }
+  // L mask values from a mask typed like x (M = T), or from a bool mask and its scale
+  template <typename M>
+  static inline vec mask(const M* p, T scale) {
+    if constexpr (std::is_same_v<M, bool>) {
+      vec v;
+      for (int64_t l = 0; l < L; ++l) v[l] = p[l] ? scale : static_cast<T>(0);
+      return v;
+    } else {
+      return load(p);
+    }
+  }
+  template <typename M>
+  static inline T mask1(const M* p, T scale) {
+    if constexpr (std::is_same_v<M, bool>) {
+      return *p ? scale : static_cast<T>(0);
+    } else {
+      return *p;
+    }
+  }
   static inline T hsum(vec v) {
     T s = 0;
     for (int64_t l = 0; l < L; ++l) s += v[l];
@@ -46,8 +69,8 @@ struct V {
   }
 };
 
-template <typename T, bool HasMask>
-void forward_rows(const T* x, int64_t ldx, const T* w, const T* b, const T* m, int64_t ldm,
+template <typename T, bool HasMask, typename M = T>
+void forward_rows(const T* x, int64_t ldx, const T* w, const T* b, const M* m, int64_t ldm, T scale,
                   T* out, T* mean, T* rstd, int64_t N, int64_t C, double eps) {
   using vec = typename V<T>::vec;
   const int64_t CV = C - C % L;  // channels in full vectors; the rest one at a time
@@ -72,26 +95,26 @@ void forward_rows(const T* x, int64_t ldx, const T* w, const T* b, const T* m, i
       mean[i] = mu;
       rstd[i] = r;
       T* oi = out + i * C;
-      const T* mi = HasMask ? m + i * ldm : nullptr;
+      const M* mi = HasMask ? m + i * ldm : nullptr;
       for (int64_t c = 0; c < CV; c += L) {
         const vec y = (V<T>::load(xi + c) - mu) * r * V<T>::load(w + c) + V<T>::load(b + c);
         vec h = y < 0 ? vec{} : y;  // NaN passes, as torch.relu
-        if constexpr (HasMask) h *= V<T>::load(mi + c);
+        if constexpr (HasMask) h *= V<T>::mask(mi + c, scale);
         V<T>::store(oi + c, h);
       }
       for (int64_t c = CV; c < C; ++c) {
         const T y = (xi[c] - mu) * r * w[c] + b[c];
         T h = y < 0 ? static_cast<T>(0) : y;
-        if constexpr (HasMask) h *= mi[c];
+        if constexpr (HasMask) h *= V<T>::mask1(mi + c, scale);
         oi[c] = h;
       }
     }
   });
 }
 
-template <typename T, bool HasMask>
-void backward_rows(const T* go, const T* x, int64_t ldx, const T* w, const T* b, const T* m,
-                   int64_t ldm, const T* mean, const T* rstd, T* gx, T* gw_part, T* gb_part,
+template <typename T, bool HasMask, typename M = T>
+void backward_rows(const T* go, const T* x, int64_t ldx, const T* w, const T* b, const M* m,
+                   int64_t ldm, T scale, const T* mean, const T* rstd, T* gx, T* gw_part, T* gb_part,
                    int64_t N, int64_t C) {
   using vec = typename V<T>::vec;
   const int64_t CV = C - C % L;
@@ -108,7 +131,7 @@ void backward_rows(const T* go, const T* x, int64_t ldx, const T* w, const T* b,
       for (int64_t i = blk * ROWS; i < end; ++i) {
         const T* xi = x + i * ldx;
         const T* goi = go + i * C;
-        const T* mi = HasMask ? m + i * ldm : nullptr;
+        const M* mi = HasMask ? m + i * ldm : nullptr;
         const T mu = mean[i], r = rstd[i];
         vec s1v = vec{}, s2v = vec{};
         for (int64_t c = 0; c < CV; c += L) {
@@ -116,7 +139,7 @@ void backward_rows(const T* go, const T* x, int64_t ldx, const T* w, const T* b,
           const vec wc = V<T>::load(w + c);
           const vec y = xhat * wc + V<T>::load(b + c);
           vec gc = V<T>::load(goi + c);
-          if constexpr (HasMask) gc *= V<T>::load(mi + c);
+          if constexpr (HasMask) gc *= V<T>::mask(mi + c, scale);
           gc = y <= 0 ? vec{} : gc;  // NaN passes, as torch's ReLU backward
           V<T>::store(g.data() + c, gc);
           V<T>::store(xh.data() + c, xhat);
@@ -129,7 +152,7 @@ void backward_rows(const T* go, const T* x, int64_t ldx, const T* w, const T* b,
           const T xhat = (xi[c] - mu) * r;
           const T y = xhat * w[c] + b[c];
           T gc = goi[c];
-          if constexpr (HasMask) gc *= mi[c];
+          if constexpr (HasMask) gc *= V<T>::mask1(mi + c, scale);
           gc = y <= 0 ? static_cast<T>(0) : gc;
           g[c] = gc;
           xh[c] = xhat;
@@ -169,23 +192,32 @@ void check(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& 
   TORCH_CHECK(w.scalar_type() == x.scalar_type() && b.scalar_type() == x.scalar_type(),
               "layer_norm_relu: dtypes differ");
   if (mask) {
-    TORCH_CHECK(mask->sizes() == x.sizes() && mask->stride(1) == 1 && mask->scalar_type() == x.scalar_type(),
-                "layer_norm_relu: mask must be shaped and typed like x, with contiguous rows");
+    TORCH_CHECK(mask->sizes() == x.sizes() && mask->stride(1) == 1 &&
+                    (mask->scalar_type() == x.scalar_type() || mask->scalar_type() == at::kBool),
+                "layer_norm_relu: mask must be shaped like x, typed like x or bool, with contiguous rows");
   }
 }
 
 std::vector<torch::Tensor> forward(torch::Tensor x, torch::Tensor w, torch::Tensor b, double eps,
-                                   c10::optional<torch::Tensor> mask) {
+                                   c10::optional<torch::Tensor> mask, double mask_scale) {
   check(x, w, b, mask);
   const int64_t N = x.size(0), C = x.size(1);
   auto out = torch::empty({N, C}, x.options());
   auto mean = torch::empty({N}, x.options());
   auto rstd = torch::empty({N}, x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "layer_norm_relu_forward", [&] {
+    const auto s = static_cast<scalar_t>(mask_scale);
+    if (mask && mask->scalar_type() == at::kBool) {
+      forward_rows<scalar_t, true, bool>(x.data_ptr<scalar_t>(), x.stride(0), w.data_ptr<scalar_t>(),
+                                         b.data_ptr<scalar_t>(), mask->data_ptr<bool>(), mask->stride(0), s,
+                                         out.data_ptr<scalar_t>(), mean.data_ptr<scalar_t>(),
+                                         rstd.data_ptr<scalar_t>(), N, C, eps);
+      return;
+    }
     auto run = mask ? forward_rows<scalar_t, true> : forward_rows<scalar_t, false>;
     run(x.data_ptr<scalar_t>(), x.stride(0), w.data_ptr<scalar_t>(),
                            b.data_ptr<scalar_t>(), mask ? mask->data_ptr<scalar_t>() : nullptr,
-                           mask ? mask->stride(0) : 0, out.data_ptr<scalar_t>(),
+                           mask ? mask->stride(0) : 0, s, out.data_ptr<scalar_t>(),
                            mean.data_ptr<scalar_t>(), rstd.data_ptr<scalar_t>(), N, C, eps);
   });
   return {out, mean, rstd};
@@ -193,8 +225,8 @@ std::vector<torch::Tensor> forward(torch::Tensor x, torch::Tensor w, torch::Tens
 
 std::vector<torch::Tensor> backward(torch::Tensor grad_out, torch::Tensor x, torch::Tensor w,
                                     torch::Tensor b, torch::Tensor mean, torch::Tensor rstd,
-                                    c10::optional<torch::Tensor> mask, bool need_x, bool need_w,
-                                    bool need_b) {
+                                    c10::optional<torch::Tensor> mask, double mask_scale, bool need_x,
+                                    bool need_w, bool need_b) {
   check(x, w, b, mask);
   TORCH_CHECK(grad_out.is_contiguous() && grad_out.sizes() == x.sizes(), "layer_norm_relu: bad grad");
   const int64_t N = x.size(0), C = x.size(1);
@@ -203,10 +235,20 @@ std::vector<torch::Tensor> backward(torch::Tensor grad_out, torch::Tensor x, tor
   auto gw = need_w ? torch::empty({blocks, C}, x.options()) : torch::Tensor();
   auto gb = need_b ? torch::empty({blocks, C}, x.options()) : torch::Tensor();
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "layer_norm_relu_backward", [&] {
+    const auto s = static_cast<scalar_t>(mask_scale);
+    if (mask && mask->scalar_type() == at::kBool) {
+      backward_rows<scalar_t, true, bool>(grad_out.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), x.stride(0),
+                                          w.data_ptr<scalar_t>(), b.data_ptr<scalar_t>(), mask->data_ptr<bool>(),
+                                          mask->stride(0), s, mean.data_ptr<scalar_t>(),
+                                          rstd.data_ptr<scalar_t>(), need_x ? gx.data_ptr<scalar_t>() : nullptr,
+                                          need_w ? gw.data_ptr<scalar_t>() : nullptr,
+                                          need_b ? gb.data_ptr<scalar_t>() : nullptr, N, C);
+      return;
+    }
     auto run = mask ? backward_rows<scalar_t, true> : backward_rows<scalar_t, false>;
     run(grad_out.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), x.stride(0),
                             w.data_ptr<scalar_t>(), b.data_ptr<scalar_t>(),
-                            mask ? mask->data_ptr<scalar_t>() : nullptr, mask ? mask->stride(0) : 0,
+                            mask ? mask->data_ptr<scalar_t>() : nullptr, mask ? mask->stride(0) : 0, s,
                             mean.data_ptr<scalar_t>(), rstd.data_ptr<scalar_t>(),
                             need_x ? gx.data_ptr<scalar_t>() : nullptr,
                             need_w ? gw.data_ptr<scalar_t>() : nullptr,

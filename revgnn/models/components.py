@@ -262,7 +262,7 @@ class DeepNodeGNN(nn.Module):
         norm: Optional[str],
         conv_options: Mapping[str, Any],
     ):
-        from revgnn.nn import SharedDropout
+        from revgnn.nn import SharedDropout, conv_spec
 
         make = block_builder(conv, norm, hidden_channels if edge_channels else None, **conv_options)
         self.num_layers = num_layers
@@ -270,8 +270,19 @@ class DeepNodeGNN(nn.Module):
         self.node_encoder = NodeEncoder(in_channels, hidden_channels, species_channels)
         self.edge_encoder = make_edge_encoder(edge_channels, hidden_channels, make.uses_edges)
         self.dropout = SharedDropout(dropout)
+        self.compact_dropout = conv_spec(conv).compact_mask  # read once: no signature under compile
         self.head = Head(hidden_channels, out_channels, dropout)
         return make
+
+    def _dropout_mask(self, h: Tensor) -> Tuple[Optional[Tensor], Dict[str, float]]:
+        """The shared dropout mask of this forward pass and the keywords its blocks take with it:
+        a bool mask and its ``dropout_scale`` where the conv's blocks take one
+        (:attr:`~revgnn.nn.ConvSpec.compact_mask`; a quarter of the float mask's bytes, held for
+        the whole step), else the float mask."""
+        if not self.compact_dropout:
+            return self.dropout(h), {}
+        mask = self.dropout(h, compact=True)
+        return mask, {} if mask is None else {"dropout_scale": self.dropout.scale(h.dtype)}
 
     def _encode(self, x: Tensor, edge_index, edge_attr: Optional[Tensor]):
         """(node embedding, destination-sorted edge index, shared edge embedding)."""

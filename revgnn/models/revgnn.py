@@ -131,8 +131,8 @@ class RevGNN(DeepNodeGNN):
 
     def forward(self, x: Tensor, edge_index: Adj, edge_attr: OptTensor = None) -> Tensor:
         h, edge_index, edges = self._encode(x, edge_index, edge_attr)
-        mask = self.dropout(h)
-        return self.head(self.layers(h, edge_index, edges, mask))
+        mask, scale = self._dropout_mask(h)
+        return self.head(self.layers(h, edge_index, edges, mask, **scale))
 
     def __repr__(self) -> str:
         return reversible_repr(self)

@@ -31,6 +31,7 @@ from revgnn.nn.gat import gat_conv
 from revgnn.nn.gen_max import gen_conv
 from revgnn.nn.linear_aggr import gcn_conv, gin_conv, sage_conv
 from revgnn.nn.norm_act import layer_norm_relu
+from revgnn.nn.ops import mask_values
 from revgnn.utils.ranges import Range
 
 NORMS = ("layer", "batch", "graph", None)
@@ -94,14 +95,17 @@ class PreActBlock(nn.Module):
         dropout_mask: OptTensor = None,
         batch: OptTensor = None,
         num_graphs: Optional[int] = None,
+        dropout_scale: float = 1.0,
     ) -> Tensor:
         """``batch`` (graph index per node) and ``num_graphs`` are used by GraphNorm only; in a
         :class:`~revgnn.nn.GroupAddRev` every group receives them whole. Without ``num_graphs``
         GraphNorm reads ``batch.max()`` back, a host sync per block that ``torch.export`` cannot
-        trace."""
+        trace. A bool ``dropout_mask`` (:class:`~revgnn.nn.SharedDropout` with ``compact=True``)
+        stands for ``dropout_scale`` where true and 0 where false."""
         h = x
         if self.preact and isinstance(self.norm, nn.LayerNorm):  # one fused pass where it applies
-            return self.conv_forward(layer_norm_relu(h, self.norm, dropout_mask), edge_index, edge_attr)
+            h = layer_norm_relu(h, self.norm, dropout_mask, dropout_scale)
+            return self.conv_forward(h, edge_index, edge_attr)
         if self.preact:
             if isinstance(self.norm, GraphNorm):
                 h = self.norm(h, batch, num_graphs)
@@ -109,7 +113,7 @@ class PreActBlock(nn.Module):
                 h = self.norm(h)
             h = h.relu()
         if dropout_mask is not None:
-            h = h * dropout_mask
+            h = h * mask_values(dropout_mask, dropout_scale, h)
         return self.conv_forward(h, edge_index, edge_attr)
 
     def extra_repr(self) -> str:

@@ -69,6 +69,13 @@ class ConvSpec:
     factored_edges: bool
 
     @property
+    def compact_mask(self) -> bool:
+        """The block's ``forward`` takes ``dropout_scale``, so models hand it the shared dropout
+        mask as bool (:class:`~revgnn.nn.SharedDropout` with ``compact=True``), a quarter of the
+        float mask's bytes."""
+        return "dropout_scale" in inspect.signature(self.block.forward).parameters
+
+    @property
     def parameters(self) -> Tuple[str, ...]:
         """Every keyword the constructor accepts (after ``channels``)."""
         return (*STRUCTURAL[1:], *(("edge_channels",) if self.uses_edges else ()), *self.options)

@@ -2,10 +2,16 @@ r"""Dropout whose mask is drawn once per forward pass and shared by all layers."
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Dict, Optional
 
 import torch
 from torch import Tensor, nn
+
+
+def _scales(p: float) -> Dict[torch.dtype, float]:
+    """dtype -> the value of a kept entry of a float mask of dropout probability ``p``."""
+    dtypes = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+    return {dtype: torch.ones((), dtype=dtype, device="cpu").div_(1.0 - p).item() for dtype in dtypes}
 
 
 class SharedDropout(nn.Module):
@@ -21,7 +27,11 @@ class SharedDropout(nn.Module):
         \mathrm{block}_\ell(\mathbf{X}) = \ldots\,(\mathbf{M} \odot \mathbf{H}_\ell)\ldots
 
     Calling the module returns the mask (or :obj:`None` in ``eval()`` mode or
-    when :math:`p = 0`, meaning "no dropout"); blocks multiply by it.
+    when :math:`p = 0`, meaning "no dropout"); blocks multiply by it. With
+    ``compact=True`` the mask is bool (true where kept: a quarter of the float
+    mask's bytes, held for the whole forward and backward pass) and blocks take
+    its scale as ``dropout_scale=shared_dropout.scale(dtype)``; the products are
+    those of the float mask, whose kept entries hold that same scale.
 
     Args:
         p (float, optional): Probability of zeroing an element.
@@ -45,12 +55,23 @@ class SharedDropout(nn.Module):
         if not 0.0 <= p < 1.0:
             raise ValueError(f"dropout probability must be in [0, 1), got {p}")
         self.p = p
+        self._scales = (p, _scales(p))
 
-    def forward(self, like: Tensor) -> Optional[Tensor]:
-        """A fresh mask shaped like ``like``, scaled by :math:`1/(1-p)`."""
+    def forward(self, like: Tensor, compact: bool = False) -> Optional[Tensor]:
+        """A fresh mask shaped like ``like``, scaled by :math:`1/(1-p)`; with ``compact`` the same
+        draws as a bool mask (true where kept; the same random stream as the float mask)."""
         if not self.training or self.p == 0.0:
             return None
-        return torch.empty_like(like).bernoulli_(1.0 - self.p).div_(1.0 - self.p)
+        keep = torch.empty_like(like).bernoulli_(1.0 - self.p)
+        return keep.bool() if compact else keep.div_(1.0 - self.p)
+
+    def scale(self, dtype: torch.dtype) -> float:
+        """The value of a kept entry of the float mask in ``dtype`` (:math:`1/(1-p)` rounded as the
+        float mask rounds it): a compact mask's ``dropout_scale``. Computed once per ``p`` for
+        every floating dtype, outside any compiled region, so a compiled model reads no tensor."""
+        if self._scales[0] != self.p:
+            self._scales = (self.p, _scales(self.p))
+        return self._scales[1][dtype]
 
     def reset_parameters(self) -> None:
         """No parameters; present for a uniform model API."""

@@ -34,7 +34,9 @@ def _rows(t: Tensor) -> Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def layer_norm_relu(x: Tensor, norm: nn.LayerNorm, mask: Optional[Tensor] = None) -> Tensor:
+def layer_norm_relu(
+    x: Tensor, norm: nn.LayerNorm, mask: Optional[Tensor] = None, mask_scale: float = 1.0
+) -> Tensor:
     r"""``norm(x).relu() * mask`` (``mask`` optional); for a ``[N, C]`` input and an
     :class:`~torch.nn.LayerNorm` (exactly, without forward hooks) over ``C`` with weight and bias
     the one operator ``torch.ops.revgnn.layer_norm_relu`` (:mod:`revgnn.nn.ops`), and computed as
@@ -44,7 +46,9 @@ def layer_norm_relu(x: Tensor, norm: nn.LayerNorm, mask: Optional[Tensor] = None
         x (torch.Tensor): ``[N, C]``.
         norm (torch.nn.LayerNorm): Normalises the last dimension; its ``eps``, ``weight`` and
             ``bias`` are used.
-        mask (torch.Tensor, optional): Multiplies the result (a dropout mask), shaped like ``x``.
+        mask (torch.Tensor, optional): Multiplies the result (a dropout mask), shaped like ``x``:
+            typed like ``x``, or bool (``mask_scale`` where true, 0 where false).
+        mask_scale (float, optional): A bool mask's value where true. (default: :obj:`1.0`)
     """
     w, b = norm.weight, norm.bias
     fused = (
@@ -61,7 +65,7 @@ def layer_norm_relu(x: Tensor, norm: nn.LayerNorm, mask: Optional[Tensor] = None
             mask is None
             or (
                 mask.shape == x.shape
-                and mask.dtype == x.dtype
+                and mask.dtype in (x.dtype, torch.bool)
                 and mask.device == x.device
                 and not mask.requires_grad
             )
@@ -69,11 +73,16 @@ def layer_norm_relu(x: Tensor, norm: nn.LayerNorm, mask: Optional[Tensor] = None
     )
     if fused:
         out, _, _ = ops.layer_norm_relu(
-            _rows(x), w.contiguous(), b.contiguous(), norm.eps, _rows(mask) if mask is not None else None
+            _rows(x),
+            w.contiguous(),
+            b.contiguous(),
+            norm.eps,
+            _rows(mask) if mask is not None else None,
+            mask_scale,
         )
         return out
     h = norm(x).relu()
-    return h * mask if mask is not None else h
+    return h * ops.mask_values(mask, mask_scale, h) if mask is not None else h
 
 
 def sequential_forward(seq: nn.Sequential, x: Tensor) -> Tensor:

@@ -357,21 +357,35 @@ gen_max.register_autograd(_gen_max_grad, setup_context=_gen_max_setup)
 
 @torch.library.custom_op("revgnn::layer_norm_relu", mutates_args=())
 def layer_norm_relu(
-    x: Tensor, weight: Tensor, bias: Tensor, eps: float, mask: Optional[Tensor]
+    x: Tensor, weight: Tensor, bias: Tensor, eps: float, mask: Optional[Tensor], mask_scale: float
 ) -> Tuple[Tensor, Tensor, Tensor]:
     r"""``(out, mean, rstd)``: ``out = relu((x - mean) * rstd * weight + bias) * mask`` over the last
-    dimension of ``x`` ``[N, C]`` (rows may be strided), ``mask`` optional; ``mean``, ``rstd`` ``[N]``."""
-    kernel = select("layer_norm_relu", x, weight, bias, mask)
+    dimension of ``x`` ``[N, C]`` (rows may be strided), ``mask`` optional: typed like ``x``, or bool
+    standing for ``mask_scale`` where true and 0 where false (a dropout mask in a quarter of the
+    bytes); ``mean``, ``rstd`` ``[N]``."""
+    kernel = select("layer_norm_relu", x, weight, bias, _float_mask(mask))
     if kernel is not None:
-        return tuple(kernel.forward(x, weight, bias, eps, mask))
+        return tuple(kernel.forward(x, weight, bias, eps, mask, mask_scale))
     with _in_dtype(x):
         y, mean, rstd = torch.native_layer_norm(x, (x.size(1),), weight, bias, eps)
         out = y.relu()
-    return out * mask if mask is not None else out, mean.view(-1), rstd.view(-1)
+    return out * mask_values(mask, mask_scale, x) if mask is not None else out, mean.view(-1), rstd.view(-1)
+
+
+def _float_mask(mask: Optional[Tensor]) -> Optional[Tensor]:
+    """The mask where the kernel selection must check its dtype (a bool mask is the kernels' own
+    second mask type: only its device must match, as the callers check)."""
+    return mask if mask is not None and mask.dtype != torch.bool else None
+
+
+def mask_values(mask: Tensor, scale: float, like: Tensor) -> Tensor:
+    """A mask's values in ``like``'s dtype: a bool mask as ``scale`` where true, 0 where false (the
+    values the kernels multiply by); a mask typed like ``like`` as it is."""
+    return mask.to(like.dtype) * scale if mask.dtype == torch.bool else mask
 
 
 @layer_norm_relu.register_fake
-def _(x, weight, bias, eps, mask):
+def _(x, weight, bias, eps, mask, mask_scale):
     n, c = x.shape
     return x.new_empty(n, c), x.new_empty(n), x.new_empty(n)
 
@@ -385,20 +399,21 @@ def layer_norm_relu_backward(
     mean: Tensor,
     rstd: Tensor,
     mask: Optional[Tensor],
+    mask_scale: float,
     need_x: bool,
     need_w: bool,
     need_b: bool,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """The gradients of :func:`layer_norm_relu`'s ``out`` for ``x``, ``weight``, ``bias`` (an empty
     tensor where not asked for)."""
-    kernel = select("layer_norm_relu", x, weight, bias, mask)
+    kernel = select("layer_norm_relu", x, weight, bias, _float_mask(mask))
     if kernel is not None:
-        grads = kernel.backward(grad, x, weight, bias, mean, rstd, mask, need_x, need_w, need_b)
+        grads = kernel.backward(grad, x, weight, bias, mean, rstd, mask, mask_scale, need_x, need_w, need_b)
     else:
         c = x.size(1)
         with _in_dtype(x):
             y = (x - mean.view(-1, 1)) * rstd.view(-1, 1) * weight + bias
-            g = grad * mask if mask is not None else grad
+            g = grad * mask_values(mask, mask_scale, x) if mask is not None else grad
             g = torch.where(y <= 0, 0.0, g)  # NaN passes, as ReLU's backward
             grads = torch.ops.aten.native_layer_norm_backward(
                 g, x, (c,), mean.view(-1, 1), rstd.view(-1, 1), weight, bias, [need_x, need_w, need_b]
@@ -407,7 +422,7 @@ def layer_norm_relu_backward(
 
 
 @layer_norm_relu_backward.register_fake
-def _(grad, x, weight, bias, mean, rstd, mask, need_x, need_w, need_b):
+def _(grad, x, weight, bias, mean, rstd, mask, mask_scale, need_x, need_w, need_b):
     return tuple(
         x.new_empty(shape) if need else x.new_empty(0)
         for shape, need in ((x.shape, need_x), (weight.shape, need_w), (bias.shape, need_b))
@@ -415,18 +430,19 @@ def _(grad, x, weight, bias, mean, rstd, mask, need_x, need_w, need_b):
 
 
 def _layer_norm_relu_setup(ctx, inputs, output):
-    x, weight, bias, _, mask = inputs
+    x, weight, bias, _, mask, mask_scale = inputs
     _, mean, rstd = output
+    ctx.mask_scale = mask_scale
     ctx.save_for_backward(x, weight, bias, mean, rstd, mask)
 
 
 def _layer_norm_relu_grad(ctx, grad_out, _grad_mean, _grad_rstd):
     x, weight, bias, mean, rstd, mask = ctx.saved_tensors
-    need_x, need_w, need_b, _, _ = ctx.needs_input_grad
+    need_x, need_w, need_b, _, _, _ = ctx.needs_input_grad
     gx, gw, gb = layer_norm_relu_backward(
-        grad_out.contiguous(), x, weight, bias, mean, rstd, mask, need_x, need_w, need_b
+        grad_out.contiguous(), x, weight, bias, mean, rstd, mask, ctx.mask_scale, need_x, need_w, need_b
     )
-    return gx if need_x else None, gw if need_w else None, gb if need_b else None, None, None
+    return gx if need_x else None, gw if need_w else None, gb if need_b else None, None, None, None
 
 
 layer_norm_relu.register_autograd(_layer_norm_relu_grad, setup_context=_layer_norm_relu_setup)

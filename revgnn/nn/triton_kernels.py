@@ -406,9 +406,18 @@ if AVAILABLE:
             tl.store(gb_ptr + blk * C + c, gb, mask=cm)
 
     @triton.jit
+    def _ln_mask(ptrs, m2, s_ptr, BOOL_MASK: tl.constexpr, ACC: tl.constexpr):
+        """The mask's values: loaded (typed like x), or the scale where a bool mask keeps."""
+        if BOOL_MASK:
+            keep = tl.load(ptrs, mask=m2, other=0) != 0
+            return tl.where(keep, tl.load(s_ptr).to(ACC), 0.0)
+        return tl.load(ptrs, mask=m2, other=0.0).to(ACC)
+
+    @triton.jit
     def _ln_fwd_kernel(
-        x_ptr, ldx, w_ptr, b_ptr, m_ptr, ldm, eps_ptr, out_ptr, mean_ptr, rstd_ptr, N, C,
-        HAS_MASK: tl.constexpr, ACC: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
+        x_ptr, ldx, w_ptr, b_ptr, m_ptr, ldm, s_ptr, eps_ptr, out_ptr, mean_ptr, rstd_ptr, N, C,
+        HAS_MASK: tl.constexpr, BOOL_MASK: tl.constexpr, ACC: tl.constexpr, BR: tl.constexpr,
+        BC: tl.constexpr,
     ):  # fmt: skip
         r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
         c = tl.arange(0, BC)
@@ -426,16 +435,16 @@ if AVAILABLE:
         y = dx * rstd[:, None] * w[None, :] + b[None, :]
         h = tl.where(y < 0, 0.0, y)  # NaN passes, as torch.relu
         if HAS_MASK:
-            h = h * tl.load(m_ptr + r[:, None] * ldm + c[None, :], mask=m2, other=0.0).to(ACC)
+            h = h * _ln_mask(m_ptr + r[:, None] * ldm + c[None, :], m2, s_ptr, BOOL_MASK, ACC)
         tl.store(out_ptr + r[:, None] * C + c[None, :], _cast(h, out_ptr.dtype.element_ty), mask=m2)
         tl.store(mean_ptr + r, mu.to(mean_ptr.dtype.element_ty), mask=rm)
         tl.store(rstd_ptr + r, rstd.to(rstd_ptr.dtype.element_ty), mask=rm)
 
     @triton.jit
     def _ln_bwd_kernel(
-        go_ptr, x_ptr, ldx, w_ptr, b_ptr, m_ptr, ldm, mean_ptr, rstd_ptr, gx_ptr, gw_ptr, gb_ptr,
-        N, C, HAS_MASK: tl.constexpr, NEED_X: tl.constexpr, NEED_W: tl.constexpr,
-        NEED_B: tl.constexpr, ACC: tl.constexpr, ROWS: tl.constexpr, BR: tl.constexpr,
+        go_ptr, x_ptr, ldx, w_ptr, b_ptr, m_ptr, ldm, s_ptr, mean_ptr, rstd_ptr, gx_ptr, gw_ptr,
+        gb_ptr, N, C, HAS_MASK: tl.constexpr, BOOL_MASK: tl.constexpr, NEED_X: tl.constexpr,
+        NEED_W: tl.constexpr, NEED_B: tl.constexpr, ACC: tl.constexpr, ROWS: tl.constexpr, BR: tl.constexpr,
         BC: tl.constexpr,
     ):  # fmt: skip
         blk = tl.program_id(0).to(tl.int64)
@@ -456,7 +465,7 @@ if AVAILABLE:
             y = xhat * w[None, :] + b[None, :]
             g = tl.load(go_ptr + r[:, None] * C + c[None, :], mask=m2, other=0.0).to(ACC)
             if HAS_MASK:
-                g = g * tl.load(m_ptr + r[:, None] * ldm + c[None, :], mask=m2, other=0.0).to(ACC)
+                g = g * _ln_mask(m_ptr + r[:, None] * ldm + c[None, :], m2, s_ptr, BOOL_MASK, ACC)
             g = tl.where(m2 & ~(y <= 0), g, 0.0)  # NaN passes, as torch's ReLU backward
             xhat = tl.where(m2, xhat, 0.0)
             if NEED_W:
@@ -731,9 +740,13 @@ def _check(x, ptr, src, attr, wt, bias, square: bool) -> None:
             raise RuntimeError("gen_max: dense edge features must be [E, C]")
 
 
-def _eps(value: float, dtype: torch.dtype, device) -> Tensor:
-    """eps as a one-element tensor (a float64 input gets eps in float64, not Triton's float32)."""
+def _scalar(value: float, dtype: torch.dtype, device) -> Tensor:
+    """A scalar argument (eps, a mask's scale) as a one-element tensor in the accumulation type (a
+    float64 input gets it in float64, not as Triton's float32 scalar argument)."""
     return torch.full((1,), float(value), dtype=_acc(dtype)[1], device=device)
+
+
+_eps = _scalar
 
 
 def _forward(x, ptr, src, attr, wt, bias, eps: float, count: bool):
@@ -938,8 +951,12 @@ def _ln_check(x, w, b, mask) -> None:
         raise RuntimeError("layer_norm_relu: weight and bias must be contiguous [C]")
     if w.dtype != x.dtype or b.dtype != x.dtype:
         raise RuntimeError("layer_norm_relu: dtypes differ")
-    if mask is not None and (mask.shape != x.shape or mask.stride(1) != 1 or mask.dtype != x.dtype):
-        raise RuntimeError("layer_norm_relu: mask must be shaped and typed like x, with contiguous rows")
+    if mask is not None and (
+        mask.shape != x.shape or mask.stride(1) != 1 or mask.dtype not in (x.dtype, torch.bool)
+    ):
+        raise RuntimeError(
+            "layer_norm_relu: mask must be shaped like x, typed like x or bool, with contiguous rows"
+        )
 
 
 def _ln_stats_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -951,10 +968,10 @@ def _ln_rows(bc: int) -> int:
 
 
 def layer_norm_relu_forward(
-    x: Tensor, w: Tensor, b: Tensor, eps: float, mask: Optional[Tensor]
+    x: Tensor, w: Tensor, b: Tensor, eps: float, mask: Optional[Tensor], mask_scale: float
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """``(out [N, C], mean [N], rstd [N])``, as ``kernels.load("layer_norm_relu").forward`` (mean and
-    rstd are float32 for a bf16 input)."""
+    rstd are float32 for a bf16 input); a bool ``mask`` stands for ``mask_scale`` where it keeps."""
     _ln_check(x, w, b, mask)
     N, C = x.shape
     out = torch.empty((N, C), dtype=x.dtype, device=x.device)
@@ -966,8 +983,9 @@ def layer_norm_relu_forward(
         br = _ln_rows(bc)
         _launch(_ln_fwd_kernel)[(triton.cdiv(N, br),)](
             x, x.stride(0), w, b, mask if mask is not None else x, mask.stride(0) if mask is not None else 0,
-            _eps(eps, x.dtype, x.device), out, mean, rstd, N, C,
-            HAS_MASK=mask is not None, ACC=_acc(x.dtype)[0], BR=br, BC=bc,
+            _scalar(mask_scale, x.dtype, x.device), _scalar(eps, x.dtype, x.device), out, mean, rstd, N, C,
+            HAS_MASK=mask is not None, BOOL_MASK=mask is not None and mask.dtype == torch.bool,
+            ACC=_acc(x.dtype)[0], BR=br, BC=bc,
         )  # fmt: skip
     return out, mean, rstd
 
@@ -980,6 +998,7 @@ def layer_norm_relu_backward(
     mean: Tensor,
     rstd: Tensor,
     mask: Optional[Tensor],
+    mask_scale: float,
     need_x: bool,
     need_w: bool,
     need_b: bool,
@@ -1000,9 +1019,10 @@ def layer_norm_relu_backward(
         bc = _pow2(C)
         _launch(_ln_bwd_kernel)[(blocks,)](
             grad_out, x, x.stride(0), w, b, mask if mask is not None else x,
-            mask.stride(0) if mask is not None else 0, mean, rstd,
+            mask.stride(0) if mask is not None else 0, _scalar(mask_scale, x.dtype, x.device), mean, rstd,
             gx if need_x else x, gw if need_w else x, gb if need_b else x, N, C,
-            HAS_MASK=mask is not None, NEED_X=bool(need_x), NEED_W=bool(need_w), NEED_B=bool(need_b),
+            HAS_MASK=mask is not None, BOOL_MASK=mask is not None and mask.dtype == torch.bool,
+            NEED_X=bool(need_x), NEED_W=bool(need_w), NEED_B=bool(need_b),
             ACC=acc, ROWS=LN_ROWS, BR=min(_ln_rows(bc), LN_ROWS), BC=bc,
         )  # fmt: skip
     return (

@@ -189,3 +189,32 @@ def test_no_edge_by_channel_tensor_in_a_whole_model(conv, options):
         out = model(x, ei, ea if uses_edges else None)
         out.square().mean().backward()
     assert largest.bytes < e * hidden * 4 / 4, (conv, options, largest.bytes)
+
+
+@pytest.mark.parametrize(
+    "conv,options", [("sage", {}), ("gen", {"aggr": "softmax", "learn_t": True}), ("gat", {"heads": 2})]
+)
+def test_compact_dropout_mask_is_bitwise_the_float_mask(conv, options, monkeypatch):
+    """RevGNN hands its blocks the shared dropout mask as bool with its scale (a quarter of the
+    float mask's bytes, held through the whole step): outputs and every gradient equal those of
+    the float mask bit for bit; a block whose forward takes no dropout_scale gets the float mask."""
+    from revgnn.nn import conv_spec
+    from revgnn.nn.conv_registry import ConvSpec
+
+    assert conv_spec(conv).compact_mask
+    g = torch.Generator().manual_seed(0)
+    x, edge_index = torch.randn(200, 12, generator=g), torch.randint(0, 200, (2, 1500), generator=g)
+    y = torch.randint(0, 5, (200,), generator=g)
+    results, masks = [], []
+    for compact in (True, False):
+        if not compact:
+            monkeypatch.setattr(ConvSpec, "compact_mask", property(lambda self: False))
+        torch.manual_seed(1)
+        model = RevGNN(12, 32, 5, 3, conv=conv, dropout=0.3, **options)
+        masks.append(model._dropout_mask(torch.empty(200, 32))[0].dtype)
+        torch.manual_seed(2)
+        out = model(x, edge_index)
+        torch.nn.functional.cross_entropy(out, y).backward()
+        results.append([out.detach(), *(p.grad for p in model.parameters())])
+    assert masks == [torch.bool, torch.float32]
+    assert all(torch.equal(a, b) for a, b in zip(*results))

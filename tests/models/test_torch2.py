@@ -44,8 +44,9 @@ def test_operators_pass_opcheck(impl):
     ]:
         torch.library.opcheck(ops.gen_max, args)
     mask = (torch.rand(n, c, generator=g, dtype=torch.float64) > 0.3).double()
-    torch.library.opcheck(ops.layer_norm_relu, (x, t(c), t(c), 1e-5, mask))
-    torch.library.opcheck(ops.layer_norm_relu, (x, t(c), t(c), 1e-5, None))
+    torch.library.opcheck(ops.layer_norm_relu, (x, t(c), t(c), 1e-5, mask, 1.0))
+    torch.library.opcheck(ops.layer_norm_relu, (x, t(c), t(c), 1e-5, mask > 0, 1.25))
+    torch.library.opcheck(ops.layer_norm_relu, (x, t(c), t(c), 1e-5, None, 1.0))
     if impl == "kernel":  # the SAR shard operators have the kernel only
         block = t(7, c).detach()
         shard_src = torch.randint(0, 7, (e,), generator=g)

@@ -57,12 +57,40 @@ def test_matches_layer_norm_relu_mask(dtype, tol, masked, strided, c):
         torch.testing.assert_close(u, v, rtol=tol, atol=tol * 10)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("kernels", ["1", "0"])
+def test_bool_mask_with_scale_equals_float_mask(dtype, kernels, monkeypatch):
+    """A compact (bool) dropout mask with its scale gives the float mask's values and gradients
+    bit for bit, on strided rows, through the C++ kernel and the PyTorch implementation."""
+    from revgnn.nn import SharedDropout
+
+    monkeypatch.setenv("REVGNN_KERNELS", kernels)
+    n, c = 300, 24
+    norm = _norm(c, dtype)
+    dropout = SharedDropout(0.3)
+    wide = torch.randn(n, 2 * c, dtype=dtype)
+    torch.manual_seed(3)
+    values = dropout(wide)
+    torch.manual_seed(3)
+    keep = dropout(wide, compact=True)
+    assert keep.dtype == torch.bool and torch.equal(keep, values != 0)
+    scale = dropout.scale(dtype)
+    g = torch.randn(n, c, dtype=dtype)
+    x = wide[:, c:].requires_grad_()
+    results = []
+    for mask, s in ((values[:, c:], 1.0), (keep[:, c:], scale)):
+        out = layer_norm_relu(x, norm, mask, s)
+        results.append((out, *torch.autograd.grad(out, [x, norm.weight, norm.bias], g)))
+    for u, v in zip(*results):
+        assert torch.equal(u, v)
+
+
 def test_gradcheck():
     norm = _norm(11, torch.float64)
     x = torch.randn(30, 11, dtype=torch.float64, requires_grad=True)
     mask = (torch.rand(30, 11, dtype=torch.float64) > 0.5).double() * 2
     assert torch.autograd.gradcheck(
-        lambda x, w, b: ops.layer_norm_relu(x, w, b, 1e-5, mask)[0], (x, norm.weight, norm.bias)
+        lambda x, w, b: ops.layer_norm_relu(x, w, b, 1e-5, mask, 1.0)[0], (x, norm.weight, norm.bias)
     )
 
 

@@ -435,32 +435,36 @@ def ln_reference(x, w, b, eps, mask, grad):
 
 
 @pytest.mark.parametrize("c", [5, 13, 40])
-def test_layer_norm_relu_matches_cpp_and_float64(c):
+@pytest.mark.parametrize("bool_mask", [False, True])
+def test_layer_norm_relu_matches_cpp_and_float64(c, bool_mask):
+    """A float mask, or a bool one with its scale (its values: 1.25 where true)."""
     L = cpp("layer_norm_relu")
     n = 300  # two blocks of 256 rows in the weight gradient
     g = torch.Generator().manual_seed(c)
     wide = torch.randn(n, c + 7, generator=g)
     x = wide[:, 3 : 3 + c]  # strided rows: a channel slice of a wider tensor
     w, b = torch.randn(c, generator=g), torch.randn(c, generator=g)
-    mask = (torch.rand(n, c + 2, generator=g) > 0.3).float()[:, :c] * 1.25 if c != 13 else None
+    keep = (torch.rand(n, c + 2, generator=g) > 0.3)[:, :c] if c != 13 else None
+    values = keep.float() * 1.25 if keep is not None else None
+    mask, scale = (keep, 1.25) if bool_mask else (values, 1.0)
     grad = torch.randn(n, c, generator=g)
-    out, mean, rstd = tk.layer_norm_relu_forward(x, w, b, 1e-5, mask)
-    ref = L.forward(x, w, b, 1e-5, mask)
+    out, mean, rstd = tk.layer_norm_relu_forward(x, w, b, 1e-5, mask, scale)
+    ref = L.forward(x, w, b, 1e-5, mask, scale)
     for u, v in zip((out, mean, rstd), ref):
         close(u, v, 1e-5)
-    h64, grads64 = ln_reference(x, w, b, 1e-5, mask, grad)
+    h64, grads64 = ln_reference(x, w, b, 1e-5, values, grad)
     close(out, h64, 1e-5)
-    mine = tk.layer_norm_relu_backward(grad, x, w, b, mean, rstd, mask, True, True, True)
-    theirs = L.backward(grad, x, w, b, ref[1], ref[2], mask, True, True, True)
+    mine = tk.layer_norm_relu_backward(grad, x, w, b, mean, rstd, mask, scale, True, True, True)
+    theirs = L.backward(grad, x, w, b, ref[1], ref[2], mask, scale, True, True, True)
     for u, v, r in zip(mine, theirs, grads64):
         close(u, r, 1e-4)
         close(u, v, 1e-4)
-    again = tk.layer_norm_relu_backward(grad, x, w, b, mean, rstd, mask, True, True, True)
+    again = tk.layer_norm_relu_backward(grad, x, w, b, mean, rstd, mask, scale, True, True, True)
     for u, v in zip(mine, again):
         bitwise(u, v)
     for flags in [(True, False, False), (False, True, False), (False, False, True)]:
-        some = tk.layer_norm_relu_backward(grad, x, w, b, mean, rstd, mask, *flags)
-        cpp_some = L.backward(grad, x, w, b, ref[1], ref[2], mask, *flags)
+        some = tk.layer_norm_relu_backward(grad, x, w, b, mean, rstd, mask, scale, *flags)
+        cpp_some = L.backward(grad, x, w, b, ref[1], ref[2], mask, scale, *flags)
         for u, v, full in zip(some, cpp_some, mine):
             assert (u is None) == (v is None)
             if u is not None:
@@ -475,12 +479,14 @@ def test_layer_norm_relu_dtypes(dtype):
     w, b = torch.randn(c, generator=g).to(dtype), torch.randn(c, generator=g).to(dtype)
     mask = (torch.rand(n, c, generator=g) > 0.3).to(dtype)
     grad = torch.randn(n, c, generator=g).to(dtype)
-    out, mean, rstd = tk.layer_norm_relu_forward(x, w, b, 1e-5, mask)
+    out, mean, rstd = tk.layer_norm_relu_forward(x, w, b, 1e-5, mask, 1.0)
     h64, grads64 = ln_reference(x, w, b, 1e-5, mask, grad)
     tol = 1e-12 if dtype == torch.float64 else 3e-2
     assert out.dtype == dtype and mean.dtype == (torch.float32 if dtype == torch.bfloat16 else dtype)
     close(out, h64, tol)
-    for u, r in zip(tk.layer_norm_relu_backward(grad, x, w, b, mean, rstd, mask, True, True, True), grads64):
+    for u, r in zip(
+        tk.layer_norm_relu_backward(grad, x, w, b, mean, rstd, mask, 1.0, True, True, True), grads64
+    ):
         assert u.dtype == dtype
         close(u, r, tol if dtype == torch.float64 else 6e-2)
 
