@@ -12,7 +12,8 @@ Each row is one fresh child process (so that its peak RSS is its own), run one a
    channels, default 80 on proteins as RevGNN-Deep, 160 on products as the PyG products example) with
    ``--layers`` reversible blocks;
 3. ``train``: one full-graph training step (forward, loss over every node, backward, Adam step);
-   ``infer``: one forward under ``torch.no_grad``. Timed once after ``--warmup`` untimed calls
+   ``infer``: one forward under ``torch.no_grad``. Timed once (the median of ``--repeat`` calls)
+   after ``--warmup`` untimed calls
    (default 1: the first call loads kernels and fills caches). **step peak** is the peak RSS from
    the built graph on (Linux's ``VmHWM``, reset then: the graph resident, plus the model, optimiser
    and every call); the JSON's ``peak_rss_gb`` is ``ru_maxrss`` at the end, which that reset clears
@@ -25,9 +26,19 @@ features where the graph has them). ``--pyg`` adds, per recipe, one layer of PyG
 same graph (forward + backward, its messages formed as PyG forms them): the side-by-side figure where
 it fits in memory, ``out of memory`` where it does not.
 
+**Cost per edge against graph size** (``--sweep``): one graph per edge count, of ``EDGES /
+--degree`` nodes (default degree 50, products' is about 50), each with every ``--node-order``
+(``none``, ``rcm``, ``degree``: applied as ``data.node_order`` applies it,
+:func:`revgnn.data.ordering.reorder`, its seconds reported apart). The table gives ns per edge and
+its ratio to the smallest graph's in the same series. ``--generator random`` draws uniform edges,
+which no order can make local; ``--generator geometric`` a 2-d lattice graph whose locality is
+hidden by random ids (:func:`geometric_edges`), which RCM recovers.
+
     python -m benchmarks.scale --graph proteins --recipes gen_max,sage --modes train,infer
     python -m benchmarks.scale --graph products --recipes sage --layers 2,8
     python -m benchmarks.scale --graph 20000:2000000 --pyg          # a small graph, every recipe
+    python -m benchmarks.scale --sweep 0.1M,0.4M,1.6M,6.4M,25.6M,124M --generator geometric \
+        --node-order none,rcm --recipes gen_max --modes train --layers 8 --hidden 64
 
 The table goes to ``bench_out/scale.md`` (``--out``) and each row to stdout as JSON.
 """
@@ -37,6 +48,7 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -249,9 +261,12 @@ def child(args) -> dict:
 
         for _ in range(args.warmup):  # caches, kernel loads, the allocator's first pages
             call()
-        start = time.perf_counter()
-        call()
-        seconds = time.perf_counter() - start
+        times = []
+        for _ in range(args.repeat):
+            start = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - start)
+        seconds = statistics.median(times)
         layers = args.layers
     return {
         "graph": args.graph,
@@ -431,6 +446,7 @@ def parse(argv=None):
     p.add_argument("--pyg", action="store_true", help="add one layer of PyG's own conv per recipe")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--warmup", type=int, default=1, help="untimed calls before the timed one (default: 1)")
+    p.add_argument("--repeat", type=int, default=1, help="timed calls, their median reported (default: 1)")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per row")
     p.add_argument(
         "--memory-limit-gb",
@@ -454,8 +470,8 @@ def parse(argv=None):
     bad = [o for o in args.node_orders if o not in NODE_ORDERS]
     if bad or not args.node_orders:
         p.error(f"--node-order takes {', '.join(NODE_ORDERS)}, got {args.node_order!r}")
-    if args.degree < 1:
-        p.error(f"--degree must be >= 1, got {args.degree}")
+    if args.degree < 1 or args.repeat < 1:
+        p.error(f"--degree and --repeat must be >= 1, got {args.degree} and {args.repeat}")
     if args.child:
         args.layers = int(args.layers)
         args.node_order = args.node_orders[0]
@@ -488,6 +504,7 @@ def main(argv=None) -> List[dict]:
         cmd += ["--generator", args.generator, "--node-order", row["node_order"]]
         cmd += ["--hidden", str(args.hidden), "--threads", str(args.threads)]
         cmd += ["--memory-limit-gb", str(args.memory_limit_gb), "--warmup", str(args.warmup)]
+        cmd += ["--repeat", str(args.repeat)]
         try:
             result = run_child(cmd, env=child_env(), timeout=args.timeout)[-1]
         except ChildFailed as err:

@@ -130,9 +130,10 @@ def original_ids(dataset) -> "Tensor":
 
 def in_original_order(dataset, per_node: "Tensor") -> "Tensor":
     """``per_node`` (``[N, ...]``, row ``k`` for node ``k`` of ``dataset``) with its rows in the
-    original ids: row ``original_ids(dataset)[k]`` of the result is row ``k``. What leaves a run per
-    node (saved predictions, SAR part files' ``node_ids``) goes through this, so it never depends
-    on the order the data was trained in. The tensor itself where no order was applied."""
+    original ids: row ``original_ids(dataset)[k]`` of the result is row ``k``. Per-node results that
+    leave a run (``revgnn-evaluate --predictions``) go through this, and ids through
+    :func:`original_ids` (SAR part files' ``node_ids``), so neither depends on the order the data
+    was trained in. The tensor itself where no order was applied."""
     import torch
 
     if per_node.size(0) != dataset.num_nodes:
