@@ -12,7 +12,8 @@ Each row is one fresh child process (so that its peak RSS is its own), run one a
    channels, default 80 on proteins as RevGNN-Deep, 160 on products as the PyG products example) with
    ``--layers`` reversible blocks;
 3. ``train``: one full-graph training step (forward, loss over every node, backward, Adam step);
-   ``infer``: one forward under ``torch.no_grad``. Timed once after ``--warmup`` untimed calls
+   ``infer``: one forward under ``torch.no_grad``. Timed once (the median of ``--repeat`` calls)
+   after ``--warmup`` untimed calls
    (default 1: the first call loads kernels and fills caches). **step peak** is the peak RSS from
    the built graph on (Linux's ``VmHWM``, reset then: the graph resident, plus the model, optimiser
    and every call); the JSON's ``peak_rss_gb`` is ``ru_maxrss`` at the end, which that reset clears
@@ -25,9 +26,19 @@ features where the graph has them). ``--pyg`` adds, per recipe, one layer of PyG
 same graph (forward + backward, its messages formed as PyG forms them): the side-by-side figure where
 it fits in memory, ``out of memory`` where it does not.
 
+**Cost per edge against graph size** (``--sweep``): one graph per edge count, of ``EDGES /
+--degree`` nodes (default degree 50, products' is about 50), each with every ``--node-order``
+(``none``, ``rcm``, ``degree``: applied as ``data.node_order`` applies it,
+:func:`revgnn.data.ordering.reorder`, its seconds reported apart). The table gives ns per edge and
+its ratio to the smallest graph's in the same series. ``--generator random`` draws uniform edges,
+which no order can make local; ``--generator geometric`` a 2-d lattice graph whose locality is
+hidden by random ids (:func:`geometric_edges`), which RCM recovers.
+
     python -m benchmarks.scale --graph proteins --recipes gen_max,sage --modes train,infer
     python -m benchmarks.scale --graph products --recipes sage --layers 2,8
     python -m benchmarks.scale --graph 20000:2000000 --pyg          # a small graph, every recipe
+    python -m benchmarks.scale --sweep 0.1M,0.4M,1.6M,6.4M,25.6M,124M --generator geometric \
+        --node-order none,rcm --recipes gen_max --modes train --layers 8 --hidden 64
 
 The table goes to ``bench_out/scale.md`` (``--out``) and each row to stdout as JSON.
 """
@@ -37,6 +48,7 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -100,23 +112,97 @@ def shape_of(graph: str):
     return (nodes, edges, 16, 8, 112, True, 32)
 
 
-def make_graph(nodes: int, edges: int, in_channels: int, edge_dim: int, out: int, multilabel: bool):
-    """A uniformly random directed graph (self loops and parallel edges allowed), sorted by
-    destination as an ``EdgeIndex`` with its CSC pointer filled; features and labels."""
+def random_edges(nodes: int, edges: int, generator):
+    """``[2, edges]`` uniformly random directed edges (self loops and parallel edges allowed): no order
+    of the nodes brings neighbours close, whatever it is."""
+    import torch
+
+    return torch.randint(0, nodes, (2, edges), generator=generator)
+
+
+def geometric_edges(nodes: int, edges: int, generator):
+    """``[2, edges]`` directed edges of a 2-d lattice graph with its locality hidden: node ``i`` sits
+    at cell ``(i // side, i % side)`` of a ``side x side`` torus (``side = ceil(sqrt(N))``) and each
+    edge joins a uniformly random source to a uniformly random cell within ``r`` of it in both
+    directions (``(2r + 1)^2`` about twice the mean degree, so few edges repeat); then every node
+    gets a random new id. An order by breadth-first levels (RCM) finds a bandwidth of about
+    ``side * r`` again, where the shuffled ids read sources from the whole ``[N, C]`` matrix."""
+    import math
+
+    import torch
+
+    side = math.isqrt(nodes - 1) + 1 if nodes > 1 else 1
+    r = max(1, math.ceil((math.sqrt(2 * edges / nodes) - 1) / 2))
+    src = torch.randint(0, nodes, (edges,), generator=generator)
+    row = src // side + torch.randint(-r, r + 1, (edges,), generator=generator)
+    col = src % side + torch.randint(-r, r + 1, (edges,), generator=generator)
+    dst = (row.remainder_(side) * side + col.remainder_(side)).remainder_(nodes)  # a partial last row wraps
+    del row, col
+    relabel = torch.randperm(nodes, generator=generator)
+    return torch.stack([relabel[src], relabel[dst]])
+
+
+#: ``--generator``: how a graph's edges are drawn.
+GENERATORS = {"random": random_edges, "geometric": geometric_edges}
+
+
+def make_graph(
+    nodes: int,
+    edges: int,
+    in_channels: int,
+    edge_dim: int,
+    out: int,
+    multilabel: bool,
+    generator: str = "random",
+    node_order: str = "none",
+):
+    """A graph of ``GENERATORS[generator]``, relabelled by ``node_order`` the way a data set's loader
+    does (:func:`revgnn.data.ordering.reorder`), sorted by destination as an ``EdgeIndex`` with its
+    CSC pointer filled; features and labels. Returns ``(x, edge_index, edge_attr, y, seconds the
+    order took)``."""
     import torch
 
     from revgnn.nn.graph_input import sort_edges
 
     g = torch.Generator().manual_seed(0)
-    edge_index = torch.randint(0, nodes, (2, edges), generator=g)
+    edge_index = GENERATORS[generator](nodes, edges, g)
     edge_attr = torch.rand(edges, edge_dim, generator=g) if edge_dim else None
-    edge_index, edge_attr = sort_edges(edge_index, edge_attr, nodes)
     x = torch.randn(nodes, in_channels, generator=g)
     if multilabel:
         y = (torch.rand(nodes, out, generator=g) < 0.2).float()
     else:
         y = torch.randint(0, out, (nodes,), generator=g)
-    return x, edge_index, edge_attr, y
+    order_seconds = 0.0
+    if node_order != "none":
+        start = time.perf_counter()
+        x, edge_index, edge_attr, y = _reordered(x, edge_index, edge_attr, y, out, node_order)
+        order_seconds = time.perf_counter() - start
+    edge_index, edge_attr = sort_edges(edge_index, edge_attr, nodes)
+    return x, edge_index, edge_attr, y, order_seconds
+
+
+def _reordered(x, edge_index, edge_attr, y, out: int, method: str):
+    """The tensors relabelled by :func:`revgnn.data.ordering.reorder`, through a
+    :class:`~revgnn.data.NodeDataset` as a loader's ``node_order`` does it."""
+    import torch
+
+    from revgnn.data.node_dataset import NodeDataset
+    from revgnn.data.ordering import reorder
+
+    multilabel = y.is_floating_point()
+    ds = NodeDataset(
+        name="scale",
+        x=x,
+        edge_index=edge_index,
+        edge_attr=edge_attr,
+        y=y if multilabel else y.view(-1, 1),
+        split_idx={k: torch.zeros(0, dtype=torch.long) for k in ("train", "valid", "test")},
+        task="multilabel" if multilabel else "multiclass",
+        num_classes=out,
+        evaluator="rocauc" if multilabel else "accuracy",
+    )
+    ds = reorder(ds, method)
+    return ds.x, ds.edge_index, ds.edge_attr, ds.y if multilabel else ds.y.view(-1)
 
 
 def child(args) -> dict:
@@ -129,7 +215,9 @@ def child(args) -> dict:
     torch.set_num_threads(args.threads)
     nodes, edges, fin, edge_dim, out, multilabel, hidden = shape_of(args.graph)
     hidden = args.hidden or hidden
-    x, edge_index, edge_attr, y = make_graph(nodes, edges, fin, edge_dim, out, multilabel)
+    x, edge_index, edge_attr, y, order_seconds = make_graph(
+        nodes, edges, fin, edge_dim, out, multilabel, args.generator, args.node_order
+    )
     conv, options = RECIPES[args.recipe]
     uses_edges = conv in ("gen", "gat") and edge_attr is not None
     if not uses_edges:
@@ -173,12 +261,18 @@ def child(args) -> dict:
 
         for _ in range(args.warmup):  # caches, kernel loads, the allocator's first pages
             call()
-        start = time.perf_counter()
-        call()
-        seconds = time.perf_counter() - start
+        times = []
+        for _ in range(args.repeat):
+            start = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - start)
+        seconds = statistics.median(times)
         layers = args.layers
     return {
         "graph": args.graph,
+        "generator": args.generator,
+        "node_order": args.node_order,
+        "order_seconds": order_seconds,
         "recipe": args.recipe,
         "mode": args.mode,
         "layers": layers,
@@ -186,6 +280,7 @@ def child(args) -> dict:
         "nodes": nodes,
         "edges": edges,
         "seconds": seconds,
+        "ns_per_edge": seconds * 1e9 / edges,
         "ns_per_edge_channel_layer": seconds * 1e9 / (edges * hidden * layers),
         "graph_rss_gb": graph_rss / 1e9,
         "step_peak_rss_gb": _high_water_mark() / 1e9 if resettable else None,
@@ -223,14 +318,21 @@ def _pyg_layer(conv: str, options: dict, channels: int, x, edge_index, edge_attr
 
 
 def rows_of(args) -> List[dict]:
+    """One dict per child process: graph (the sweep's sizes, or ``--graph``), recipe, mode, depth and
+    node order."""
     rows = []
-    for recipe in args.recipes:
-        for mode in args.modes:
-            for layers in args.layers:
-                rows.append(dict(recipe=recipe, mode=mode, layers=layers))
-        if args.pyg:
-            rows.append(dict(recipe=recipe, mode="pyg", layers=1))
+    for graph in args.graphs:
+        for recipe in args.recipes:
+            runs = [(mode, layers) for mode in args.modes for layers in args.layers]
+            for mode, layers in runs + ([("pyg", 1)] if args.pyg else []):
+                for order in args.node_orders:
+                    rows.append(dict(graph=graph, recipe=recipe, mode=mode, layers=layers, node_order=order))
     return rows
+
+
+def _recipe_label(r: dict) -> str:
+    order = r.get("node_order", "none")
+    return r["recipe"] if order == "none" else f"{r['recipe']}, {order} order"
 
 
 def table(results: List[dict]) -> List[str]:
@@ -238,11 +340,11 @@ def table(results: List[dict]) -> List[str]:
     lines = []
     for r in results:
         if "error" in r:
-            lines.append([r["recipe"], r["mode"], r["layers"], "", "", "", r["error"], ""])
+            lines.append([_recipe_label(r), r["mode"], r["layers"], "", "", "", r["error"], ""])
             continue
         lines.append(
             [
-                r["recipe"],
+                _recipe_label(r),
                 "PyG conv, 1 layer" if r["mode"] == "pyg" else r["mode"],
                 r["layers"],
                 r["hidden"],
@@ -255,9 +357,88 @@ def table(results: List[dict]) -> List[str]:
     return markdown_table(header, lines, align="lllrrrrr")
 
 
+def sweep_table(results: List[dict]) -> List[str]:
+    """The sweep: ns per edge of each graph size, and its ratio to the smallest graph's of the same
+    recipe, mode, depth and node order (the goal: <= 1.2 at the largest); then one line per series,
+    smallest -> largest."""
+    header = [
+        "edges",
+        "nodes",
+        "recipe",
+        "mode",
+        "order",
+        "order s",
+        "step s",
+        "ns/edge",
+        "ns/(E·C·L)",
+        "× smallest",
+    ]
+    first: Dict[tuple, float] = {}
+    last: Dict[tuple, tuple] = {}
+    lines = []
+    for r in results:
+        key = (r["recipe"], r["mode"], r["layers"], r["node_order"])
+        if "error" in r:
+            lines.append(
+                ["", r["graph"], r["recipe"], r["mode"], r["node_order"], "", r["error"], "", "", ""]
+            )
+            continue
+        base = first.setdefault(key, r["ns_per_edge"])
+        last[key] = (r["edges"], r["ns_per_edge"])
+        lines.append(
+            [
+                f"{r['edges']:,}",
+                f"{r['nodes']:,}",
+                r["recipe"],
+                "PyG conv, 1 layer" if r["mode"] == "pyg" else f"{r['mode']}, {r['layers']} x {r['hidden']}",
+                r["node_order"],
+                f"{r['order_seconds']:.2f}",
+                f"{r['seconds']:.3f}",
+                f"{r['ns_per_edge']:.1f}",
+                f"{r['ns_per_edge_channel_layer']:.3f}",
+                f"{r['ns_per_edge'] / base:.2f}",
+            ]
+        )
+    out = markdown_table(header, lines, align="rrlllrrrrr") + [""]
+    for key, (edges, ns) in last.items():
+        recipe, mode, layers, order = key
+        out.append(
+            f"- {recipe} {mode} ({layers} layers), order {order}: ns/edge {first[key]:.1f} -> {ns:.1f} "
+            f"at {edges:,} edges, {ns / first[key]:.2f}x the smallest graph's"
+        )
+    return out
+
+
+def _count(text: str) -> int:
+    """``124M``, ``0.1M``, ``500k`` or ``2000000``: an edge count."""
+    scale = {"k": 1e3, "m": 1e6, "g": 1e9}.get(text[-1:].lower(), 1)
+    return int(round(float(text[:-1] if scale != 1 else text) * scale))
+
+
 def parse(argv=None):
+    from revgnn.data.ordering import NODE_ORDERS
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--graph", default="proteins", help="proteins, products, or NODES:EDGES")
+    p.add_argument(
+        "--sweep",
+        default="",
+        help="comma-separated edge counts (124M, 0.1M, 500k, 2000000): one graph each of EDGES / "
+        "--degree nodes instead of --graph, and a table of ns per edge against the smallest",
+    )
+    p.add_argument("--degree", type=int, default=50, help="mean degree of the --sweep graphs (default: 50)")
+    p.add_argument(
+        "--generator",
+        default="random",
+        choices=sorted(GENERATORS),
+        help="random: uniform edges; geometric: a 2-d lattice graph under random ids (default: random)",
+    )
+    p.add_argument(
+        "--node-order",
+        default="none",
+        help=f"comma-separated node orders applied as data.node_order does, of {', '.join(NODE_ORDERS)} "
+        "(default: none)",
+    )
     p.add_argument("--recipes", default=",".join(RECIPES), help=f"comma-separated, of {', '.join(RECIPES)}")
     p.add_argument("--modes", default="train,infer", help="comma-separated: train, infer")
     p.add_argument("--layers", default="2", help="comma-separated depths (default: 2)")
@@ -265,6 +446,7 @@ def parse(argv=None):
     p.add_argument("--pyg", action="store_true", help="add one layer of PyG's own conv per recipe")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--warmup", type=int, default=1, help="untimed calls before the timed one (default: 1)")
+    p.add_argument("--repeat", type=int, default=1, help="timed calls, their median reported (default: 1)")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per row")
     p.add_argument(
         "--memory-limit-gb",
@@ -284,11 +466,29 @@ def parse(argv=None):
     args.modes = [m for m in args.modes.split(",") if m]
     if any(m not in ("train", "infer") for m in args.modes):
         p.error("--modes takes train and/or infer")
-    if not args.child:
-        args.layers = [int(v) for v in args.layers.split(",") if v]
-    else:
+    args.node_orders = [o for o in args.node_order.split(",") if o]
+    bad = [o for o in args.node_orders if o not in NODE_ORDERS]
+    if bad or not args.node_orders:
+        p.error(f"--node-order takes {', '.join(NODE_ORDERS)}, got {args.node_order!r}")
+    if args.degree < 1 or args.repeat < 1:
+        p.error(f"--degree and --repeat must be >= 1, got {args.degree} and {args.repeat}")
+    if args.child:
         args.layers = int(args.layers)
-    shape_of(args.graph)  # a bad --graph is an error before any child starts
+        args.node_order = args.node_orders[0]
+    else:
+        args.layers = [int(v) for v in args.layers.split(",") if v]
+    try:
+        sweep = [_count(v) for v in args.sweep.split(",") if v]
+    except ValueError:
+        p.error(f"--sweep takes edge counts such as 0.1M,1M,124M, got {args.sweep!r}")
+    if any(e < 1 for e in sweep):
+        p.error(f"--sweep takes positive edge counts, got {args.sweep!r}")
+    args.graphs = [f"{max(1, e // args.degree)}:{e}" for e in sweep] or [args.graph]
+    for graph in args.graphs:
+        try:
+            shape_of(graph)  # a bad --graph is an error before any child starts
+        except ValueError as e:
+            p.error(str(e))
     return args
 
 
@@ -299,10 +499,12 @@ def main(argv=None) -> List[dict]:
         return []
     results = []
     for row in rows_of(args):
-        cmd = [sys.executable, "-m", "benchmarks.scale", "--child", "--graph", args.graph]
+        cmd = [sys.executable, "-m", "benchmarks.scale", "--child", "--graph", row["graph"]]
         cmd += ["--recipe", row["recipe"], "--mode", row["mode"], "--layers", str(row["layers"])]
+        cmd += ["--generator", args.generator, "--node-order", row["node_order"]]
         cmd += ["--hidden", str(args.hidden), "--threads", str(args.threads)]
         cmd += ["--memory-limit-gb", str(args.memory_limit_gb), "--warmup", str(args.warmup)]
+        cmd += ["--repeat", str(args.repeat)]
         try:
             result = run_child(cmd, env=child_env(), timeout=args.timeout)[-1]
         except ChildFailed as err:
@@ -312,15 +514,17 @@ def main(argv=None) -> List[dict]:
             result["stderr_tail"] = err.stderr.strip()[-1500:]  # where it ran out, in the JSON line
         print(json.dumps(result), flush=True)
         results.append(result)
-    lines = table(results)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    nodes, edges = shape_of(args.graph)[:2]
-    out.write_text(
-        f"Graph {args.graph}: {nodes:,} nodes, {edges:,} edges; {args.threads} threads.\n\n"
-        + "\n".join(lines)
-        + "\n"
-    )
+    if args.sweep:
+        lines = sweep_table(results)
+        head = f"Sweep: {args.generator} graphs of mean degree {args.degree}; {args.threads} threads.\n\n"
+    else:
+        lines = table(results)
+        nodes, edges = shape_of(args.graph)[:2]
+        head = f"Graph {args.graph} ({args.generator}): {nodes:,} nodes, {edges:,} edges; "
+        head += f"{args.threads} threads.\n\n"
+    out.write_text(head + "\n".join(lines) + "\n")
     print("\n".join(lines))
     return results
 

@@ -37,7 +37,7 @@ import sys
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Dict, List, Optional, get_args, get_origin
+from typing import Annotated, Any, Dict, List, Literal, Optional, get_args, get_origin
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -242,7 +242,9 @@ def data_schema(target: str) -> type:
     dotted path), derived from the loader's signature: one field per parameter, typed by its annotation,
     defaulting to its default (``???``, i.e. required, where it has none) and carrying the
     :class:`~revgnn.utils.ranges.Range` of an ``Annotated[T, Range(...)]`` annotation for
-    :func:`check_ranges`. Misspelt keys and values of the wrong type then fail at composition, naming the
+    :func:`check_ranges`; a ``Literal`` choice (``node_order: NodeOrder``) is a field of its values' type,
+    its choices checked before anything loads (:func:`revgnn.engine.preflight.check_data_config` reads
+    the signature). Misspelt keys and values of the wrong type then fail at composition, naming the
     key. The loader's module must import without torch (import it inside the function). The schema of a
     loader is built once and reused.
     """
@@ -267,6 +269,8 @@ def data_schema(target: str) -> type:
             hint, *extras = get_args(hint)
             ranges = [r for r in extras if isinstance(r, Range)]
             metadata = {"range": ranges[0]} if ranges else {}
+        if get_origin(hint) is Literal:  # a choice: the type of its values (OmegaConf holds no Literal)
+            hint = type(get_args(hint)[0])
         default = MISSING if p.default is p.empty else p.default
         fields.append((p.name, hint, field(default=default, metadata=metadata)))
     schema = dataclasses.make_dataclass(f"{name}_config", fields)

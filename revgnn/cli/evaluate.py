@@ -5,6 +5,8 @@
 The model and data are rebuilt from the config stored in the checkpoint (``--data-root`` points an OGB
 data set elsewhere). Prints the OGB metric on train / valid / test as JSON. Node-level data: ``V`` views x
 ``K`` parts, logits averaged; graph-level data: batched graphs (views and parts do not apply).
+``--predictions out.pt`` also saves node-level logits, ``[N, C]`` float32 (``torch.save``), row ``i`` for
+node ``i`` of the data set as loaded, whatever ``data.node_order`` the run trained in.
 """
 
 from __future__ import annotations
@@ -35,6 +37,13 @@ def build_parser() -> argparse.ArgumentParser:
         "checkpoint's epoch, so the logged score is reproduced)",
     )
     parser.add_argument("--data-root", default=None, help="override data.root (OGB data sets)")
+    parser.add_argument(
+        "--predictions",
+        default=None,
+        metavar="PATH",
+        help="save the node-level logits scored, [N, C] float32 (torch.save), in the data set's original "
+        "node ids",
+    )
     parser.add_argument(
         "--device",
         default="cpu",
@@ -80,7 +89,18 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     fixed = bool(cfg.trainer.get("fixed_eval_views"))
     seed = args.seed if args.seed is not None else evaluation_seed(cfg.seed, trained.epoch, fixed)
     task = make_task(ds, cfg.trainer)  # node level: multi-view inference; graph level: batched graphs
-    scores = task.evaluate(model, torch.Generator().manual_seed(seed), device)
+    generator = torch.Generator().manual_seed(seed)
+    if args.predictions is None:
+        scores = task.evaluate(model, generator, device)
+    elif task.level != "node":
+        parser.error(f"--predictions saves node-level logits; {task.name} is graph-level")
+    else:
+        from revgnn.data.ordering import in_original_order
+        from revgnn.engine.checkpoint import atomic_save
+
+        logits = task.node_logits(model, generator, device)
+        scores = task.scorer(logits)
+        atomic_save(in_original_order(ds, logits), args.predictions)
     print(
         json.dumps(
             {

@@ -31,6 +31,8 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict
 
+from revgnn.data.ordering import NodeOrder
+
 if TYPE_CHECKING:
     from revgnn.data.node_dataset import NodeDataset
 
@@ -399,7 +401,11 @@ def _handle_duplicates(name: str, graph: Dict[str, Any], num_nodes: int, mode: s
 
 
 def load_ogbn(
-    name: str, root: str = "data", allow_download: bool = False, duplicate_edges: str = "keep"
+    name: str,
+    root: str = "data",
+    allow_download: bool = False,
+    duplicate_edges: str = "keep",
+    node_order: NodeOrder = "none",
 ) -> NodeDataset:
     """Loads an OGB node-property data set into a :class:`~revgnn.data.node_dataset.NodeDataset`.
 
@@ -415,8 +421,13 @@ def load_ogbn(
             none, so both give the same graph there). Node features computed from the edges
             (ogbn-proteins' summed edge features) use every copy either way, as the official code's.
             (default: :obj:`"keep"`)
+        node_order (str): ``"none"``, ``"rcm"`` or ``"degree"``: relabel the nodes so that
+            neighbours lie close in memory (:func:`~revgnn.data.ordering.reorder`), once, after the
+            features are prepared; every per-node output is mapped back to OGB's ids. (default:
+            :obj:`"none"`)
     """
     from revgnn.data.node_dataset import NodeDataset
+    from revgnn.data.ordering import reorder
 
     if name not in OGBN_SPECS:
         raise ValueError(
@@ -441,4 +452,4 @@ def load_ogbn(
         evaluator=name,
         **graph,
     )
-    return ds.sorted_by_destination()
+    return reorder(ds.sorted_by_destination(), node_order)

@@ -40,6 +40,7 @@ import inspect
 import os
 from typing import TYPE_CHECKING, Annotated, Any, Dict, Optional, Union
 
+from revgnn.data.ordering import NodeOrder
 from revgnn.utils.ranges import Range
 
 if TYPE_CHECKING:
@@ -416,6 +417,7 @@ def from_pyg(
     test_fraction: Annotated[float, Range(0, 1, high_open=True)] = 0.2,
     split_seed: int = 0,
     batch_size: Annotated[int, Range(1)] = 32,
+    node_order: NodeOrder = "none",
 ) -> Union["NodeDataset", "GraphDataset"]:
     """The data set the training loop takes, from PyG objects (conventions: the module docstring).
 
@@ -435,7 +437,30 @@ def from_pyg(
         test_fraction (float): Same for a missing test part. (default: :obj:`0.2`)
         split_seed (int): Seed of a random split. (default: :obj:`0`)
         batch_size (int): Graphs per step of graph-level data. (default: :obj:`32`)
+        node_order (str): ``"none"``, ``"rcm"`` or ``"degree"``: relabel the nodes of node-level
+            data so that neighbours lie close in memory (:func:`~revgnn.data.ordering.reorder`),
+            once, after the split is made; graph-level data refuse any other than ``"none"``.
+            (default: :obj:`"none"`)
     """
+    from revgnn.data.graph_dataset import GraphDataset
+    from revgnn.data.ordering import reorder
+
+    dataset = _from_pyg(
+        data, name, task, metric, split, valid_fraction, test_fraction, split_seed, batch_size
+    )
+    if node_order == "none":
+        return dataset
+    if isinstance(dataset, GraphDataset):
+        raise _error(
+            f"{name} is graph-level (many small graphs): data.node_order={node_order} relabels the nodes "
+            f"of one big graph; leave it at none"
+        )
+    return reorder(dataset, node_order)
+
+
+def _from_pyg(
+    data, name, task, metric, split, valid_fraction, test_fraction, split_seed, batch_size
+) -> Union["NodeDataset", "GraphDataset"]:
     from torch_geometric.data import Data, Dataset
 
     from revgnn.data.graph_dataset import GraphDataset
@@ -475,6 +500,7 @@ def load_pyg_file(
     test_fraction: Annotated[float, Range(0, 1, high_open=True)] = 0.2,
     split_seed: int = 0,
     batch_size: Annotated[int, Range(1)] = 32,
+    node_order: NodeOrder = "none",
 ) -> Union["NodeDataset", "GraphDataset"]:
     """A graph saved with ``torch.save``: a ``Data`` (node-level), a list of ``Data`` or a dict
     ``{"graphs": [...], "split_idx": {...}}`` (graph-level); read with ``weights_only=True`` and
@@ -510,6 +536,7 @@ def load_pyg_file(
         test_fraction=test_fraction,
         split_seed=split_seed,
         batch_size=batch_size,
+        node_order=node_order,
     )
 
 
@@ -543,6 +570,7 @@ def load_pyg_dataset(
     test_fraction: Annotated[float, Range(0, 1, high_open=True)] = 0.2,
     split_seed: int = 0,
     batch_size: Annotated[int, Range(1)] = 32,
+    node_order: NodeOrder = "none",
 ) -> Union["NodeDataset", "GraphDataset"]:
     """A data set of ``torch_geometric.datasets`` by its class ``name`` (``KarateClub``,
     ``Planetoid`` with ``kwargs={"name": "Cora"}``, ``TUDataset``, ...), built with ``root``
@@ -585,6 +613,7 @@ def load_pyg_dataset(
         test_fraction=test_fraction,
         split_seed=split_seed,
         batch_size=batch_size,
+        node_order=node_order,
     )
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated
 
+from revgnn.data.ordering import NodeOrder
 from revgnn.utils.ranges import Range
 
 if TYPE_CHECKING:  # torch is imported in the function: the config schema reads this signature
@@ -39,6 +40,7 @@ def proteins_like(
     valid_species: Annotated[int, Range(0)] = 1,
     test_species: Annotated[int, Range(0)] = 2,
     seed: int = 0,
+    node_order: NodeOrder = "none",
 ) -> NodeDataset:
     """Generates the ``proteins_like`` data set (see the module docstring for the construction).
 
@@ -55,10 +57,14 @@ def proteins_like(
         valid_species (int): Species held out for validation (default: :obj:`1`).
         test_species (int): Species held out for test (default: :obj:`2`).
         seed (int): Generator seed; the data set is a pure function of the arguments (default: :obj:`0`).
+        node_order (str): ``"none"``, ``"rcm"`` or ``"degree"``: relabel the nodes once generated
+            (:func:`~revgnn.data.ordering.reorder`; the species rings are local already).
+            (default: :obj:`"none"`)
     """
     import torch
 
     from revgnn.data.node_dataset import NodeDataset, species_one_hot, sum_edge_features
+    from revgnn.data.ordering import reorder
 
     if num_species < valid_species + test_species + 1:
         raise ValueError(
@@ -138,4 +144,4 @@ def proteins_like(
         species_channels=num_species,
         info={"hops": hops.tolist(), "seed": seed},
     )
-    return ds.sorted_by_destination()
+    return reorder(ds.sorted_by_destination(), node_order)

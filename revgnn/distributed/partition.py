@@ -100,6 +100,7 @@ def build_partitions(
     parts: Optional[Tensor] = None,
     edge_attr: Optional[Tensor] = None,
     node_data: Optional[Dict[str, Tensor]] = None,
+    original_ids: Optional[Tensor] = None,
 ) -> List[dict]:
     r"""Partitions a graph and builds one self-contained dict per worker.
 
@@ -117,6 +118,10 @@ def build_partitions(
             sliced into the shards. (default: ``None``)
         node_data (dict, optional): ``[N, ...]`` node tensors (features,
             labels, masks) sliced to each part. (default: ``None``)
+        original_ids (torch.Tensor, optional): ``[N]``: the id ``node_ids``
+            reports for each node, e.g. a reordered data set's ids as loaded
+            (:func:`revgnn.data.ordering.original_ids`). (default: ``None``:
+            the ids of ``edge_index``)
 
     Returns:
         list of dict: entry ``p`` holds ``rank``, ``num_parts``, ``num_nodes``,
@@ -173,7 +178,7 @@ def build_partitions(
                 "num_edges": E,
                 "method": method_used,
                 "offsets": offsets.clone(),
-                "node_ids": local_nodes,
+                "node_ids": local_nodes if original_ids is None else original_ids[local_nodes],
                 "src": src_new[eids],
                 "dst": dst_new[eids] - lo,
                 "shard_ptr": shard_ptr,
@@ -225,6 +230,7 @@ def partition_dataset(
     import torch
 
     from revgnn.data.node_dataset import NodeDataset
+    from revgnn.data.ordering import original_ids
 
     if not isinstance(ds, NodeDataset):
         from revgnn.data.graph_dataset import GraphDataset
@@ -244,7 +250,14 @@ def partition_dataset(
         mask[idx] = True
         node_data[f"{split}_mask"] = mask
     parts = build_partitions(
-        ds.edge_index, n, num_parts, method, seed, edge_attr=ds.edge_attr, node_data=node_data
+        ds.edge_index,
+        n,
+        num_parts,
+        method,
+        seed,
+        edge_attr=ds.edge_attr,
+        node_data=node_data,
+        original_ids=original_ids(ds),
     )
     info = dict(
         name=ds.name,

@@ -278,6 +278,12 @@ class NodeTask:
         """Multi-view scores, on the fixed views if :meth:`fix_eval_views` drew them, else on fresh
         ones from ``generator``; each worker runs its share of the forwards and the logits summed
         over the workers are scored everywhere."""
+        return self.scorer(self.node_logits(model, generator, device, autocast))
+
+    def node_logits(self, model: nn.Module, generator: torch.Generator, device, autocast=None) -> Tensor:
+        """The ``[N, C]`` logits :meth:`evaluate` scores (averaged over the views, summed over the
+        workers), row ``i`` for node ``i`` of the data set as trained (map a reordered one back with
+        :func:`revgnn.data.ordering.in_original_order`)."""
         from revgnn.engine.inference import predict_views
 
         if self.eval_views is not None:
@@ -285,7 +291,7 @@ class NodeTask:
             logits = predict_views(model, self.ds, self.eval_views, device, autocast, shard)
         else:
             logits = self._predict(model, self.tc.eval_views, self.tc.eval_parts, generator, device, autocast)
-        return self._score(logits)
+        return self._summed(logits)
 
     def final_test(
         self, model: nn.Module, generator: torch.Generator, device, autocast=None
@@ -294,7 +300,7 @@ class NodeTask:
         ``generator``, logits averaged (the official ``test.py``); forwards dealt out as in
         :meth:`evaluate`."""
         logits = self._predict(model, self.tc.test_views, self.tc.test_parts, generator, device, autocast)
-        return self._score(logits)
+        return self.scorer(self._summed(logits))
 
     def _predict(self, model, views: int, parts: int, generator, device, autocast) -> Tensor:
         """This worker's share of the logits summed over ``views`` fresh views of ``parts`` parts."""
@@ -303,9 +309,9 @@ class NodeTask:
         shard = (self.rank, self.world_size)
         return predict(model, self.ds, views, parts, generator, device, autocast, shard, self.partition)
 
-    def _score(self, logits: Tensor) -> Dict[str, float]:
-        """Scores the logits, summed over the workers first."""
-        return self.scorer(self.workers.all_reduce(logits, "all_reduce of the evaluation's logits"))
+    def _summed(self, logits: Tensor) -> Tensor:
+        """This worker's share of the logits summed over the workers."""
+        return self.workers.all_reduce(logits, "all_reduce of the evaluation's logits")
 
 
 class GraphTask:

@@ -69,14 +69,29 @@ def keyword_parameters(fn: Callable, skip: Iterable[str] = ()) -> Dict[str, insp
     target = fn.__init__ if isinstance(fn, type) else fn
     try:
         hints = typing.get_type_hints(target, include_extras=True)
-    except Exception:  # a name only imported under TYPE_CHECKING: no types to check, names still
-        hints = {}
+    except Exception:  # a name only imported under TYPE_CHECKING (often the return type): each alone
+        hints = _each_hint(target)
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     return {
         name: p.replace(annotation=hints.get(name, inspect.Parameter.empty))
         for name, p in inspect.signature(target).parameters.items()
         if p.kind in kinds and name != "self" and name not in set(skip)
     }
+
+
+def _each_hint(fn: Callable) -> Dict[str, Any]:
+    """The annotations of ``fn``'s parameters that resolve one by one (``from __future__ import
+    annotations`` leaves strings), where :func:`typing.get_type_hints` fails for all of them at once
+    because one name (e.g. the return type's) is imported only under ``TYPE_CHECKING``."""
+    out = {}
+    namespace = getattr(inspect.unwrap(fn), "__globals__", {})
+    for name, p in inspect.signature(fn).parameters.items():
+        annotation = p.annotation
+        try:
+            out[name] = eval(annotation, namespace) if isinstance(annotation, str) else annotation
+        except Exception:  # this one alone stays unchecked
+            continue
+    return {k: v for k, v in out.items() if v is not inspect.Parameter.empty}
 
 
 def takes_options(fn: Callable) -> bool:

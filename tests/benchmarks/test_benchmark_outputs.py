@@ -219,6 +219,57 @@ def test_scale(isolated, capsys):
         bench.main(["--graph", "200:4000", "--recipes", "sag"])
 
 
+def test_scale_geometric_graph_hides_a_locality_the_node_order_finds():
+    """``--generator geometric``: shuffled ids put an edge's endpoints anywhere (bandwidth ~N); the RCM
+    order ``--node-order rcm`` applies (as ``data.node_order`` does) brings them within a few lattice
+    rows. The relabelled graph is the same graph: degrees and edge features as a multiset."""
+    from benchmarks.scale import geometric_edges, make_graph
+    from revgnn.data.ordering import bandwidth
+
+    nodes, edges = 2500, 50_000  # a 50 x 50 torus, mean degree 20
+    edge_index = geometric_edges(nodes, edges, torch.Generator().manual_seed(0))
+    assert edge_index.shape == (2, edges) and 0 <= int(edge_index.min()) and int(edge_index.max()) < nodes
+    plain = make_graph(nodes, edges, 4, 2, 3, True, "geometric", "none")
+    ordered = make_graph(nodes, edges, 4, 2, 3, True, "geometric", "rcm")
+    assert plain[4] == 0.0 and ordered[4] > 0  # the order's seconds
+    assert bandwidth(plain[1].as_tensor()) > nodes * 0.9
+    assert bandwidth(ordered[1].as_tensor()) <= 50 * 2 * 3 * 2  # ~ side x window, both ways
+    for a, b in ((plain[1][1], ordered[1][1]), (plain[1][0], ordered[1][0])):
+        assert torch.equal(
+            torch.bincount(a, minlength=nodes).sort().values, torch.bincount(b, minlength=nodes).sort().values
+        )
+    assert torch.equal(plain[2].sort(0).values, ordered[2].sort(0).values)
+    assert torch.equal(plain[0].sort(0).values, ordered[0].sort(0).values)
+
+
+@pytest.mark.slow  # starts child processes
+def test_scale_sweep(isolated, capsys):
+    """``--sweep``: one child per graph size and node order; the table gives each row's ns per edge
+    against the smallest graph's of its series, and a line per series."""
+    from benchmarks import scale as bench
+
+    argv = ["--sweep", "4k,8k", "--degree", "20", "--generator", "geometric", "--node-order", "none,rcm"]
+    argv += ["--recipes", "gen_max", "--modes", "train", "--layers", "2", "--hidden", "8", "--out", "sw.md"]
+    results = bench.main(argv)
+    capsys.readouterr()
+    assert [(r["edges"], r["nodes"], r["node_order"]) for r in results] == [
+        (4000, 200, "none"),
+        (4000, 200, "rcm"),
+        (8000, 400, "none"),
+        (8000, 400, "rcm"),
+    ]
+    for r in results:
+        assert "error" not in r, r
+        assert finite(r["ns_per_edge"], r["order_seconds"]) and r["generator"] == "geometric"
+    text = (isolated / "sw.md").read_text()
+    (header, rows), *_ = tables(text)
+    assert header[-1] == "× smallest" and [row[-1] for row in rows[:2]] == ["1.00", "1.00"]
+    assert "order rcm: ns/edge" in text and "x the smallest graph's" in text
+    for bad in (["--sweep", "1M", "--node-order", "metis"], ["--sweep", "many"]):
+        with pytest.raises(SystemExit):
+            bench.main(bad)
+
+
 @pytest.mark.slow  # starts child processes
 def test_contention(isolated, capsys):
     """The ``deep`` model idle and "loaded" (no spinners: ``--load-per-core 0``; a spinner per CPU
