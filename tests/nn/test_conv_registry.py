@@ -6,7 +6,7 @@ from conftest import rel_err
 from torch_geometric.nn import GraphConv
 from torch_geometric.nn import Linear as PygLinear
 
-from revgnn.distributed.convs import SAR_CONVS, convert_to_sar, sar_unsupported
+from revgnn.distributed.convs import convert_to_sar, sar_forms, sar_unsupported
 from revgnn.distributed.partition import build_partitions
 from revgnn.distributed.sar import SARGraph
 from revgnn.models import RevGNN
@@ -57,7 +57,7 @@ def user_conv():
 
 def test_options_are_read_off_the_constructor():
     assert list_convs() == ["gat", "gcn", "gen", "gin", "sage"]
-    assert conv_spec("gen").options == ("aggr", "learn_t", "t", "mlp_layers")
+    assert conv_spec("gen").options == ("aggr", "learn_t", "t", "mlp_layers", "mlp_norm")
     assert conv_spec("gat").defaults == {"heads": 1, "attn_dropout": 0.0}
     assert conv_spec("gcn").options == ()
     assert [c for c in list_convs() if conv_spec(c).uses_edges] == ["gat", "gen"]
@@ -194,7 +194,7 @@ def test_a_conv_without_sar_version_is_named_with_the_alternatives(user_conv, gr
     msg = str(err.value)
     assert "conv 'graph_test' is built on GraphConv" in msg and "unsupported under SAR" in msg
     assert "gat, gcn, gen, gin, sage" in msg and "backend=local" in msg
-    assert not any(type(m) in SAR_CONVS.values() for m in model.modules())  # nothing half-converted
+    assert not any(type(m) in sar_forms().values() for m in model.modules())  # nothing half-converted
 
 
 @pytest.mark.parametrize(
