@@ -37,6 +37,21 @@ _SET_BY_MODEL = ("f", "unroll_steps")
 _CONTRACTIVE_AGGRS = ("max", "mean")
 
 
+def _gen_keys_before_registry(state_dict, prefix, *_) -> None:
+    """Renames, in place, the keys of a GEN :class:`DEQGNNLayer` saved before its convs were registry
+    blocks: ``conv_edge_encoders.k.*`` is now ``convs.k.edge_encoder.*`` and ``convs.k.*`` (the
+    GENConv) ``convs.k.conv.*``, so those checkpoints load."""
+    for key in [k for k in state_dict if k.startswith(prefix)]:
+        parts = key[len(prefix) :].split(".")
+        if parts[0] == "conv_edge_encoders":
+            new = ["convs", parts[1], "edge_encoder", *parts[2:]]
+        elif parts[0] == "convs" and len(parts) > 2 and parts[2] not in ("conv", "edge_encoder"):
+            new = ["convs", parts[1], "conv", *parts[2:]]
+        else:
+            continue
+        state_dict[prefix + ".".join(new)] = state_dict.pop(key)
+
+
 class DEQGNNLayer(nn.Module):
     r"""The equilibrium map of DEQ-GNN (Li et al., 2021),
 
@@ -117,6 +132,8 @@ class DEQGNNLayer(nn.Module):
             conv_lip = 0.5 * q * (math.sqrt(1.0 + 4.0 * contraction / q) - 1.0)
             self.row_bound = math.sqrt(conv_lip / 2.0)  # r: every MLP weight gets ||W||_inf <= r
         self.reset_parameters()
+        if conv == "gen":
+            self._register_load_state_dict_pre_hook(_gen_keys_before_registry)
 
     @classmethod
     def forwarded_options(
