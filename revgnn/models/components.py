@@ -113,6 +113,8 @@ def check_groups(arguments: Mapping[str, Any], prefix: str = "", conv: Optional[
 
     heads = arguments.get("heads", conv_spec(conv).defaults.get("heads", 1))
     if (hidden // groups) % heads != 0:
+        if "num_groups" not in arguments:  # a model without groups (DEQGNN)
+            raise ValueError(f"{prefix}heads={heads} must divide {prefix}hidden_channels={hidden}")
         raise ValueError(
             f"{prefix}heads={heads} must divide the width of a group, {prefix}hidden_channels / "
             f"{prefix}num_groups = {hidden // groups}"

@@ -126,7 +126,7 @@ def test_conv_options_are_checked_against_the_conv_of_each_model():
         GraphRevGNN(9, 8, 1, num_layers=2, conv="sage", learn_t=True)
     with pytest.raises(ValueError, match="aggr must be one of"):
         GraphRevGNN(9, 8, 1, num_layers=2, aggr="median")
-    with pytest.raises(ValueError, match="heads=3 must divide"):
+    with pytest.raises(ValueError, match="^heads=3 must divide hidden_channels=8$"):
         DEQGNN(6, 8, 2, conv="gat", heads=3)
     with pytest.raises(ValueError, match="contraction is derived for conv='gen' only"):
         DEQGNN(6, 8, 2, conv="sage", contraction=0.5)
