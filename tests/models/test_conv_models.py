@@ -1,6 +1,6 @@
 """GraphRevGNN and DEQGNN take any registered conv by name, and their GEN defaults are the models
-they were before (``gen_models_reference.json``: parameters and float64 outputs computed, under the
-same seed and inputs, on the code before ``conv=`` came to these models)."""
+they were before (``gen_models_reference.json``: parameters and float64 outputs computed by this
+test's construction, seed and inputs on commit 08c0610, before ``conv=`` came to these models)."""
 
 import json
 from pathlib import Path
