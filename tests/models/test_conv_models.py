@@ -139,3 +139,26 @@ def test_conv_options_are_checked_against_the_conv_of_each_model():
     assert sage.aggr == "mean"
     assert GraphRevGNN.forwarded_options({})[0]["aggr"].default == "softmax"
     assert GraphRevGNN.forwarded_options({"conv": "sage"})[0]["aggr"].default == "mean"
+
+
+@pytest.mark.parametrize("conv", list_convs())
+def test_deq_map_twice_differentiable_form_is_the_same_map_for_every_conv(conv):
+    """The Jacobian penalties' path (plain operators, differentiable twice) computes the map of the
+    fused path, whatever the conv: value and vector-Jacobian product to float64 rounding."""
+    from revgnn.models.deq_gnn import DEQGNNLayer
+    from revgnn.nn.graph_input import sort_edges
+
+    ei, x, ea = _graph(features=8)
+    edge_index, edge_attr = sort_edges(ei, ea, x.size(0))
+    torch.manual_seed(0)
+    layer = DEQGNNLayer(8, edge_channels=3, conv=conv, **_conv_options(conv)).double()
+    z = torch.randn_like(x, requires_grad=True)
+    fast = layer(z, x, edge_index, edge_attr)
+    slow = layer.twice_differentiable(z, x, edge_index, edge_attr)
+    assert (fast - slow).abs().max() <= 1e-12 * fast.abs().max()
+    v = torch.randn_like(fast)
+    (g_fast,) = torch.autograd.grad(fast, z, v)
+    (g_slow,) = torch.autograd.grad(slow, z, v, create_graph=True)
+    assert (g_fast - g_slow).abs().max() <= 1e-12 * g_fast.abs().max()
+    g_slow.square().sum().backward()  # the second derivative exists
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in layer.parameters())
