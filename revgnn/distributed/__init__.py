@@ -7,7 +7,8 @@ rematerialisation, Mostafa 2021) on :mod:`torch.distributed`.
   written, read and checked (hashes, fingerprints, the collective check).
 * :mod:`.comm` — process group, bounded point-to-point transfers, errors.
 * :mod:`.sar` — :class:`SARGraph` and the sequential-aggregation autograd op.
-* :mod:`.convs` — SAR-aware GENConv, GATConv, SAGEConv, GINConv.
+* :mod:`.convs` — SAR-aware GENConv, GATConv, SAGEConv, GINConv, GCNConv: the SAR forms the
+  built-in convs name at registration.
 
 Training runs in the one loop (:mod:`revgnn.engine`, ``backend=sar``); this
 package never imports it. Names are resolved lazily, so ``revgnn-partition

@@ -1,11 +1,14 @@
-r"""SAR-aware versions of PyG convolutions.
+r"""SAR-aware versions of PyG convolutions: the SAR forms of the built-in convs.
 
 Each class subclasses the PyG conv without adding parameters, so a
 single-process model's ``state_dict`` loads unchanged and parameter
 gradients compare elementwise. ``forward`` takes the SAR path when
 ``edge_index`` is a :class:`~revgnn.distributed.sar.SARGraph` and defers to
-PyG otherwise. :func:`convert_to_sar` switches the convs of an existing
-model (e.g. a RevGNN built from :mod:`revgnn.nn.blocks`) in place.
+PyG otherwise. A conv's registration names its SAR form
+(:func:`~revgnn.nn.conv_registry.register_conv`'s ``sar=``: the built-in blocks
+name the classes here); :func:`convert_to_sar` reads them from the registry
+and switches the convs of an existing model (e.g. a RevGNN built from
+:mod:`revgnn.nn.blocks`) in place.
 
 On the SAR path ``x`` holds the worker's local nodes and ``edge_attr`` its
 local edges in the graph's shard order (``graph.edge_attr``, or an encoding
@@ -42,22 +45,35 @@ __all__ = [
     "gcn_edge_weight",
     "SARBatchNorm",
     "convert_to_sar",
-    "sar_conv",
+    "sar_forms",
     "sar_unsupported",
-    "SAR_CONVS",
 ]
 
-#: PyG conv class -> its SAR-aware subclass, filled by :func:`sar_conv`.
-SAR_CONVS: Dict[Type[MessagePassing], Type[MessagePassing]] = {}
 
+def sar_forms() -> Dict[Type[MessagePassing], Type[MessagePassing]]:
+    """PyG conv class -> its SAR form, for every registered conv that names one (``sar=`` of
+    :func:`~revgnn.nn.conv_registry.register_conv`). A SAR form subclasses exactly one PyG conv;
+    two convs naming different forms of the same PyG conv are an error (which would
+    :func:`convert_to_sar` pick?)."""
+    from revgnn.nn import CONVS
 
-def sar_conv(cls: Type[MessagePassing]) -> Type[MessagePassing]:
-    """Class decorator: ``cls`` subclasses one PyG conv (adding no parameters) and also runs
-    on a :class:`~revgnn.distributed.sar.SARGraph`; :func:`convert_to_sar` switches that
-    conv to it."""
-    (base,) = [b for b in cls.__bases__ if issubclass(b, MessagePassing)]
-    SAR_CONVS[base] = cls
-    return cls
+    forms: Dict[Type[MessagePassing], Type[MessagePassing]] = {}
+    for spec in CONVS.values():
+        form = spec.sar_form()
+        if form is None:
+            continue
+        bases = [b for b in getattr(form, "__bases__", ()) if issubclass(b, MessagePassing)]
+        if len(bases) != 1:
+            raise TypeError(
+                f"conv {spec.name!r}: its SAR form {form!r} must subclass exactly one PyG conv "
+                f"(a MessagePassing class), got bases {getattr(form, '__bases__', ())}"
+            )
+        if forms.setdefault(bases[0], form) is not form:
+            raise ValueError(
+                f"conv {spec.name!r} names {form.__name__} as the SAR form of {bases[0].__name__}, "
+                f"which another conv gives as {forms[bases[0]].__name__}"
+            )
+    return forms
 
 
 def _simple_aggr_kind(module, name: str) -> str:
@@ -133,7 +149,6 @@ class _GENMessage(EdgeOp):
         return s, v
 
 
-@sar_conv
 class SARGENConv(GENConv):
     r""":class:`torch_geometric.nn.GENConv` that also runs on a
     :class:`~revgnn.distributed.sar.SARGraph` (aggregations sum, mean,
@@ -226,7 +241,6 @@ class _GATMessage(EdgeOp):
         return F.leaky_relu(s, self.slope), v
 
 
-@sar_conv
 class SARGATConv(GATConv):
     """:class:`torch_geometric.nn.GATConv` that also runs on a
     :class:`~revgnn.distributed.sar.SARGraph`, with online softmax and
@@ -275,7 +289,6 @@ class SARGATConv(GATConv):
         return out
 
 
-@sar_conv
 class SARSAGEConv(SAGEConv):
     r""":class:`torch_geometric.nn.SAGEConv` (sum/mean/max aggregation) that
     also runs on a :class:`~revgnn.distributed.sar.SARGraph`, aggregating shard by shard
@@ -296,7 +309,6 @@ class SARSAGEConv(SAGEConv):
         return out
 
 
-@sar_conv
 class SARGINConv(GINConv):
     r""":class:`torch_geometric.nn.GINConv` that also runs on a
     :class:`~revgnn.distributed.sar.SARGraph`:
@@ -342,7 +354,6 @@ def gcn_edge_weight(graph: SARGraph, improved: bool = False) -> Tensor:
     return norm
 
 
-@sar_conv
 class SARGCNConv(GCNConv):
     """:class:`torch_geometric.nn.GCNConv` (unweighted graph, self loops,
     symmetric normalisation) that also runs on a
@@ -406,7 +417,7 @@ class SARBatchNorm(torch.nn.BatchNorm1d):
         return out
 
 
-def _unsupported(cls: type, owner: str) -> str:
+def _unsupported(cls: type, owner: str, forms: Dict[type, type]) -> str:
     """The message for a conv layer ``cls`` without SAR implementation inside the conv type ``owner``."""
     from revgnn.nn import list_convs
 
@@ -414,29 +425,31 @@ def _unsupported(cls: type, owner: str) -> str:
     usable = [name for name in list_convs() if not sar_unsupported(name)]
     return (
         f"{where} has no SAR implementation (unsupported under SAR). Under SAR use one of the "
-        f"convs {', '.join(usable)} (PyG {', '.join(c.__name__ for c in SAR_CONVS)}), or train "
-        f"this model with backend=local or backend=ddp, which need no SAR version."
+        f"convs {', '.join(usable)} (PyG {', '.join(c.__name__ for c in forms)}), or train "
+        f"this model with backend=local or backend=ddp, which need no SAR version (a conv "
+        f"runs under SAR once its registration names its SAR form: register_conv(..., sar=...))."
     )
 
 
 def sar_unsupported(conv: str) -> str:
     """Why the registered conv type ``conv`` (built with its default options) cannot run under
-    SAR, or ``''`` when every PyG layer it holds has a SAR-aware subclass. (Some options are
-    checked only at run time, e.g. SAGEConv's LSTM aggregation.)"""
+    SAR, or ``''`` when every PyG layer it holds has a SAR form (:func:`sar_forms`). (Some options
+    are checked only at run time, e.g. SAGEConv's LSTM aggregation.)"""
     from revgnn.nn import conv_spec
 
     spec = conv_spec(conv)
+    forms = sar_forms()
     block = spec.block(4, **({"edge_channels": 4} if spec.uses_edges else {}))
     for m in block.modules():
         cls = type(m)
-        if isinstance(m, MessagePassing) and cls not in SAR_CONVS and cls not in SAR_CONVS.values():
+        if isinstance(m, MessagePassing) and cls not in forms and cls not in forms.values():
             return f"conv {conv!r} is built on {cls.__name__}, which has no SAR implementation"
     return ""
 
 
 def convert_to_sar(module: torch.nn.Module) -> torch.nn.Module:
-    """Switches every supported PyG conv inside ``module`` to its SAR-aware
-    subclass, and every ``BatchNorm1d`` to :class:`SARBatchNorm`, in place
+    """Switches every supported PyG conv inside ``module`` to its SAR form (the one its conv's
+    registration names, :func:`sar_forms`), and every ``BatchNorm1d`` to :class:`SARBatchNorm`, in place
     (same parameters, same ``state_dict``) and returns ``module``. Convs already converted are left
     alone; any other ``MessagePassing`` layer is an error naming the registered conv type it
     belongs to and what to use instead, since it would silently need the whole graph."""
@@ -448,14 +461,15 @@ def convert_to_sar(module: torch.nn.Module) -> torch.nn.Module:
         if name:
             for sub in m.modules():
                 owners[id(sub)] = name
+    forms = sar_forms()
     for m in module.modules():
         cls = type(m)
-        if isinstance(m, MessagePassing) and cls not in SAR_CONVS and cls not in SAR_CONVS.values():
-            raise NotImplementedError(_unsupported(cls, owners.get(id(m), "")))
+        if isinstance(m, MessagePassing) and cls not in forms and cls not in forms.values():
+            raise NotImplementedError(_unsupported(cls, owners.get(id(m), ""), forms))
     for m in module.modules():
         cls = type(m)
-        if cls in SAR_CONVS:
-            m.__class__ = SAR_CONVS[cls]
+        if cls in forms:
+            m.__class__ = forms[cls]
         elif cls is torch.nn.BatchNorm1d:
             m.__class__ = SARBatchNorm
     return module

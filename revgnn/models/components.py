@@ -116,6 +116,8 @@ def check_groups(arguments: Mapping[str, Any], prefix: str = "", conv: Optional[
 
     heads = arguments.get("heads", conv_spec(conv).defaults.get("heads", 1))
     if (hidden // groups) % heads != 0:
+        if "num_groups" not in arguments:  # a model without groups (DEQGNN)
+            raise ValueError(f"{prefix}heads={heads} must divide {prefix}hidden_channels={hidden}")
         raise ValueError(
             f"{prefix}heads={heads} must divide the width of a group, {prefix}hidden_channels / "
             f"{prefix}num_groups = {hidden // groups}"
@@ -184,6 +186,50 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
+def conv_of(cls: type, arguments: Mapping[str, Any]) -> str:
+    """The conv a model class taking ``conv`` builds for its constructor ``arguments`` (the class's
+    default without one)."""
+    return arguments.get("conv", keyword_parameters(cls)["conv"].default)
+
+
+def conv_parameters(
+    cls: type, arguments: Mapping[str, Any], prefix: str = ""
+) -> Dict[str, inspect.Parameter]:
+    r"""The conv options a model class taking ``conv`` and ``**conv_options`` forwards to its blocks,
+    for its constructor ``arguments``: the keyword parameters of the registered block of
+    :func:`conv_of` less what the model sets (``channels``, ``norm``, ``preact``,
+    ``edge_channels``), with the defaults the class gives that conv in its ``conv_defaults``
+    mapping (``GraphRevGNN``'s DeeperGCN softmax for ``gen``), else the block's own. An unknown
+    conv is an error naming ``prefix + "conv"``."""
+    from revgnn.nn import CONVS
+    from revgnn.nn.conv_registry import STRUCTURAL
+
+    conv = conv_of(cls, arguments)
+    if conv not in CONVS:
+        raise CONVS.unknown(conv, prefix=f"{prefix}conv: ")
+    params = keyword_parameters(CONVS.get(conv).block, skip=(*STRUCTURAL, "edge_channels"))
+    own = getattr(cls, "conv_defaults", {}).get(conv, {})
+    return {k: p.replace(default=own[k]) if k in own else p for k, p in params.items()}
+
+
+def block_options(cls: type, conv: str, options: Mapping[str, Any]) -> Dict[str, Any]:
+    """The options a model class's blocks of ``conv`` are built with: the class's ``conv_defaults``
+    for that conv (if any) under the given ``options``."""
+    return {**getattr(cls, "conv_defaults", {}).get(conv, {}), **options}
+
+
+def check_conv_options(cls: type, arguments: Mapping[str, Any], prefix: str = "") -> None:
+    """For the full constructor ``arguments`` of a model class taking ``conv`` and grouped blocks:
+    the conv options fit the block (:meth:`~revgnn.nn.ConvSpec.check_options`), then
+    :func:`check_groups`. Raises :class:`ValueError` (:class:`TypeError` for an option's type)."""
+    from revgnn.nn import conv_spec
+
+    conv = conv_of(cls, arguments)
+    spec = conv_spec(conv)
+    spec.check_options({k: v for k, v in arguments.items() if k in spec.options}, prefix)
+    check_groups({**block_options(cls, conv, {}), **arguments}, prefix, conv)
+
+
 def block_builder(conv: str, norm: Optional[str], edge_channels: Optional[int], **options: Any):
     """Returns ``make(channels, preact=True)`` building the pre-activation block of ``conv``.
 
@@ -218,36 +264,25 @@ class DeepNodeGNN(nn.Module):
     forwards ``**conv_options`` to its blocks; :meth:`forwarded_options` says which those are.
     """
 
+    #: conv name -> the options this model gives its blocks unless set (none: the blocks' defaults).
+    conv_defaults: Mapping[str, Mapping[str, Any]] = {}
+
     @classmethod
     def forwarded_options(
         cls, arguments: Mapping[str, Any], prefix: str = ""
     ) -> Tuple[Dict[str, inspect.Parameter], str]:
-        """The parameters ``**conv_options`` may hold for the constructor ``arguments`` (those of
-        the block of ``arguments["conv"]``, the class's default conv without it, less what the model
-        sets) and whose they are, for messages; an unknown conv is an error naming ``prefix + "conv"``."""
-        from revgnn.nn import CONVS
-        from revgnn.nn.conv_registry import STRUCTURAL
-
-        conv = arguments.get("conv", keyword_parameters(cls)["conv"].default)
-        if conv not in CONVS:
-            raise CONVS.unknown(conv, prefix=f"{prefix}conv: ")
-        block = CONVS.get(conv).block
-        return keyword_parameters(block, skip=(*STRUCTURAL, "edge_channels")), f"conv {conv!r}"
+        """The parameters ``**conv_options`` may hold for the constructor ``arguments``
+        (:func:`conv_parameters`) and whose they are, for messages."""
+        return conv_parameters(cls, arguments, prefix), f"conv {conv_of(cls, arguments)!r}"
 
     @classmethod
     def check_options(cls, arguments: Mapping[str, Any], prefix: str = "") -> None:
         """What the annotations of the model and of its conv's block cannot say, for constructor
         ``arguments`` (the model's and the conv options it forwards; unset ones keep their defaults):
-        :func:`check_groups`, once the conv options are known to fit the block
-        (:meth:`~revgnn.nn.ConvSpec.check_options`). The constructor and the check before a run
-        starts (:func:`revgnn.models.check_model_config`) call it; ``prefix`` goes before every key
-        an error names. Raises :class:`ValueError` (:class:`TypeError` for a conv option's type)."""
-        from revgnn.nn import conv_spec
-
-        arguments = with_defaults(cls, arguments)
-        spec = conv_spec(arguments["conv"])
-        spec.check_options({k: v for k, v in arguments.items() if k in spec.options}, prefix)
-        check_groups(arguments, prefix, arguments["conv"])
+        :func:`check_conv_options`. The constructor and the check before a run starts
+        (:func:`revgnn.models.check_model_config`) call it; ``prefix`` goes before every key an
+        error names. Raises :class:`ValueError` (:class:`TypeError` for a conv option's type)."""
+        check_conv_options(cls, with_defaults(cls, arguments), prefix)
 
     def _setup(
         self,

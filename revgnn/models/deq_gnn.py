@@ -2,25 +2,32 @@ r"""DEQ-GNN (Li et al., ICML 2021, Section 5): a GNN of "infinite depth" evaluat
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import math
 from typing import Annotated, Any, Dict, Mapping, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
-from torch_geometric.nn import GENConv
 from torch_geometric.typing import Adj, OptTensor
 
 from revgnn.deq import DEQ
-from revgnn.models.components import Head, NodeEncoder
+from revgnn.models.components import (
+    Head,
+    NodeEncoder,
+    block_builder,
+    check_conv_options,
+    conv_of,
+    conv_parameters,
+    make_edge_encoder,
+)
 from revgnn.models.paper import ABLATION_112, LI_2021, PROTEINS
 from revgnn.models.registry import Reported, register_model
-from revgnn.nn import LinearEdgeFeatures, SharedDropout
-from revgnn.nn.blocks import GENAggr
-from revgnn.nn.gen_max import gen_conv
-from revgnn.nn.graph_input import SortedEdges, check_features, pyg_edge_index, sort_edges
+from revgnn.nn import LinearEdgeFeatures, SharedDropout, conv_spec
+from revgnn.nn.graph_input import SortedEdges, check_features, sort_edges
+from revgnn.utils.functional import plain_operators
 from revgnn.utils.ranges import Range
-from revgnn.utils.signature import check_arguments, check_call, keyword_parameters, with_defaults
+from revgnn.utils.signature import check_call, check_types, keyword_parameters, with_defaults
 
 __all__ = ["DEQGNNLayer", "DEQGNN", "deq_gnn", "deq_gnn_small"]
 
@@ -28,6 +35,21 @@ __all__ = ["DEQGNNLayer", "DEQGNN", "deq_gnn", "deq_gnn_small"]
 _SET_BY_MODEL = ("f", "unroll_steps")
 #: Aggregations whose Lipschitz constant in the max-norm is at most 1 (needed by ``contraction``).
 _CONTRACTIVE_AGGRS = ("max", "mean")
+
+
+def _gen_keys_before_registry(state_dict, prefix, *_) -> None:
+    """Renames, in place, the keys of a GEN :class:`DEQGNNLayer` saved before its convs were registry
+    blocks: ``conv_edge_encoders.k.*`` is now ``convs.k.edge_encoder.*`` and ``convs.k.*`` (the
+    GENConv) ``convs.k.conv.*``, so those checkpoints load."""
+    for key in [k for k in state_dict if k.startswith(prefix)]:
+        parts = key[len(prefix) :].split(".")
+        if parts[0] == "conv_edge_encoders":
+            new = ["convs", parts[1], "edge_encoder", *parts[2:]]
+        elif parts[0] == "convs" and len(parts) > 2 and parts[2] not in ("conv", "edge_encoder"):
+            new = ["convs", parts[1], "conv", *parts[2:]]
+        else:
+            continue
+        state_dict[prefix + ".".join(new)] = state_dict.pop(key)
 
 
 class DEQGNNLayer(nn.Module):
@@ -41,10 +63,13 @@ class DEQGNNLayer(nn.Module):
         f(\mathbf{Z}, \mathbf{X}) = \mathrm{Norm}_2(\mathrm{ReLU}(\mathbf{Z}''' + \mathbf{Z}')),
 
     where :math:`\mathbf{X}` is the injected (encoded) input, :math:`\mathbf{M}` a dropout mask drawn once
-    per forward pass and held fixed across solver iterations, each Conv a
-    :class:`~torch_geometric.nn.conv.GENConv` (2-layer MLP :math:`c \to 2c \to c` with LayerNorm, biases)
-    with its own edge encoder :math:`\mathbf{W}_k \in \mathbb{R}^{c \times c}` on top of the shared
-    encoder :math:`\mathbf{W}_e` of the raw edge features :math:`\mathbf{a}_{ji}`, and Norm a LayerNorm.
+    per forward pass and held fixed across solver iterations, each Conv a block of the registered
+    ``conv`` without pre-activation (:func:`~revgnn.nn.register_conv`; its options in
+    ``**conv_options``), and Norm a LayerNorm. The paper's, the default, is
+    :class:`~revgnn.nn.GENBlock`: a :class:`~torch_geometric.nn.conv.GENConv` (2-layer MLP
+    :math:`c \to 2c \to c` with LayerNorm, biases) with its own edge encoder
+    :math:`\mathbf{W}_k \in \mathbb{R}^{c \times c}` on top of the shared encoder :math:`\mathbf{W}_e`
+    of the raw edge features :math:`\mathbf{a}_{ji}`.
     The two linear maps are applied as one, :math:`\mathbf{e}^{(k)}_{ji} = (\mathbf{W}_k\mathbf{W}_e)
     \mathbf{a}_{ji} + \mathbf{W}_k\mathbf{b}_e + \mathbf{b}_k`, inside the map: no
     :math:`|\mathcal{E}| \times c` edge embedding is kept for the backward pass (only the raw
@@ -70,68 +95,96 @@ class DEQGNNLayer(nn.Module):
         channels (int): Hidden width :math:`c`.
         edge_channels (int, optional): Width of the raw edge features; :obj:`None` for graphs without
             edge features. (default: :obj:`None`)
-        aggr (str, optional): GENConv aggregation. (default: :obj:`"max"`)
-        learn_t (bool, optional): Learnable softmax temperature. (default: :obj:`False`)
+        conv (str, optional): The registered conv of both Convs. (default: :obj:`"gen"`)
         dropout (float, optional): Dropout probability :math:`p` (used only for the contraction bound;
             the mask itself is an input). (default: :obj:`0.0`)
-        contraction (float, optional): Lipschitz bound :math:`\kappa \in (0, 1)` to enforce, or
-            :obj:`None`. (default: :obj:`None`)
+        contraction (float, optional): Lipschitz bound :math:`\kappa \in (0, 1)` to enforce (``gen``
+            only), or :obj:`None`. (default: :obj:`None`)
+        **conv_options: Options of the conv's block (e.g. ``aggr``, ``learn_t`` of ``gen``), checked
+            against its signature.
     """
 
     def __init__(
         self,
         channels: int,
         edge_channels: Optional[int] = None,
-        aggr: GENAggr = "max",
-        learn_t: bool = False,
+        conv: str = "gen",
         dropout: Annotated[float, Range(0, 1, high_open=True)] = 0.0,
         contraction: Annotated[Optional[float], Range(0, 1, low_open=True, high_open=True)] = None,
+        **conv_options: Any,
     ):
         check_call(DEQGNNLayer, locals())
-        self.check_options(locals())
+        self.check_options({**locals(), **conv_options})
         super().__init__()
-        self.channels = channels
+        self.channels, self.conv = channels, conv
         self.contraction = contraction
         self.dropout = dropout
-        norm = None if contraction is not None else "layer"
-        self.edge_encoder = nn.Linear(edge_channels, channels) if edge_channels else None
-        self.conv_edge_encoders = nn.ModuleList(
-            [nn.Linear(channels, channels) for _ in range(2)] if edge_channels else []
+        if contraction is not None:  # LayerNorm has no Lipschitz bound: none inside the MLPs either
+            conv_options = {**conv_options, "mlp_norm": False}
+        make = block_builder(conv, None, channels if edge_channels else None, **conv_options)
+        self.edge_encoder = make_edge_encoder(edge_channels, channels, make.uses_edges)
+        self.convs = nn.ModuleList([make(channels, preact=False) for _ in range(2)])
+        self.norms = nn.ModuleList(
+            [nn.LayerNorm(channels) if contraction is None else nn.Identity() for _ in range(2)]
         )
-        self.convs = nn.ModuleList(
-            [
-                GENConv(channels, channels, aggr=aggr, learn_t=learn_t, num_layers=2, norm=norm, bias=True)
-                for _ in range(2)
-            ]
-        )
-        self.norms = nn.ModuleList([nn.LayerNorm(channels) if norm else nn.Identity() for _ in range(2)])
         if contraction is not None:
             q = 1.0 - dropout
             conv_lip = 0.5 * q * (math.sqrt(1.0 + 4.0 * contraction / q) - 1.0)
             self.row_bound = math.sqrt(conv_lip / 2.0)  # r: every MLP weight gets ||W||_inf <= r
         self.reset_parameters()
+        if conv == "gen":
+            self._register_load_state_dict_pre_hook(_gen_keys_before_registry)
 
-    @staticmethod
-    def check_options(arguments: Mapping[str, Any], prefix: str = "") -> None:
-        """What the annotations cannot say: :obj:`contraction` needs a 1-Lipschitz aggregation
-        (``max`` or ``mean``). ``arguments`` are constructor arguments (unset ones keep their
-        defaults); ``prefix`` goes before every key an error names. Raises :class:`ValueError`."""
-        arguments = with_defaults(DEQGNNLayer, arguments)
-        aggr, contraction = arguments["aggr"], arguments["contraction"]
-        if contraction is not None and aggr not in _CONTRACTIVE_AGGRS:
+    @classmethod
+    def forwarded_options(
+        cls, arguments: Mapping[str, Any], prefix: str = ""
+    ) -> Tuple[Dict[str, inspect.Parameter], str]:
+        """The parameters ``**conv_options`` may hold: those of the conv's block but what the map
+        sets (:func:`~revgnn.models.components.conv_parameters`)."""
+        return conv_parameters(cls, arguments, prefix), f"conv {conv_of(cls, arguments)!r}"
+
+    @classmethod
+    def check_options(cls, arguments: Mapping[str, Any], prefix: str = "") -> None:
+        """What the annotations cannot say, for constructor ``arguments`` (unset ones keep their
+        defaults; the model's ``hidden_channels`` counts as ``channels``): the conv options fit the
+        conv's block (:func:`~revgnn.models.components.check_conv_options`), and :obj:`contraction`
+        holds for the GENConv map only (its Lipschitz bound), with a 1-Lipschitz aggregation
+        (``max`` or ``mean``) and the MLP norms the model removes. ``prefix`` goes before every key an
+        error names. Raises :class:`ValueError`."""
+        arguments = with_defaults(cls, arguments)
+        channels = arguments.get("hidden_channels", arguments.get("channels"))
+        check_conv_options(cls, {**arguments, "hidden_channels": channels}, prefix)
+        conv, contraction = arguments["conv"], arguments["contraction"]
+        if contraction is None:
+            return
+        if conv != "gen":
+            raise ValueError(f"{prefix}contraction is derived for {prefix}conv='gen' only, got {conv!r}")
+        aggr = arguments.get("aggr", conv_parameters(cls, arguments)["aggr"].default)
+        if aggr not in _CONTRACTIVE_AGGRS:
             raise ValueError(
                 f"{prefix}contraction needs {prefix}aggr in {_CONTRACTIVE_AGGRS} (1-Lipschitz), got {aggr!r}"
             )
+        if "mlp_norm" in arguments:
+            raise ValueError(
+                f"{prefix}contraction removes the MLP's norm; {prefix}mlp_norm is set by the model"
+            )
 
     def reset_parameters(self) -> None:
-        for module in [self.edge_encoder, *self.conv_edge_encoders, *self.convs, *self.norms]:
+        # every conv's own edge encoder before the convs themselves: a seed then gives the weights of
+        # the layout before convs were chosen by name (W_1, W_2, then the two GENConvs)
+        encoders = [
+            block.edge_encoder for block in self.convs if getattr(block, "edge_encoder", None) is not None
+        ]
+        rest = [m for block in self.convs for m in block.children() if all(m is not e for e in encoders)]
+        for module in [self.edge_encoder, *encoders, *rest, *self.norms]:
             if hasattr(module, "reset_parameters"):
                 module.reset_parameters()
         self.project_()
 
     def mlp_weights(self):
-        for conv in self.convs:
-            for module in conv.mlp:
+        """The weights of the GENConvs' MLPs (what :obj:`contraction` bounds)."""
+        for block in self.convs:
+            for module in block.conv.mlp:
                 if hasattr(module, "weight"):
                     yield module.weight
 
@@ -146,14 +199,15 @@ class DEQGNNLayer(nn.Module):
             w.mul_(torch.clamp(self.row_bound / row_sums.clamp_min(1e-30), max=1.0))
 
     def edge_features(self, edge_attr: OptTensor):
-        r"""Per-conv edge features :math:`(\mathbf{W}_k\mathbf{W}_e)\mathbf{a} + \mathbf{W}_k\mathbf{b}_e +
-        \mathbf{b}_k` from the raw features :math:`\mathbf{a}`, :math:`k = 1, 2`, in factored form
-        (:class:`~revgnn.nn.LinearEdgeFeatures`: the aggregation kernel never expands them)."""
+        r"""The shared edge embedding :math:`\mathbf{W}_e\mathbf{a} + \mathbf{b}_e` of the raw features
+        :math:`\mathbf{a}` that both convs receive (each applies its own encoder :math:`\mathbf{W}_k`);
+        in factored form for a conv registered with ``factored_edges``
+        (:class:`~revgnn.nn.LinearEdgeFeatures`: the aggregation kernel never expands it)."""
         if edge_attr is None or self.edge_encoder is None:
-            return None, None
-        shared = LinearEdgeFeatures.from_linear(edge_attr, self.edge_encoder)
-        e1, e2 = (shared.compose(lin) for lin in self.conv_edge_encoders)
-        return e1, e2
+            return None
+        if conv_spec(self.conv).factored_edges:
+            return LinearEdgeFeatures.from_linear(edge_attr, self.edge_encoder)
+        return self.edge_encoder(edge_attr)
 
     def forward(
         self,
@@ -171,7 +225,13 @@ class DEQGNNLayer(nn.Module):
             edge_attr (Tensor, optional): Raw edge features :math:`[E, \text{edge\_channels}]`.
             mask (Tensor, optional): Dropout mask (scaled), fixed for the whole solve.
         """
-        return self._map(gen_conv, z, x, edge_index, edge_attr, mask)
+        e = self.edge_features(edge_attr)
+        z1 = self.convs[0](z, edge_index, e)
+        h = self.norms[0](z1 + x).relu()
+        if mask is not None:
+            h = h * mask
+        z3 = self.convs[1](h, edge_index, e)
+        return self.norms[1]((z3 + z1).relu())
 
     def twice_differentiable(
         self,
@@ -181,37 +241,24 @@ class DEQGNNLayer(nn.Module):
         edge_attr: OptTensor = None,
         mask: Optional[Tensor] = None,
     ) -> Tensor:
-        r"""The same map through PyG's :class:`~torch_geometric.nn.conv.GENConv` (edge features
-        expanded), whose operations can be differentiated twice, unlike the fused kernels of
-        :meth:`forward`; :class:`~revgnn.deq.DEQ` uses it for the Jacobian penalties (the
-        gradient of a vector-Jacobian product). Only for a plain ``edge_index`` tensor: the distributed
-        (SAR) aggregation is differentiable once."""
+        r"""The same map in plain PyTorch ops (:func:`~revgnn.utils.functional.plain_operators`), which
+        can be differentiated twice, unlike the fused kernels of :meth:`forward`;
+        :class:`~revgnn.deq.DEQ` uses it for the Jacobian penalties (the gradient of a
+        vector-Jacobian product). Only for a plain ``edge_index`` tensor: the distributed (SAR)
+        aggregation is differentiable once."""
         if not isinstance(edge_index, (Tensor, SortedEdges)):
             raise TypeError(
                 "DEQGNNLayer: the Jacobian and spectral-radius penalties need the map's second derivative, "
                 f"which the {type(edge_index).__name__} aggregation does not provide (only a plain "
                 "edge_index tensor does); train with jac_reg_weight=0 and spectral_reg_weight=0 on this graph"
             )
-
-        def conv_fn(conv, h, edge_index, e):
-            e = e.materialize() if isinstance(e, LinearEdgeFeatures) else e
-            return conv(h, pyg_edge_index(edge_index), e)
-
-        return self._map(conv_fn, z, x, edge_index, edge_attr, mask)
-
-    def _map(self, conv_fn, z, x, edge_index, edge_attr, mask) -> Tensor:
-        e1, e2 = self.edge_features(edge_attr)
-        z1 = conv_fn(self.convs[0], z, edge_index, e1)
-        h = self.norms[0](z1 + x).relu()
-        if mask is not None:
-            h = h * mask
-        z3 = conv_fn(self.convs[1], h, edge_index, e2)
-        return self.norms[1]((z3 + z1).relu())
+        with plain_operators():
+            return self(z, x, edge_index, edge_attr, mask)
 
     def __repr__(self) -> str:
         extra = f", contraction={self.contraction}" if self.contraction is not None else ""
         return (
-            f"{self.__class__.__name__}({self.channels}, aggr={self.convs[0].aggr}, "
+            f"{self.__class__.__name__}({self.channels}, {self.convs[0]!r}, "
             f"edges={self.edge_encoder is not None}{extra})"
         )
 
@@ -245,8 +292,8 @@ class DEQGNN(nn.Module):
             (default: :obj:`None`)
         species_channels (int, optional): Trailing one-hot node columns with their own encoder
             (proteins: 8). (default: :obj:`0`)
-        aggr (str, optional): GENConv aggregation. (default: :obj:`"max"`)
-        learn_t (bool, optional): Learnable softmax temperature. (default: :obj:`False`)
+        conv (str, optional): The registered conv of the map's two Convs (see
+            :class:`DEQGNNLayer`). (default: :obj:`"gen"`)
         dropout (float, optional): Dropout inside the map (one mask per forward pass) and in the head.
             (default: :obj:`0.0`)
         pretrain_epochs (int, optional): Epochs of unrolled weight-tied pretraining. (default: :obj:`0`)
@@ -254,13 +301,14 @@ class DEQGNN(nn.Module):
             ``unroll_steps``). (default: :obj:`8`)
         contraction (float, optional): Enforce :math:`\mathrm{Lip}(f) \le \kappa` (see
             :class:`DEQGNNLayer`). (default: :obj:`None`)
-        **deq_options: Options of the equilibrium, forwarded to :class:`~revgnn.deq.DEQ` and
-            checked against its signature (every parameter but ``f`` and ``unroll_steps``, with its
-            defaults): the solver (``solver``, ``max_iter``, ``tol``, ``stop_mode``,
-            ``solver_options``, ``eval_max_iter``, ``warm_start``), the gradient (``backward``, the
-            ``backward_*`` settings, ``phantom_steps``, ``phantom_damping``), the Jacobian terms
-            (``jac_reg_*``, ``spectral_*``) and the fixed-point correction (``correction_*``; added by
-            :meth:`auxiliary_loss`).
+        **options: Options of the conv's block (e.g. ``aggr``, ``learn_t`` of ``gen``) and of the
+            equilibrium, forwarded to :class:`~revgnn.deq.DEQ`, each checked against the signature
+            it goes to (:meth:`forwarded_options`; the DEQ's: every parameter but ``f`` and
+            ``unroll_steps``, with its defaults): the solver (``solver``, ``max_iter``, ``tol``,
+            ``stop_mode``, ``solver_options``, ``eval_max_iter``, ``warm_start``), the gradient
+            (``backward``, the ``backward_*`` settings, ``phantom_steps``, ``phantom_damping``), the
+            Jacobian terms (``jac_reg_*``, ``spectral_*``) and the fixed-point correction
+            (``correction_*``; added by :meth:`auxiliary_loss`).
     """
 
     def __init__(
@@ -270,21 +318,32 @@ class DEQGNN(nn.Module):
         out_channels: int,
         edge_channels: Optional[int] = None,
         species_channels: Annotated[int, Range(0)] = 0,
-        aggr: GENAggr = "max",
-        learn_t: bool = False,
+        conv: str = "gen",
         dropout: Annotated[float, Range(0, 1, high_open=True)] = 0.0,
         pretrain_epochs: Annotated[int, Range(0)] = 0,
         pretrain_depth: Annotated[int, Range(1)] = 8,
         contraction: Annotated[Optional[float], Range(0, 1, low_open=True, high_open=True)] = None,
-        **deq_options: Any,
+        **options: Any,
     ):
         check_call(DEQGNN, locals())
-        check_arguments(DEQ, deq_options, what="DEQGNN's DEQ", skip=_SET_BY_MODEL)
-        self.check_options({**locals(), **deq_options})
+        conv_options = {k: v for k, v in options.items() if k in conv_parameters(DEQGNN, {"conv": conv})}
+        deq_options = {k: v for k, v in options.items() if k not in conv_options}
+        params, _ = self.forwarded_options({"conv": conv})
+        unknown = [k for k in deq_options if k not in params]
+        if unknown:  # neither the DEQ's nor the conv's
+            close = difflib.get_close_matches(unknown[0], list(params), n=1)
+            raise TypeError(
+                f"DEQGNN has no option(s) {', '.join(unknown)}"
+                + (f" (did you mean {close[0]}?)" if close else "")
+                + f"; its DEQ takes {', '.join(keyword_parameters(DEQ, skip=_SET_BY_MODEL))}; its conv "
+                f"{conv!r} takes {', '.join(conv_spec(conv).options) or 'no options'}"
+            )
+        check_types(params, options)
+        self.check_options({**locals(), **options})
         super().__init__()
         self.node_encoder = NodeEncoder(in_channels, hidden_channels, species_channels)
         self.dropout = SharedDropout(dropout)
-        layer = DEQGNNLayer(hidden_channels, edge_channels, aggr, learn_t, dropout, contraction)
+        layer = DEQGNNLayer(hidden_channels, edge_channels, conv, dropout, contraction, **conv_options)
         self.deq = DEQ(layer, unroll_steps=pretrain_depth, **deq_options)
         self.head = Head(hidden_channels, out_channels, dropout)
         self.equilibrium_backward = self.deq.backward
@@ -295,14 +354,22 @@ class DEQGNN(nn.Module):
     def forwarded_options(
         cls, arguments: Mapping[str, Any], prefix: str = ""
     ) -> Tuple[Dict[str, inspect.Parameter], str]:
-        """The parameters ``**deq_options`` may hold: :class:`~revgnn.deq.DEQ`'s but those the model
-        sets (the map ``f``, ``unroll_steps`` from ``pretrain_depth``)."""
-        return keyword_parameters(DEQ, skip=_SET_BY_MODEL), "the DEQ (revgnn.deq.DEQ)"
+        """The parameters ``**options`` may hold: :class:`~revgnn.deq.DEQ`'s but those the model
+        sets (the map ``f``, ``unroll_steps`` from ``pretrain_depth``), then those of the conv's block
+        (:func:`~revgnn.models.components.conv_parameters`). A name in both would be ambiguous: an
+        error."""
+        deq = keyword_parameters(DEQ, skip=_SET_BY_MODEL)
+        conv = conv_parameters(cls, arguments, prefix)
+        both = sorted(set(deq) & set(conv))
+        if both:
+            raise TypeError(f"DEQGNN: option(s) {', '.join(both)} would go to both the DEQ and the conv")
+        return {**deq, **conv}, f"the DEQ (revgnn.deq.DEQ) and conv {conv_of(cls, arguments)!r}"
 
     @classmethod
     def check_options(cls, arguments: Mapping[str, Any], prefix: str = "") -> None:
         """What the annotations of the model, its layer and the DEQ cannot say, for constructor
-        ``arguments`` (the model's and the DEQ options it forwards; unset ones keep their defaults):
+        ``arguments`` (the model's and the conv and DEQ options it forwards; unset ones keep their
+        defaults):
         :meth:`DEQGNNLayer.check_options` and :meth:`~revgnn.deq.DEQ.check_options` (the solvers'
         options, ``correction_states`` within the solve). The check before a run starts calls it
         without building anything (:func:`revgnn.models.check_model_config`); ``prefix`` goes before

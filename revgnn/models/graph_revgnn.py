@@ -9,7 +9,8 @@ dropout 0.2, mean readout) with the residual blocks replaced by 2-group reversib
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Dict, Literal, Mapping, Optional, get_args
+import inspect
+from typing import Annotated, Any, Dict, Literal, Mapping, Optional, Tuple, get_args
 
 import torch
 from torch import Tensor, nn
@@ -17,11 +18,19 @@ from torch_geometric.nn import GraphNorm, global_add_pool, global_max_pool, glob
 from torch_geometric.nn.aggr import AttentionalAggregation
 from torch_geometric.typing import Adj, OptTensor
 
-from revgnn.models.components import check_groups, reversible_layers, reversible_repr
+from revgnn.models.components import (
+    block_builder,
+    block_options,
+    check_conv_options,
+    conv_of,
+    conv_parameters,
+    reversible_layers,
+    reversible_repr,
+)
 from revgnn.models.paper import LI_2021, MOLHIV
 from revgnn.models.registry import Reported, register_model
-from revgnn.nn import GENBlock, Shared, SharedDropout
-from revgnn.nn.blocks import GENAggr, Norm, make_norm
+from revgnn.nn import Shared, SharedDropout, conv_spec
+from revgnn.nn.blocks import Norm, make_norm
 from revgnn.nn.graph_input import check_features, sort_edges
 from revgnn.utils.ranges import Range
 from revgnn.utils.signature import check_call, with_defaults
@@ -53,12 +62,13 @@ class GraphRevGNN(nn.Module):
         \mathbf{y}_g &= \mathrm{Linear}\big(\mathrm{Dropout}(\mathrm{Readout}_{i \in g}
         \mathrm{ReLU}(\mathrm{Norm}(\mathbf{H}^{(L)}))_i)\big)
 
-    Each group function is a pre-activation GENConv block (Norm -> ReLU -> shared dropout ->
-    GENConv) of width ``hidden_channels / num_groups``. With ``norm='graph'`` every group normalises
-    with per-graph statistics (GraphNorm, Cai et al. 2021), which needs the graph index ``batch`` of
-    each node; every group receives it whole. With ``norm='batch'`` the running statistics are updated
-    once per training step, as in the equivalent non-reversible model. Training memory does not grow
-    with ``num_layers``.
+    Each group function is a pre-activation block of the registered ``conv`` (Norm -> ReLU ->
+    shared dropout -> Conv; by default GENConv with DeeperGCN's ogbg-molhiv options: learnable
+    softmax aggregation, a 1-layer MLP) of width ``hidden_channels / num_groups``. With
+    ``norm='graph'`` every group normalises with per-graph statistics (GraphNorm, Cai et al. 2021),
+    which needs the graph index ``batch`` of each node; every group receives it whole. With
+    ``norm='batch'`` the running statistics are updated once per training step, as in the equivalent
+    non-reversible model. Training memory does not grow with ``num_layers``.
 
     Args:
         in_channels (int): Node features: the number of categorical atom features for
@@ -67,18 +77,18 @@ class GraphRevGNN(nn.Module):
         out_channels (int): Tasks (or classes) per graph.
         num_layers (int): Number of reversible blocks :math:`L`.
         num_groups (int, optional): Groups per block :math:`C`. (default: :obj:`2`)
+        conv (str, optional): A conv registered with :func:`~revgnn.nn.register_conv`
+            (``'gen'``, ``'gat'``, ``'gcn'``, ``'sage'``, ``'gin'``, or one of yours).
+            (default: :obj:`'gen'`)
         edge_channels (int, optional): Edge features (3 categorical bond features for
-            ``'ogb'``); :obj:`None` for none. (default: :obj:`None`)
+            ``'ogb'``); :obj:`None` for none; ignored by convs without edge features.
+            (default: :obj:`None`)
         species_channels (int, optional): Accepted for the training loop's uniform call; must be
             :obj:`0` (graph data sets have no species one-hot). (default: :obj:`0`)
         dropout (float, optional): Shared dropout in the blocks and dropout before the final
             linear layer. (default: :obj:`0.0`)
         norm (str, optional): ``'graph'``, ``'batch'``, ``'layer'`` or :obj:`None`; used inside the
             blocks and before the readout. (default: :obj:`'graph'`)
-        aggr (str, optional): GENConv aggregation. (default: :obj:`'softmax'`)
-        learn_t (bool, optional): Learn the softmax temperature. (default: :obj:`True`)
-        t (float, optional): Initial softmax temperature. (default: :obj:`1.0`)
-        mlp_layers (int, optional): Layers of GENConv's MLP. (default: :obj:`1`)
         readout (str, optional): ``'mean'``, ``'sum'``, ``'max'`` or ``'attention'``
             (gated attention pooling, Li et al. 2016). (default: :obj:`'mean'`)
         encoder (str, optional): ``'ogb'``: OGB's ``AtomEncoder``/``BondEncoder`` (sums of
@@ -91,7 +101,14 @@ class GraphRevGNN(nn.Module):
             reconstruction drift; :obj:`0` keeps none. (default: :obj:`0`)
         quantize (int, optional): Exact coupling on a :math:`2^{-q}` grid in every block (see
             :class:`~revgnn.nn.GroupAddRev`). (default: :obj:`None`)
+        **conv_options: Options of the conv, forwarded to its block (the ``options`` of its
+            :class:`~revgnn.nn.ConvSpec`), checked as :class:`~revgnn.models.RevGNN` checks them;
+            for ``gen`` this model's defaults are :attr:`conv_defaults` (``aggr='softmax'``,
+            ``learn_t=True``, ``mlp_layers=1``; ``t`` stays 1.0), for other convs the block's.
     """
+
+    #: The options the blocks of a conv get unless set: DeeperGCN's ogbg-molhiv GENConv.
+    conv_defaults: Mapping[str, Mapping[str, Any]] = {"gen": dict(aggr="softmax", learn_t=True, mlp_layers=1)}
 
     def __init__(
         self,
@@ -100,26 +117,25 @@ class GraphRevGNN(nn.Module):
         out_channels: int,
         num_layers: Annotated[int, Range(1)],
         num_groups: Annotated[int, Range(1)] = 2,
+        conv: str = "gen",
         edge_channels: Optional[int] = None,
         species_channels: int = 0,
         dropout: Annotated[float, Range(0, 1, high_open=True)] = 0.0,
         norm: Norm = "graph",
-        aggr: GENAggr = "softmax",
-        learn_t: bool = True,
-        t: float = 1.0,
-        mlp_layers: Annotated[int, Range(1)] = 1,
         readout: Readout = "mean",
         encoder: Encoder = "ogb",
         weight_tied: bool = False,
         reversible: bool = True,
         keep_every: Annotated[int, Range(0)] = 0,
         quantize: Annotated[Optional[int], Range(1)] = None,
+        **conv_options: Any,
     ):
         check_call(GraphRevGNN, locals())
-        self.check_options(locals())
+        self.check_options({**locals(), **conv_options})
         super().__init__()
         self.in_channels, self.edge_channels = in_channels, edge_channels
         self.num_layers, self.weight_tied, self.encoder = num_layers, weight_tied, encoder
+        edges = bool(edge_channels) and conv_spec(conv).uses_edges  # a conv without edge features: no encoder
         if encoder == "ogb":
             from ogb.graphproppred.mol_encoder import AtomEncoder, BondEncoder
             from ogb.utils.features import get_atom_feature_dims, get_bond_feature_dims
@@ -132,21 +148,20 @@ class GraphRevGNN(nn.Module):
                     f"{edge_channels} (use encoder='linear' for float features)"
                 )
             self.node_encoder = AtomEncoder(hidden_channels)
-            self.edge_encoder = BondEncoder(hidden_channels) if edge_channels else None
+            self.edge_encoder = BondEncoder(hidden_channels) if edges else None
         else:
             self.node_encoder = nn.Linear(in_channels, hidden_channels)
-            self.edge_encoder = nn.Linear(edge_channels, hidden_channels) if edge_channels else None
+            self.edge_encoder = nn.Linear(edge_channels, hidden_channels) if edges else None
+        self.conv = conv
         self.dropout = SharedDropout(dropout)
+        make = block_builder(
+            conv,
+            norm,
+            hidden_channels if edge_channels else None,
+            **block_options(GraphRevGNN, conv, conv_options),
+        )
         self.layers = reversible_layers(
-            lambda: GENBlock(
-                hidden_channels // num_groups,
-                edge_channels=hidden_channels if edge_channels else None,
-                aggr=aggr,
-                learn_t=learn_t,
-                t=t,
-                mlp_layers=mlp_layers,
-                norm=norm,
-            ),
+            lambda: make(hidden_channels // num_groups),
             hidden_channels,
             num_groups,
             num_layers,
@@ -164,10 +179,19 @@ class GraphRevGNN(nn.Module):
         self.lin = nn.Linear(hidden_channels, out_channels)
 
     @classmethod
+    def forwarded_options(
+        cls, arguments: Mapping[str, Any], prefix: str = ""
+    ) -> Tuple[Dict[str, inspect.Parameter], str]:
+        """The parameters ``**conv_options`` may hold for the constructor ``arguments``
+        (:func:`~revgnn.models.components.conv_parameters`) and whose they are."""
+        return conv_parameters(cls, arguments, prefix), f"conv {conv_of(cls, arguments)!r}"
+
+    @classmethod
     def check_options(cls, arguments: Mapping[str, Any], prefix: str = "") -> None:
         """What no single annotation says, for constructor ``arguments`` (unset ones keep their
-        defaults): no species one-hot (graph data sets have none) and ``hidden_channels`` divisible
-        by ``num_groups`` (:func:`~revgnn.models.components.check_groups`). The constructor and the
+        defaults): no species one-hot (graph data sets have none), the conv options fit the conv's
+        block and ``hidden_channels`` is divisible by ``num_groups``
+        (:func:`~revgnn.models.components.check_conv_options`). The constructor and the
         check before a run starts (:func:`revgnn.models.check_model_config`) call it; ``prefix``
         goes before every key an error names. Raises :class:`ValueError`."""
         arguments = with_defaults(cls, arguments)
@@ -176,7 +200,7 @@ class GraphRevGNN(nn.Module):
             raise ValueError(
                 f"GraphRevGNN has no species encoder; {prefix}species_channels must be 0, got {species}"
             )
-        check_groups(arguments, prefix)
+        check_conv_options(cls, arguments, prefix)
 
     def reset_parameters(self) -> None:
         for module in self.modules():

@@ -13,8 +13,9 @@ block has the signature ``block(x, edge_index, edge_attr=None,
 dropout_mask=None)`` and maps ``[N, channels]`` to ``[N, channels]``, so a
 block of ``channels = hidden / C`` is one group of a :math:`C`-group
 reversible layer. The convolutions are PyG's. Each block is registered by name
-with :func:`~revgnn.nn.conv_registry.register_conv` (``RevGNN(conv="gen")``);
-a new conv type is one more decorated class here.
+with :func:`~revgnn.nn.conv_registry.register_conv` (``RevGNN(conv="gen")``),
+naming the SAR form of its conv (:mod:`revgnn.distributed.convs`); a new conv
+type is one more decorated class here.
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ from revgnn.nn.linear_aggr import gcn_conv, gin_conv, sage_conv
 from revgnn.nn.norm_act import layer_norm_relu
 from revgnn.nn.ops import mask_values
 from revgnn.utils.ranges import Range
+
+#: Where the SAR forms of the built-in convs live (named, not imported: the distributed package
+#: builds on this one).
+_SAR = "revgnn.distributed.convs:"
 
 NORMS = ("layer", "batch", "graph", None)
 #: The ``norm`` a block or model takes (``None`` or ``"none"``: no norm); the annotation is what
@@ -120,7 +125,7 @@ class PreActBlock(nn.Module):
         return f"channels={self.channels}"
 
 
-@register_conv("gen", factored_edges=True)
+@register_conv("gen", factored_edges=True, sar=_SAR + "SARGENConv")
 class GENBlock(PreActBlock):
     r"""DeeperGCN's GENConv (Li et al., 2020) in a pre-activation block.
 
@@ -155,6 +160,9 @@ class GENBlock(PreActBlock):
             (default: :obj:`False`)
         t (float, optional): Initial softmax temperature. (default: :obj:`1.0`)
         mlp_layers (int, optional): Layers of the MLP. (default: :obj:`2`)
+        mlp_norm (bool, optional): LayerNorm inside the MLP (PyG's ``norm='layer'``);
+            :obj:`False` for none (DEQ-GNN's contraction needs a Lipschitz bound, which LayerNorm
+            lacks). (default: :obj:`True`)
         norm (str, optional): Pre-activation norm. (default: :obj:`'layer'`)
         preact (bool, optional): See :class:`PreActBlock`. (default: :obj:`True`)
     """
@@ -167,6 +175,7 @@ class GENBlock(PreActBlock):
         learn_t: bool = False,
         t: float = 1.0,
         mlp_layers: Annotated[int, Range(1)] = 2,
+        mlp_norm: bool = True,
         norm: Norm = "layer",
         preact: bool = True,
     ):
@@ -179,7 +188,7 @@ class GENBlock(PreActBlock):
             t=t,
             learn_t=learn_t,
             num_layers=mlp_layers,
-            norm="layer",
+            norm="layer" if mlp_norm else None,
             bias=True,
         )
 
@@ -196,7 +205,7 @@ class GENBlock(PreActBlock):
         return f"channels={self.channels}, aggr={self.conv.aggr}"
 
 
-@register_conv("gat", factored_edges=True)
+@register_conv("gat", factored_edges=True, sar=_SAR + "SARGATConv")
 class GATBlock(PreActBlock):
     r"""GATConv (Veličković et al., 2018) with concatenated heads in a pre-activation block.
 
@@ -240,7 +249,7 @@ class GATBlock(PreActBlock):
         return gat_conv(self.conv, h, edge_index, edge_attr)
 
 
-@register_conv("gcn")
+@register_conv("gcn", sar=_SAR + "SARGCNConv")
 class GCNBlock(PreActBlock):
     r"""GCNConv (Kipf & Welling, 2017) in a pre-activation block (no edge features); its symmetric
     normalisation and aggregation run as one weighted segment sum (:func:`~revgnn.nn.linear_aggr.gcn_conv`),
@@ -254,7 +263,7 @@ class GCNBlock(PreActBlock):
         return gcn_conv(self.conv, h, edge_index)
 
 
-@register_conv("sage")
+@register_conv("sage", sar=_SAR + "SARSAGEConv")
 class SAGEBlock(PreActBlock):
     r"""SAGEConv (Hamilton et al., 2017) in a pre-activation block (no edge features); its mean, sum or
     max aggregation runs as one segment reduction (:func:`~revgnn.nn.linear_aggr.sage_conv`), never
@@ -274,7 +283,7 @@ class SAGEBlock(PreActBlock):
         return sage_conv(self.conv, h, edge_index)
 
 
-@register_conv("gin")
+@register_conv("gin", sar=_SAR + "SARGINConv")
 class GINBlock(PreActBlock):
     r"""GINConv (Xu et al., 2019) with a 2-layer MLP in a pre-activation block; its sum aggregation
     runs as one segment sum (:func:`~revgnn.nn.linear_aggr.gin_conv`), never forming the

@@ -8,11 +8,15 @@ A conv type is a block class :math:`f_{\mathbf{w}}` mapping ``[N, channels]`` to
   (:func:`make_block` and the models reject any other, naming the conv and
   what it accepts);
 * it **uses edge features** when ``__init__`` takes ``edge_channels``;
-* **SAR support** follows from the PyG layers it is built on
-  (:func:`revgnn.distributed.convs.convert_to_sar`).
+* its **SAR form** is named by the registration (``sar=``): a subclass of the PyG
+  conv the block holds that also runs on a
+  :class:`~revgnn.distributed.sar.SARGraph`, which
+  :func:`revgnn.distributed.convs.convert_to_sar` switches that conv to.
 
-Models take the conv by name (``RevGNN(conv="gen")``, ``model.conv=gen`` in a
-config), so a new conv type is one decorated class:
+Every model takes the conv by name (``RevGNN(conv="gen")``, ``GraphRevGNN``,
+``DEQGNN``, ``model.conv=gen`` in a config), and the README's conv table is
+generated from this registry (:func:`conv_table`), so a new conv type is one
+decorated class (and, for SAR, its SAR form beside it):
 
 Example:
     >>> from torch_geometric.nn import GraphConv
@@ -32,9 +36,10 @@ Example:
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Tuple, Type
+from typing import Any, Callable, Dict, List, Optional, Tuple, Type, Union
 
 from torch import nn
 
@@ -59,6 +64,9 @@ class ConvSpec:
         factored_edges (bool): The block takes the model's edge embedding in
             factored form (:class:`~revgnn.nn.LinearEdgeFeatures`) rather than
             evaluated once for all layers.
+        sar (type or str, optional): The SAR form of the PyG conv the block holds
+            (a class, or ``"module:Class"`` where importing it here would be
+            circular); :obj:`None`: the conv does not run under SAR.
     """
 
     name: str
@@ -67,6 +75,17 @@ class ConvSpec:
     defaults: Dict[str, Any]
     uses_edges: bool
     factored_edges: bool
+    sar: Union[type, str, None] = None
+
+    def sar_form(self) -> Optional[type]:
+        """The SAR form's class (:attr:`sar` imported if named by a string), or :obj:`None`."""
+        if not isinstance(self.sar, str):
+            return self.sar
+        module, _, qualname = self.sar.partition(":")
+        obj = importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+        return obj
 
     @property
     def compact_mask(self) -> bool:
@@ -95,11 +114,13 @@ class ConvSpec:
         check_types(keyword_parameters(self.block), options, prefix)
 
 
-def _spec(name: str, cls: type, factored_edges: bool = False) -> ConvSpec:
+def _spec(name: str, cls: type, factored_edges: bool = False, sar: Union[type, str, None] = None) -> ConvSpec:
     """The registry's entry for ``cls``: its :class:`ConvSpec`, read off ``__init__`` (which must
     fit :func:`register_conv`'s contract)."""
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
         raise TypeError(f"register_conv({name!r}) decorates a torch.nn.Module class, got {cls!r}")
+    if not (sar is None or isinstance(sar, type) or (isinstance(sar, str) and ":" in sar)):
+        raise TypeError(f"register_conv({name!r}, sar=...) takes a class or 'module:Class', got {sar!r}")
     where = f"register_conv({name!r}): {cls.__name__}.__init__"
     params = list(inspect.signature(cls.__init__).parameters.values())[1:]  # without self
     kinds = {p.kind for p in params}
@@ -124,6 +145,7 @@ def _spec(name: str, cls: type, factored_edges: bool = False) -> ConvSpec:
         defaults={p.name: p.default for p in options},
         uses_edges="edge_channels" in names,
         factored_edges=factored_edges,
+        sar=sar,
     )
 
 
@@ -132,7 +154,9 @@ def _spec(name: str, cls: type, factored_edges: bool = False) -> ConvSpec:
 CONVS: Registry = Registry("conv", _spec, how_to_add="add your own with register_conv")
 
 
-def register_conv(name: str, *, factored_edges: bool = False) -> Callable[[type], type]:
+def register_conv(
+    name: str, *, factored_edges: bool = False, sar: Union[type, str, None] = None
+) -> Callable[[type], type]:
     """Class decorator registering a conv block under ``name``.
 
     The class's ``__init__`` must take ``channels`` first, then ``norm`` and
@@ -147,8 +171,17 @@ def register_conv(name: str, *, factored_edges: bool = False) -> Callable[[type]
         factored_edges (bool, optional): The block accepts edge features as a
             :class:`~revgnn.nn.LinearEdgeFeatures` and benefits from keeping
             them factored. (default: :obj:`False`)
+        sar (type or str, optional): The conv's SAR form: a subclass of the PyG
+            conv the block holds, adding no parameters, whose ``forward`` also
+            takes a :class:`~revgnn.distributed.sar.SARGraph` (aggregating it
+            shard by shard, e.g. with
+            :func:`~revgnn.distributed.aggregate_sar.sar_aggregate`); a
+            ``"module:Class"`` string names it without importing it now.
+            :obj:`None`: the conv does not run under SAR, and
+            :func:`~revgnn.distributed.convs.convert_to_sar` says so.
+            (default: :obj:`None`)
     """
-    return CONVS.register(name, factored_edges=factored_edges)
+    return CONVS.register(name, factored_edges=factored_edges, sar=sar)
 
 
 def conv_spec(name: str) -> ConvSpec:
@@ -197,10 +230,14 @@ def _choices(annotation) -> str:
 def conv_table() -> str:
     """The markdown table of the registered conv blocks of this package (the README's, under the zoo
     table): the name models take (``conv=``), the conv, each option with its default and choices
-    (read off the block's signature), and whether it reads edge features."""
+    (read off the block's signature), whether it reads edge features and whether it runs under SAR
+    (its registration names a SAR form)."""
     from revgnn.utils.signature import keyword_parameters
 
-    lines = ["| `conv=` | block | options (default, choices) | edge features |", "|---|---|---|---|"]
+    lines = [
+        "| `conv=` | block | options (default, choices) | edge features | SAR |",
+        "|---|---|---|---|---|",
+    ]
     norms = set()
     for spec in CONVS.values():
         if not spec.block.__module__.startswith("revgnn."):
@@ -211,7 +248,7 @@ def conv_table() -> str:
         what = " ".join((spec.block.__doc__ or "").split()).split(" in a pre-activation block")[0]
         lines.append(
             f"| `{spec.name}` | {spec.block.__name__}: {what} | {options or '—'} | "
-            f"{'yes' if spec.uses_edges else 'no'} |"
+            f"{'yes' if spec.uses_edges else 'no'} | {'yes' if spec.sar is not None else 'no'} |"
         )
     norm = " or ".join(sorted(norms)).strip()
     return "\n".join(lines) + f"\n\nEvery block also takes `norm`, the pre-activation norm {norm}.\n"

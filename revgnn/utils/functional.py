@@ -4,7 +4,8 @@ revgnn's operators and reversible blocks take their plain PyTorch form under ``t
 ``vmap``, ``jacrev`` and the like (:func:`transforms_active`): custom autograd (the operators'
 registered backward, the reversible blocks' recomputation) cannot be seen through by those
 transforms, while the plain ops can be differentiated and batched. Memory then grows with depth as in
-a plain model.
+a plain model. :func:`plain_operators` asks for the same forms without a transform (a second
+derivative).
 
 Under :func:`torch.func.functional_call` a module computes with the tensors passed in, but autograd
 runs the backward of a block that recomputes (a reversible block, a DEQ's implicit backward) after
@@ -19,16 +20,33 @@ from typing import Dict, Iterator
 import torch
 from torch import Tensor, nn
 
-__all__ = ["transforms_active", "module_tensors", "bound_to"]
+__all__ = ["transforms_active", "plain_operators", "module_tensors", "bound_to"]
+
+_plain_depth = 0  # how many plain_operators() bodies are running
 
 
 def transforms_active() -> bool:
-    """Whether a :mod:`torch.func` transform (``grad``, ``vmap``, ``jacrev``, ...) is running. False while
+    """Whether a :mod:`torch.func` transform (``grad``, ``vmap``, ``jacrev``, ...) is running, or a
+    :func:`plain_operators` body: where revgnn's operators take their plain PyTorch form. False while
     ``torch.compile`` traces: dynamo reads the interpreter stack as non-empty then (measured, torch
     2.13), and a compiled model must keep the reversible blocks' own backward."""
     if torch.compiler.is_compiling():
         return False
-    return torch._C._functorch.peek_interpreter_stack() is not None
+    return _plain_depth > 0 or torch._C._functorch.peek_interpreter_stack() is not None
+
+
+@contextlib.contextmanager
+def plain_operators() -> Iterator[None]:
+    """Within the body every revgnn operator and block computes in plain PyTorch ops, as under a
+    :mod:`torch.func` transform (:func:`transforms_active`): the same function, differentiable twice
+    (the fused operators' registered backward is differentiable once), at the plain ops' memory.
+    DEQ-GNN's map uses it for the Jacobian penalties, whatever its conv."""
+    global _plain_depth
+    _plain_depth += 1
+    try:
+        yield
+    finally:
+        _plain_depth -= 1
 
 
 def module_tensors(module: nn.Module) -> Dict[str, Tensor]:

@@ -138,19 +138,29 @@ def test_deqgnn_forwards_every_deq_option_and_checks_them_against_deq():
     (but the map and unroll_steps, which the model sets), checked by name and type before DEQ
     is built."""
     from revgnn.models import DEQGNN
+    from revgnn.nn import conv_spec
     from revgnn.utils.signature import keyword_parameters
 
-    assert list(DEQGNN.forwarded_options({})[0]) == list(keyword_parameters(DEQ, skip=("f", "unroll_steps")))
+    deq_keys = list(keyword_parameters(DEQ, skip=("f", "unroll_steps")))
+    assert list(DEQGNN.forwarded_options({})[0]) == deq_keys + list(conv_spec("gen").options)
+    assert list(DEQGNN.forwarded_options({"conv": "gat"})[0]) == deq_keys + list(conv_spec("gat").options)
     model = DEQGNN(6, 8, 3, solver="broyden", backward_solver="anderson", backward_solver_options={"m": 3})
     assert (model.deq.solver, model.deq.backward_solver) == ("broyden", "anderson")
     assert model.deq.backward_solver_options == {"m": 3}  # an option DEQGNN never listed
     assert DEQGNN(6, 8, 3, pretrain_depth=3).deq.unroll_steps == 3
     with pytest.raises(
-        TypeError, match=r"DEQGNN's DEQ has no option\(s\) max_iters \(did you mean max_iter\?\)"
+        TypeError,
+        match=r"DEQGNN has no option\(s\) max_iters \(did you mean max_iter\?\); its DEQ takes solver",
     ):
         DEQGNN(6, 8, 3, max_iters=3)
-    with pytest.raises(TypeError, match=r"has no option\(s\) unroll_steps.*; it takes solver, max_iter"):
+    with pytest.raises(TypeError, match=r"has no option\(s\) unroll_steps.*; its DEQ takes solver, max_iter"):
         DEQGNN(6, 8, 3, unroll_steps=2)
+    with pytest.raises(
+        TypeError, match=r"has no option\(s\) agr \(did you mean aggr\?\).*its conv 'gen' takes aggr"
+    ):
+        DEQGNN(6, 8, 3, agr="mean")
+    with pytest.raises(ValueError, match="^aggr must be one of"):
+        DEQGNN(6, 8, 3, aggr="median")
     with pytest.raises(TypeError, match="^max_iter must be an int, got '3'$"):
         DEQGNN(6, 8, 3, max_iter="3")
     with pytest.raises(ValueError, match="^solver must be one of the registered solvers anderson, broyden"):

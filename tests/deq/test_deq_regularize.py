@@ -266,7 +266,7 @@ def test_training_loop_adds_the_auxiliary_loss_and_logs_jacobian_stats(tmp_path)
 
 
 def test_deq_gnn_layer_twice_differentiable_map_is_the_same_map():
-    """The PyG path used for the Jacobian term computes the fused kernels' function and Jacobian."""
+    """The plain path used for the Jacobian term computes the fused kernels' function and Jacobian."""
     from revgnn.models.deq_gnn import DEQGNNLayer
     from revgnn.nn.graph_input import sort_edges
 
@@ -287,7 +287,7 @@ def test_deq_gnn_layer_twice_differentiable_map_is_the_same_map():
     (g_slow,) = torch.autograd.grad(slow, z, v, create_graph=True)
     assert torch.allclose(g_fast, g_slow, rtol=0, atol=1e-12)
     g_slow.square().sum().backward()  # the second derivative exists
-    assert layer.convs[0].mlp[0].weight.grad is not None
+    assert layer.convs[0].conv.mlp[0].weight.grad is not None
     with pytest.raises(TypeError, match="second derivative"):  # e.g. a distributed SAR graph
         layer.twice_differentiable(z, x, object(), edge_attr, mask)
 

@@ -57,13 +57,13 @@ def test_forward_backward_and_stats():
 
 def _paper_map(layer, z, x, ei, ea, mask):
     """The paper's map written out with PyG's GENConv path (``conv(...)``), not the fused kernels."""
-    c1, c2 = layer.convs
+    c1, c2 = (block.conv for block in layer.convs)  # the GENConvs of the GEN blocks
     n1, n2 = layer.norms
     if ea is None:
         e1 = e2 = None
     else:  # the shared encoder then each conv's own encoder, applied as one composed map
         emb = layer.edge_encoder(ea)
-        e1, e2 = (lin(emb) for lin in layer.conv_edge_encoders)
+        e1, e2 = (block.edge_encoder(emb) for block in layer.convs)
     z1 = c1(z, ei, e1)
     return n2((c2(mask * n1(z1 + x).relu(), ei, e2) + z1).relu())
 

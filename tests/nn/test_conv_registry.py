@@ -6,7 +6,8 @@ from conftest import rel_err
 from torch_geometric.nn import GraphConv
 from torch_geometric.nn import Linear as PygLinear
 
-from revgnn.distributed.convs import SAR_CONVS, convert_to_sar, sar_unsupported
+from revgnn.distributed.aggregate_sar import sar_aggregate
+from revgnn.distributed.convs import convert_to_sar, sar_forms, sar_unsupported
 from revgnn.distributed.partition import build_partitions
 from revgnn.distributed.sar import SARGraph
 from revgnn.models import RevGNN
@@ -57,7 +58,7 @@ def user_conv():
 
 def test_options_are_read_off_the_constructor():
     assert list_convs() == ["gat", "gcn", "gen", "gin", "sage"]
-    assert conv_spec("gen").options == ("aggr", "learn_t", "t", "mlp_layers")
+    assert conv_spec("gen").options == ("aggr", "learn_t", "t", "mlp_layers", "mlp_norm")
     assert conv_spec("gat").defaults == {"heads": 1, "attn_dropout": 0.0}
     assert conv_spec("gcn").options == ()
     assert [c for c in list_convs() if conv_spec(c).uses_edges] == ["gat", "gen"]
@@ -194,7 +195,68 @@ def test_a_conv_without_sar_version_is_named_with_the_alternatives(user_conv, gr
     msg = str(err.value)
     assert "conv 'graph_test' is built on GraphConv" in msg and "unsupported under SAR" in msg
     assert "gat, gcn, gen, gin, sage" in msg and "backend=local" in msg
-    assert not any(type(m) in SAR_CONVS.values() for m in model.modules())  # nothing half-converted
+    assert not any(type(m) in sar_forms().values() for m in model.modules())  # nothing half-converted
+
+
+class SARGraphConv(GraphConv):
+    r"""The SAR form of PyG's GraphConv (sum aggregation) a user writes beside their block:
+    :math:`\Theta_1\sum_j \mathbf{x}_j + \Theta_2\mathbf{x}_i`, the sum through the fused shard
+    operators."""
+
+    def forward(self, x, edge_index, edge_weight=None, size=None):
+        if not isinstance(edge_index, SARGraph):
+            return super().forward(x, edge_index, edge_weight, size)
+        return self.lin_rel(sar_aggregate(edge_index, x, "sum")) + self.lin_root(x)
+
+
+@pytest.fixture
+def user_conv_with_sar():
+    """A conv with SAR support a user adds, in one file: the block, registered naming its SAR form."""
+
+    @register_conv("graph_sar_test", sar=SARGraphConv)
+    class GraphSARBlock(PreActBlock):
+        def __init__(self, channels, norm="layer", preact=True):
+            super().__init__(channels, norm, preact)
+            self.conv = GraphConv(channels, channels)
+
+        def conv_forward(self, h, edge_index, edge_attr):
+            return self.conv(h, edge_index)
+
+    yield GraphSARBlock
+    CONVS.unregister("graph_sar_test")
+
+
+def test_a_conv_added_in_one_file_serves_every_model_and_sar(user_conv_with_sar, graph):
+    """docs/layout.md's "what an addition touches", measured: this file alone adds a conv that
+    RevGNN, GraphRevGNN, DEQGNN and SAR take by name."""
+    from revgnn.models import DEQGNN, GraphRevGNN
+
+    ei, x, ea = graph
+    assert sar_unsupported("graph_sar_test") == ""
+    assert sar_forms()[GraphConv] is SARGraphConv
+    _sar_check("graph_sar_test", graph)  # output and every gradient on a SARGraph, to 1e-12
+    models = [
+        RevGNN(C, 8, 2, num_layers=2, conv="graph_sar_test"),
+        GraphRevGNN(C, 8, 2, num_layers=2, conv="graph_sar_test", encoder="linear"),
+        DEQGNN(C, 8, 2, conv="graph_sar_test", max_iter=10),
+    ]
+    blocks = [models[0].layers[0].convs[0], models[1].layers[0].convs[0], models[2].layer.convs[0]]
+    assert all(type(b) is user_conv_with_sar for b in blocks)
+    for model in models:
+        model(x.float(), ei).square().sum().backward()  # (PyG sparse-matmul path: float32 only)
+    convert_to_sar(models[0])
+    assert type(models[0].layers[0].convs[0].conv) is SARGraphConv
+
+
+def test_a_sar_form_must_subclass_one_pyg_conv():
+    with pytest.raises(TypeError, match="takes a class or 'module:Class'"):
+        register_conv("bad_sar_test", sar="SARGraphConv")(type("B", (PreActBlock,), {}))
+    register_conv("bad_sar_test", sar=torch.nn.Linear)(type("B", (PreActBlock,), {}))
+    try:
+        with pytest.raises(TypeError, match="conv 'bad_sar_test': its SAR form .*Linear.* must subclass"):
+            sar_forms()
+    finally:
+        CONVS.unregister("bad_sar_test")
 
 
 @pytest.mark.parametrize(
