@@ -389,3 +389,43 @@ def test_options_outside_the_shard_forms_take_the_pytorch_path():
     finally:
         torch.set_default_dtype(dtype)
     check([type("R", (), {"rank": 0, "value": errs})])
+
+
+#: the cases run through Triton's interpreter (a softmax with factored edges and a negative
+#: temperature, a mean with GENConv's own edge encoder, GAT with raw and with factored edge features)
+TRITON_CASES = ("GEN-mean-lin_edge", "GEN-softmax-negative_t", "GAT-edges", "GAT-factored")
+
+
+def _triton_worker(rank, world_size, kind):
+    from revgnn.distributed.sar import SARGraph
+    from revgnn.nn import triton_kernels as tk
+
+    assert tk.INTERPRETED  # TRITON_INTERPRET=1 reached this fresh process before Triton's import
+    torch.set_default_dtype(torch.float64)
+    ei, _, ea = make_graph()
+    parts = build_partitions(ei, N, world_size, parts=make_parts(world_size, kind), edge_attr=ea)
+    graph = SARGraph(parts[rank], timeout_s=120)
+    errs, calls = [], {}
+    for name, build, uses_edges, _ in CASES:
+        if name in TRITON_CASES:
+            with _Counts() as counts:
+                errs += compare_model(name, build, uses_edges, graph, parts[rank], _call, _call)
+            calls[name] = counts.calls
+    return errs, calls
+
+
+def test_shards_through_the_triton_kernels(monkeypatch):
+    """Under ``REVGNN_KERNELS=triton`` (as on CUDA tensors; ``select`` raises there rather than fall
+    back) two workers run the shard forms through the Triton kernels, in Triton's interpreter, own
+    and remote shards, and equal PyG on the full graph in float64."""
+    pytest.importorskip("triton")
+    from revgnn.testing.workers import run_workers
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the spawned workers import Triton afresh
+    monkeypatch.setenv("REVGNN_KERNELS", "triton")
+    results = run_workers(_triton_worker, 2, "metis", timeout_s=120, wall_s=500, threads=1)
+    check([type("R", (), {"rank": r.rank, "value": r.value[0]}) for r in results])
+    for r in results:
+        for name, c in r.value[1].items():
+            fwd = "gen_aggr" if name.startswith("GEN") else "gat_attention"
+            assert c["torch"] == 0 and c[fwd] == 2 and c[fwd + "_backward"] == 2, (r.rank, name, c)
