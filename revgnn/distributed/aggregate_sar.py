@@ -46,12 +46,21 @@ from revgnn.nn import ops
 
 from .sar import SARGraph
 
-__all__ = ["sar_aggregate", "SARAggregate", "SARSegmentMax"]
+__all__ = [
+    "sar_aggregate",
+    "SARAggregate",
+    "SARSegmentMax",
+    "Shard",
+    "ShardSegments",
+    "add_shard_rows",
+    "pad_rows",
+    "shard_rows",
+]
 
 _KINDS = ("sum", "mean", "max")
 
 
-class _Shard(NamedTuple):
+class Shard(NamedTuple):
     a: int  # the shard's edges are a:b of the graph's local edges
     b: int
     rows: int  # rows fetched from the shard's owner (the block)
@@ -62,16 +71,17 @@ class _Shard(NamedTuple):
     sptr: Tensor  # [size + 1] over sources
     sdst: Tensor  # [E_q] destinations in source order
     sperm: Tensor  # [E_q] each source-ordered edge's position in destination order
+    dst: Tensor  # [E_q] destinations, destination order
 
 
-class _ShardSegments:
-    """Per shard of a graph, its :class:`_Shard`; cached on the graph (valid while ``graph.src`` is the
+class ShardSegments:
+    """Per shard of a graph, its :class:`Shard`; cached on the graph (valid while ``graph.src`` is the
     tensor it was built from: :meth:`SARGraph.with_self_loops` views are graphs of their own)."""
 
     def __init__(self, graph: SARGraph):
         self.src_ref = graph.src
         n = graph.num_local
-        self.shards: List[_Shard] = []
+        self.shards: List[Shard] = []
         self._weights: Dict[Tuple[torch.dtype, torch.device], Tuple[Tensor, List[Tensor]]] = {}
         for q in range(graph.world_size):
             a, b = graph.shard(q)
@@ -83,13 +93,16 @@ class _ShardSegments:
             sptr = torch.zeros(size + 1, dtype=torch.long, device=dst.device)
             sptr[1:] = torch.cumsum(torch.bincount(src, minlength=size), 0)
             src = src.contiguous()
-            self.shards.append(_Shard(a, b, rows, size, ptr, src, perm, sptr, dst[sperm].contiguous(), sperm))
+            dst = dst.contiguous()
+            self.shards.append(
+                Shard(a, b, rows, size, ptr, src, perm, sptr, dst[sperm].contiguous(), sperm, dst)
+            )
 
     @staticmethod
-    def of(graph: SARGraph) -> "_ShardSegments":
+    def of(graph: SARGraph) -> "ShardSegments":
         cached = getattr(graph, "_aggregate_segments", None)
         if cached is None or cached.src_ref is not graph.src:
-            cached = _ShardSegments(graph)
+            cached = ShardSegments(graph)
             graph._aggregate_segments = cached
         return cached
 
@@ -112,13 +125,31 @@ class _ShardSegments:
         return per_shard
 
 
-def _rows(t: Tensor, size: int) -> Tensor:
-    """``t`` with zero rows appended up to ``size`` rows (``t`` itself if it has them)."""
+def pad_rows(t: Tensor, size: int, fill: float = 0.0) -> Tensor:
+    """``t`` with rows of ``fill`` appended up to ``size`` rows (``t`` itself if it has them)."""
     if t.size(0) == size:
         return t.contiguous()
-    out = t.new_zeros((size,) + t.shape[1:])
+    out = t.new_full((size,) + t.shape[1:], fill)
     out[: t.size(0)] = t
     return out
+
+
+def shard_rows(t: Optional[Tensor], s: Shard) -> Optional[Tensor]:
+    """The rows of the per-edge tensor ``t`` (the graph's local edge order) of shard ``s``, in the
+    shard's destination order (:obj:`None` for :obj:`None`)."""
+    if t is None:
+        return None
+    part = t[s.a : s.b]
+    return (part if s.perm is None else part.index_select(0, s.perm)).contiguous()
+
+
+def add_shard_rows(total: Tensor, rows: Tensor, s: Shard) -> None:
+    """Adds ``rows`` (shard ``s``'s edges in destination order) into ``total`` (the graph's local
+    edge order): the inverse of :func:`shard_rows`."""
+    if s.perm is None:
+        total[s.a : s.b] += rows
+    else:
+        total[s.a : s.b].index_add_(0, s.perm, rows)
 
 
 class SARAggregate(torch.autograd.Function):
@@ -128,14 +159,14 @@ class SARAggregate(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, graph: SARGraph, mean: bool, weight: Optional[Tensor], x: Tensor) -> Tensor:  # type: ignore[override]
-        segs = _ShardSegments.of(graph)
+        segs = ShardSegments.of(graph)
         weights = segs.weights(weight, x.dtype)
         n = graph.num_local
         out = x.new_zeros(n, x.size(1))
         for q, block in graph.ring(x, "SAR aggregate forward"):
             s = segs.shards[q]
             part = ops.aggregate(
-                _rows(block, s.size), s.ptr, s.src, weights[q], False, s.sptr, s.sdst, s.sperm
+                pad_rows(block, s.size), s.ptr, s.src, weights[q], False, s.sptr, s.sdst, s.sperm
             )
             del block
             out += part[:n]
@@ -150,7 +181,7 @@ class SARAggregate(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out: Tensor):  # type: ignore[override]
         graph: SARGraph = ctx.graph
-        segs = _ShardSegments.of(graph)
+        segs = ShardSegments.of(graph)
         g = grad_out.contiguous()
         if ctx.mean:
             g = g / graph.in_degree.clamp_min(1).to(g.dtype).view(-1, 1)
@@ -161,7 +192,7 @@ class SARAggregate(torch.autograd.Function):
         for k in range(graph.world_size):  # the ring's order, so that the gradient returns pair up
             q = (graph.rank - k) % graph.world_size
             s = segs.shards[q]
-            gq = _rows(g, s.size)
+            gq = pad_rows(g, s.size)
             # the transposed aggregation reads only the gradient: gq also stands for the (unread) x
             gb, _ = ops.aggregate_backward(
                 gq, gq, s.ptr, s.src, weights[q], False, s.sptr, s.sdst, s.sperm, True, False
@@ -181,12 +212,12 @@ class SARSegmentMax(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, graph: SARGraph, x: Tensor) -> Tensor:  # type: ignore[override]
-        segs = _ShardSegments.of(graph)
+        segs = ShardSegments.of(graph)
         n = graph.num_local
         m = count = None
         for q, block in graph.ring(x, "SAR max forward"):
             s = segs.shards[q]
-            mq, nq = ops.segment_max(_rows(block, s.size), s.ptr, s.src, s.sptr, s.sdst)
+            mq, nq = ops.segment_max(pad_rows(block, s.size), s.ptr, s.src, s.sptr, s.sdst)
             del block
             mq, nq = mq[:n], nq[:n]
             # a node without edges in this shard: 0 from the operator, no candidate here
@@ -208,7 +239,7 @@ class SARSegmentMax(torch.autograd.Function):
     def backward(ctx, grad_out: Tensor):  # type: ignore[override]
         graph: SARGraph = ctx.graph
         x, out, count = ctx.saved_tensors
-        segs = _ShardSegments.of(graph)
+        segs = ShardSegments.of(graph)
         g = grad_out.contiguous()
         grad_x = torch.zeros_like(x)
         tag = graph.next_tag()
@@ -217,10 +248,10 @@ class SARSegmentMax(torch.autograd.Function):
         for q, block in graph.ring(x, f"{what} re-fetch"):
             s = segs.shards[q]
             gb = ops.segment_max_backward(
-                _rows(g, s.size),
-                _rows(block, s.size),
-                _rows(out, s.size),
-                _rows(count, s.size),
+                pad_rows(g, s.size),
+                pad_rows(block, s.size),
+                pad_rows(out, s.size),
+                pad_rows(count, s.size),
                 s.ptr,
                 s.src,
                 s.sptr,

@@ -29,10 +29,14 @@ from torch_geometric.nn.aggr import MaxAggregation, MeanAggregation, SoftmaxAggr
 from torch_geometric.nn.conv import MessagePassing
 
 from revgnn.nn.edge_features import LinearEdgeFeatures
+from revgnn.nn.gat import edge_logit_term, self_loop_term
+from revgnn.nn.gen_max import fused_reduce
 from revgnn.nn.norm_act import sequential_forward
 
 from .aggregate_sar import sar_aggregate
 from .comm import AllReduceSum
+from .gat_sar import sar_gat_attention, shard_form_applies
+from .gen_aggr_sar import sar_gen_aggregate
 from .gen_max_sar import sar_gen_max
 from .sar import EdgeOp, SARGraph, sequential_aggregate
 
@@ -157,12 +161,15 @@ class SARGENConv(GENConv):
     ``edge_attr`` may also be a
     :class:`~revgnn.nn.edge_features.LinearEdgeFeatures` (the factored
     encoding :class:`~revgnn.nn.GENBlock` hands over). Max aggregation then
-    runs through the C++ kernel shard by shard
-    (:mod:`revgnn.distributed.gen_max_sar`) on the raw features and the
-    composed map, without an :math:`E \times C` tensor; where the kernel does
-    not apply, and for the other aggregations, the features are expanded and
-    the PyTorch path of :func:`~revgnn.distributed.sar.sequential_aggregate`
-    runs as before."""
+    runs through the fused kernel shard by shard
+    (:mod:`revgnn.distributed.gen_max_sar`), and sum, mean and softmax (one
+    temperature, learnable or not, without ``semi_grad``) through
+    ``torch.ops.revgnn.gen_aggr`` shard by shard
+    (:mod:`revgnn.distributed.gen_aggr_sar`), on the raw features and the
+    composed map, without an :math:`E \times C` tensor; elsewhere (powermean,
+    a per-channel temperature, ``softmax_sg``; max without a kernel) the
+    features are expanded and the PyTorch path of
+    :func:`~revgnn.distributed.sar.sequential_aggregate` runs."""
 
     #: :func:`revgnn.nn.gen_max.gen_conv` passes factored edge features through.
     takes_factored_edges = True
@@ -184,8 +191,12 @@ class SARGENConv(GENConv):
         if rows is not None and rows.size(0) != graph.num_edges:
             raise ValueError("edge_attr must hold the local edges in shard order (graph.edge_attr)")
         out = None
+        lin_edge = getattr(self, "lin_edge", None)
         if kind == "max":
-            out = sar_gen_max(graph, x_src, edge_attr, getattr(self, "lin_edge", None), self.eps)
+            out = sar_gen_max(graph, x_src, edge_attr, lin_edge, self.eps)
+        elif fused_reduce(self) is not None and (rows is None or rows.dim() == 2):
+            t = self.aggr_module.t if kind == "softmax" else None
+            out = sar_gen_aggregate(graph, x_src, edge_attr, lin_edge, self.eps, kind, t)
         fused = out is not None
         if not fused:
             if isinstance(edge_attr, LinearEdgeFeatures):
@@ -242,9 +253,19 @@ class _GATMessage(EdgeOp):
 
 
 class SARGATConv(GATConv):
-    """:class:`torch_geometric.nn.GATConv` that also runs on a
+    r""":class:`torch_geometric.nn.GATConv` that also runs on a
     :class:`~revgnn.distributed.sar.SARGraph`, with online softmax and
-    attention rematerialisation (attention dropout must be 0 in training)."""
+    attention rematerialisation (attention dropout must be 0 in training).
+
+    With PyG's self loops (``fill_value='mean'`` where edge features are used) and a positive
+    ``negative_slope`` the attention runs through the fused operator shard by shard
+    (:mod:`revgnn.distributed.gat_sar`), without an :math:`E \times` heads :math:`\times C` tensor,
+    edge features (a tensor or a :class:`~revgnn.nn.edge_features.LinearEdgeFeatures`) kept
+    factored; otherwise through the PyTorch path of
+    :func:`~revgnn.distributed.sar.sequential_aggregate`."""
+
+    #: :func:`revgnn.nn.gat.gat_conv` passes factored edge features through.
+    takes_factored_edges = True
 
     def forward(
         self, x, edge_index, edge_attr: Optional[Tensor] = None, size=None, return_attention_weights=None
@@ -271,8 +292,27 @@ class SARGATConv(GATConv):
             xd = self.lin_dst(x).view(-1, H, C)
         a_src = (xs * self.att_src).sum(dim=-1)
         a_dst = (xd * self.att_dst).sum(dim=-1)
-        if edge_attr is not None and edge_attr.size(0) != graph.num_edges:
+        rows = edge_attr.raw if isinstance(edge_attr, LinearEdgeFeatures) else edge_attr
+        if rows is not None and rows.size(0) != graph.num_edges:
             raise ValueError("edge_attr must hold the local edges in shard order (graph.edge_attr)")
+        loops = self.add_self_loops and (self.fill_value == "mean" or rows is None or self.lin_edge is None)
+        if loops and shard_form_applies(self.negative_slope, xs.dtype):
+            out = _gat_shard_form(self, graph, xs, a_src, a_dst, edge_attr)
+        else:
+            if isinstance(edge_attr, LinearEdgeFeatures):
+                edge_attr = edge_attr.materialize()
+            out = self._generic(graph, xs, a_src, a_dst, edge_attr)
+        out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
+        if res is not None:
+            out = out + res
+        if self.bias is not None:
+            out = out + self.bias
+        return out
+
+    def _generic(self, graph, xs, a_src, a_dst, edge_attr):
+        """The attention through :func:`~revgnn.distributed.sar.sequential_aggregate`'s PyTorch
+        messages (options the shard form does not take: no or other self loops)."""
+        H, C = self.heads, self.out_channels
         if self.add_self_loops:
             if edge_attr is not None:
                 edge_attr = graph.self_loop_edge_attr(edge_attr, self.fill_value)
@@ -280,13 +320,23 @@ class SARGATConv(GATConv):
         has_edge = edge_attr is not None and self.lin_edge is not None
         op = _GATMessage(self, has_edge)
         send = torch.cat([xs.reshape(-1, H * C), a_src], dim=1)
-        out = sequential_aggregate(op, graph, send, a_dst, edge_attr if has_edge else None)
-        out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
-        if res is not None:
-            out = out + res
-        if self.bias is not None:
-            out = out + self.bias
-        return out
+        return sequential_aggregate(op, graph, send, a_dst, edge_attr if has_edge else None)
+
+
+def _gat_shard_form(conv: GATConv, graph: SARGraph, xs, a_src, a_dst, edge_attr) -> Tensor:
+    """GATConv's attention (PyG's self loops, ``fill_value='mean'``) through the fused operator shard
+    by shard (:mod:`revgnn.distributed.gat_sar`), the edge features factored as
+    :func:`revgnn.nn.gat.gat_conv` takes them."""
+    H, C = conv.heads, conv.out_channels
+    raw, w, b = edge_logit_term(conv, edge_attr, H, C)
+    if raw is None:
+        loop = a_src.new_zeros(graph.num_local, H)
+    else:
+        is_loop = torch.zeros(graph.num_edges, dtype=torch.bool, device=graph.dst.device)
+        lo, hi = graph.shard(graph.rank)  # only the own shard's sources are local nodes
+        is_loop[lo:hi] = graph.src[lo:hi] == graph.dst[lo:hi]
+        loop = self_loop_term(graph.dst, is_loop, raw, w, b, graph.num_local)
+    return sar_gat_attention(graph, xs, a_src, a_dst, loop, raw, w, b, conv.negative_slope)
 
 
 class SARSAGEConv(SAGEConv):

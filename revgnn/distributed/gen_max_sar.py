@@ -63,7 +63,7 @@ from revgnn.nn.edge_features import LinearEdgeFeatures
 
 from .sar import SARGraph
 
-__all__ = ["sar_gen_max", "SARGENMax"]
+__all__ = ["gen_edge_term", "sar_gen_max", "SARGENMax"]
 
 
 class _ShardCSC:
@@ -218,6 +218,22 @@ class SARGENMax(torch.autograd.Function):
         return (None, None, None, grad_x if need_x else None, grad_attr, grad_w, grad_b)
 
 
+def gen_edge_term(
+    edge_attr, lin_edge: Optional[torch.nn.Module]
+) -> Tuple[Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
+    r"""GENConv's edge term as the shard kernels take it, ``(attr, weight, bias)``: the raw features
+    and the map :math:`\mathbf{W}, \mathbf{b}` of a
+    :class:`~revgnn.nn.edge_features.LinearEdgeFeatures` (with GENConv's own edge encoder
+    ``lin_edge``, if any, composed into it), a tensor with ``lin_edge``'s weight and bias, or a dense
+    ``[E, C]`` tensor (or :obj:`None`) with no map."""
+    if isinstance(edge_attr, LinearEdgeFeatures):
+        term = edge_attr.compose(lin_edge) if lin_edge is not None else edge_attr
+        return term.raw, term.weight, term.bias
+    if edge_attr is not None and lin_edge is not None:
+        return edge_attr, lin_edge.weight, lin_edge.bias
+    return edge_attr, None, None
+
+
 def sar_gen_max(
     graph: SARGraph, x: Tensor, edge_attr=None, lin_edge: Optional[torch.nn.Module] = None, eps: float = 1e-7
 ) -> Optional[Tensor]:
@@ -231,13 +247,7 @@ def sar_gen_max(
     the factored map, or makes one from a tensor, so the encoded
     :math:`E \times C` features are never formed.
     """
-    if isinstance(edge_attr, LinearEdgeFeatures):
-        term = edge_attr.compose(lin_edge) if lin_edge is not None else edge_attr
-        attr, weight, bias = term.raw, term.weight, term.bias
-    elif edge_attr is not None and lin_edge is not None:
-        attr, weight, bias = edge_attr, lin_edge.weight, lin_edge.bias
-    else:
-        attr, weight, bias = edge_attr, None, None
+    attr, weight, bias = gen_edge_term(edge_attr, lin_edge)
     if attr is not None and attr.dim() == 1:
         return None
     channels = x.size(-1) if x.dim() == 2 else -1

@@ -38,7 +38,7 @@ from revgnn.nn.edge_features import LinearEdgeFeatures
 from revgnn.nn.graph_input import SortedEdges, csc, pyg_edge_index, sort_edges, source_order
 from revgnn.utils.functional import transforms_active
 
-__all__ = ["draw_seed", "gat_conv", "fused_applies"]
+__all__ = ["draw_seed", "edge_logit_term", "gat_conv", "fused_applies", "self_loop_term"]
 
 EdgeFeatures = Union[Tensor, LinearEdgeFeatures, None]
 
@@ -65,7 +65,7 @@ def fused_applies(conv, x, edge_index) -> bool:
     )
 
 
-def _edge_term(conv, edge_attr: EdgeFeatures, heads: int, out: int):
+def edge_logit_term(conv, edge_attr: EdgeFeatures, heads: int, out: int):
     """(raw features ``[E, d]``, ``[H, d]`` map, ``[H]`` bias or None) of the edge logit term, or
     Nones where it is absent (PyG: no ``lin_edge`` or no features)."""
     if conv.lin_edge is None or edge_attr is None:
@@ -78,11 +78,12 @@ def _edge_term(conv, edge_attr: EdgeFeatures, heads: int, out: int):
     return (edge_attr.view(-1, 1) if edge_attr.dim() == 1 else edge_attr), v, None
 
 
-def _loop_term(src, dst, attr, weight, bias, n: int) -> Tensor:
+def self_loop_term(dst: Tensor, is_loop: Tensor, attr: Tensor, weight: Tensor, bias, n: int) -> Tensor:
     """``[N, H]``: each node's self loop edge term, from the mean raw features of its in-edges other
-    than self loops (PyG's ``fill_value='mean'``; a node without such edges gets the feature 0)."""
+    than self loops (``is_loop`` per edge; PyG's ``fill_value='mean'``; a node without such edges gets
+    the feature 0)."""
     # self loops are summed into a row n that is dropped: autograd saves the index only (E int64s)
-    index = torch.where(src != dst, dst, n)
+    index = torch.where(is_loop, n, dst)
     count = attr.new_zeros(n + 1).index_add_(0, index, attr.new_ones(()).expand(index.numel()))[:n]
     mean = attr.new_zeros(n + 1, attr.size(1)).index_add_(0, index, attr)[:n] / count.clamp_min(1).view(-1, 1)
     term = torch.nn.functional.linear(mean, weight, bias)
@@ -91,7 +92,8 @@ def _loop_term(src, dst, attr, weight, bias, n: int) -> Tensor:
 
 def gat_conv(conv, x: Tensor, edge_index, edge_attr: EdgeFeatures = None) -> Tensor:
     r"""``conv(x, edge_index, edge_attr)`` for a PyG ``GATConv``, through the fused attention operator
-    where :func:`fused_applies` (else the conv itself, with factored edge features expanded).
+    where :func:`fused_applies` (else the conv itself, with factored edge features expanded unless the
+    conv takes them as they are: ``takes_factored_edges``, the SAR GATConv).
 
     Args:
         conv (torch_geometric.nn.GATConv): The conv, whose parameters are used.
@@ -103,7 +105,7 @@ def gat_conv(conv, x: Tensor, edge_index, edge_attr: EdgeFeatures = None) -> Ten
             (default: :obj:`None`)
     """
     if not fused_applies(conv, x, edge_index):
-        if isinstance(edge_attr, LinearEdgeFeatures):
+        if isinstance(edge_attr, LinearEdgeFeatures) and not getattr(conv, "takes_factored_edges", False):
             edge_attr = edge_attr.materialize()
         if conv.lin_edge is None:
             edge_attr = None
@@ -112,7 +114,7 @@ def gat_conv(conv, x: Tensor, edge_index, edge_attr: EdgeFeatures = None) -> Ten
     xp = conv.lin(x).view(n, heads, out)
     a_src = (xp * conv.att_src).sum(-1)
     a_dst = (xp * conv.att_dst).sum(-1)
-    raw, weight, bias = _edge_term(conv, edge_attr, heads, out)
+    raw, weight, bias = edge_logit_term(conv, edge_attr, heads, out)
     graph, raw = sort_edges(edge_index, raw, n)
     src, dst, ptr, raw = csc(graph, raw, n)
     rowptr, col, perm = source_order(graph, n)
@@ -120,7 +122,8 @@ def gat_conv(conv, x: Tensor, edge_index, edge_attr: EdgeFeatures = None) -> Ten
     if raw is not None:
         raw, weight = raw.to(xp.dtype).contiguous(), weight.to(xp.dtype).contiguous()
         bias = bias.to(xp.dtype).contiguous() if bias is not None else None
-        loop = _loop_term(src, dst.long(), raw, weight, bias, n)
+        dst = dst.long()
+        loop = self_loop_term(dst, src == dst, raw, weight, bias, n)
     else:
         loop = a_src.new_zeros(n, heads)
     p = conv.dropout if conv.training else 0.0

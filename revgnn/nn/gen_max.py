@@ -178,7 +178,7 @@ def gen_aggregate(
     return out
 
 
-def _fused_reduce(conv) -> Optional[str]:
+def fused_reduce(conv) -> Optional[str]:
     """The reduction of a GENConv's aggregation that the fused operators compute as PyG does
     (``'max'``, ``'sum'``, ``'mean'``, ``'softmax'``), or :obj:`None` (powermean, a softmax with a
     per-channel temperature or ``semi_grad``, a multi-aggregation: PyG's path)."""
@@ -214,7 +214,7 @@ def gen_conv(conv, x: Tensor, edge_index, edge_attr: Optional[Tensor] = None) ->
         hasattr(conv, name) for name in ("lin_src", "lin_dst", "lin_edge", "lin_aggr_out", "msg_norm")
     )
     graph = isinstance(edge_index, (Tensor, SortedEdges))
-    reduce = _fused_reduce(conv) if plain and graph and isinstance(x, Tensor) else None
+    reduce = fused_reduce(conv) if plain and graph and isinstance(x, Tensor) else None
     if reduce == "max":
         return sequential_forward(conv.mlp, gen_max_aggregate(x, edge_index, edge_attr, conv.eps) + x)
     if reduce is not None and not transforms_active():  # torch.func: PyG's differentiable ops

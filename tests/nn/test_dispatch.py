@@ -84,3 +84,32 @@ def test_no_other_module_chooses_an_implementation():
             ):
                 offenders.append(f"{path.relative_to(REPO)}:{node.lineno} kernels.{node.attr}")
     assert not offenders, offenders
+
+
+def test_sar_shard_operators_pick_triton_on_cuda():
+    """Every operator SAR's shard forms call (``ops.<name>`` in revgnn/distributed, AST scan) is a row
+    of the table whose rule picks Triton for CUDA tensors (fake ones: this machine may have no GPU),
+    in the dtypes the shards run in: no shard form is gated to the C++ kernels."""
+    pytest.importorskip("triton")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from revgnn.nn import triton_kernels as tk
+
+    if not tk.AVAILABLE:
+        pytest.skip("Triton is not usable here")
+    called = set()
+    for path in sorted((Path(REPO) / "revgnn" / "distributed").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "ops"
+            ):
+                called.add(node.attr)
+    rows = {name.removesuffix("_backward").removesuffix("_shard") for name in called}
+    assert {"gen_max", "aggregate", "segment_max", "gen_aggr", "gat_attention"} <= rows, rows
+    with FakeTensorMode():
+        for dtype in (torch.float32, torch.float64):
+            x = torch.empty(3, 2, dtype=dtype, device="cuda")
+            for row in sorted(rows):
+                assert dispatch.implementation(row, x, x, num_edges=10) == "triton", (row, dtype)

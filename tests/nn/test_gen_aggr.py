@@ -37,7 +37,7 @@ def pyg_path(monkeypatch):
     """A function that sends GENBlock back to PyG's own GENConv (today's path before issue #33)."""
 
     def use_pyg():
-        monkeypatch.setattr(gen_max, "_fused_reduce", lambda conv: None)
+        monkeypatch.setattr(gen_max, "fused_reduce", lambda conv: None)
 
     return use_pyg
 
@@ -56,7 +56,7 @@ def edge_input(form, ei, n):
 def block_grads(block, shared, x, ei_in, ea, factored, fused, monkeypatch):
     with monkeypatch.context() as m:
         if not fused:
-            m.setattr(gen_max, "_fused_reduce", lambda conv: None)
+            m.setattr(gen_max, "fused_reduce", lambda conv: None)
         xx, ee = x.clone().requires_grad_(), ea.clone().requires_grad_()
         h = block.norm(xx).relu()
         edges = LinearEdgeFeatures.from_linear(ee, shared) if factored else ee
@@ -116,7 +116,7 @@ def test_group_add_rev_matches_pyg(impl, small_chunks, aggr, learn_t, monkeypatc
     for fused in (True, False):
         with monkeypatch.context() as m:
             if not fused:
-                m.setattr(gen_max, "_fused_reduce", lambda conv: None)
+                m.setattr(gen_max, "fused_reduce", lambda conv: None)
             m.setattr(ops, "gen_aggr", lambda *a, f=ops.gen_aggr: calls.append(fused) or f(*a))
             xx, rr = x.clone().requires_grad_(), raw.clone().requires_grad_()
             h = xx
@@ -399,6 +399,6 @@ def test_no_edge_by_channel_tensor(impl, aggr, learn_t, rev, monkeypatch):
     largest, saved = measure(*big_case(aggr, learn_t, rev))
     assert largest < e_by_c / 4
     assert saved - graph_bytes < e_by_c / 4
-    monkeypatch.setattr(gen_max, "_fused_reduce", lambda conv: None)
+    monkeypatch.setattr(gen_max, "fused_reduce", lambda conv: None)
     largest_pyg, saved_pyg = measure(*big_case(aggr, learn_t, rev))
     assert largest_pyg >= e_by_c and saved_pyg - graph_bytes >= e_by_c

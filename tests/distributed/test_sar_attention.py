@@ -1,0 +1,431 @@
+"""SAR GENConv sum / mean / softmax (revgnn.distributed.gen_aggr_sar) and GATConv attention
+(revgnn.distributed.gat_sar) through the fused operators shard by shard: equal to PyG's convs on the
+full graph in one process at P = 1, 2, 3 and with an empty part, float64, gradients included (the
+temperature, attention and edge-feature weights, edge features), alone and inside GroupAddRev; the
+operators are the path taken (not sequential_aggregate's PyTorch messages, one call per shard in each
+ring); no edge-sized float tensor saved; no allocation near one shard's E_q x C.
+
+One spawn per world size runs every check. Helpers and the graph come from tests/sar_cases.py
+(a multigraph with self loops, duplicate edges and a node without in-edges).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import require_kernel
+from sar_cases import F_EDGE, F_IN, N, check, compare_model, make_graph, make_parts, run_sar_case
+
+from revgnn.distributed.partition import build_partitions
+
+
+class EncodedEdges(torch.nn.Module):
+    """``conv`` fed edge features encoded by a Linear: on a SAR graph in factored form
+    (a LinearEdgeFeatures, never expanded), on the full graph expanded for PyG."""
+
+    def __init__(self, conv, width):
+        super().__init__()
+        self.enc = torch.nn.Linear(F_EDGE, width)
+        self.conv = conv
+
+    def forward(self, x, edge_index, edge_attr):
+        from revgnn.distributed.sar import SARGraph
+        from revgnn.nn import LinearEdgeFeatures
+
+        if isinstance(edge_index, SARGraph):
+            edges = LinearEdgeFeatures.from_linear(edge_attr, self.enc)
+        else:
+            edges = F.linear(edge_attr, self.enc.weight, self.enc.bias)
+        return self.conv(x, edge_index, edges)
+
+
+class DenseEdges(EncodedEdges):
+    """The same with the encoded ``[E, C]`` features handed over as a tensor on both sides."""
+
+    def forward(self, x, edge_index, edge_attr):
+        return self.conv(x, edge_index, self.enc(edge_attr))
+
+
+class RevStack(torch.nn.Module):
+    """Linear -> 3 x GroupAddRev(block ``conv``, 2 groups) -> Linear, the edge features encoded once
+    and shared (factored on SAR graphs): the reversible recompute runs the shard forms again."""
+
+    def __init__(self, conv, hidden=8, **kwargs):
+        super().__init__()
+        from revgnn.nn import GroupAddRev, make_block
+
+        self.enc = torch.nn.Linear(F_IN, hidden)
+        self.edge_enc = torch.nn.Linear(F_EDGE, 4)
+        self.layers = torch.nn.ModuleList(
+            [
+                GroupAddRev(make_block(conv, hidden // 2, edge_channels=4, **kwargs), num_groups=2)
+                for _ in range(3)
+            ]
+        )
+        self.head = torch.nn.Linear(hidden, 3)
+
+    def forward(self, x, edge_index, edge_attr):
+        from revgnn.distributed.sar import SARGraph
+        from revgnn.nn import LinearEdgeFeatures, Shared
+
+        if isinstance(edge_index, SARGraph):
+            e = LinearEdgeFeatures.from_linear(edge_attr, self.edge_enc)
+        else:
+            e = self.edge_enc(edge_attr)
+        h = self.enc(x)
+        for layer in self.layers:
+            h = layer(h, edge_index, Shared(e))
+        return self.head(h)
+
+
+def _gen(aggr, out=F_IN, **kw):
+    from torch_geometric.nn import GENConv
+
+    return GENConv(F_IN, out, aggr=aggr, norm="layer", bias=True, **kw)
+
+
+def _gat(**kw):
+    from torch_geometric.nn import GATConv
+
+    return GATConv(F_IN, 5, **kw)
+
+
+#: (name, constructor, uses edge features, the shard form it takes)
+CASES = [
+    ("GEN-sum", lambda: _gen("sum"), False, "gen"),
+    ("GEN-mean-lin_edge", lambda: _gen("mean", 8, edge_dim=F_EDGE), True, "gen"),
+    ("GEN-sum-factored", lambda: EncodedEdges(_gen("sum"), F_IN), True, "gen"),
+    ("GEN-mean-dense", lambda: DenseEdges(_gen("mean"), F_IN), True, "gen"),
+    ("GEN-softmax-learn_t", lambda: _gen("softmax", 8, learn_t=True, t=0.7, edge_dim=F_EDGE), True, "gen"),
+    (
+        "GEN-softmax-negative_t",
+        lambda: EncodedEdges(_gen("softmax", learn_t=True, t=-1.5), F_IN),
+        True,
+        "gen",
+    ),
+    ("GEN-softmax-fixed_t", lambda: _gen("softmax", t=1.3), False, "gen"),
+    (
+        "GEN-softmax-factored+lin_edge",
+        lambda: EncodedEdges(_gen("softmax", 8, learn_t=True, edge_dim=5), 5),
+        True,
+        "gen",
+    ),
+    ("GAT", lambda: _gat(heads=3), False, "gat"),
+    ("GAT-edges", lambda: _gat(heads=3, edge_dim=F_EDGE), True, "gat"),
+    ("GAT-factored", lambda: EncodedEdges(_gat(heads=2, edge_dim=4), 4), True, "gat"),
+    (
+        "GAT-mean-heads-residual",
+        lambda: _gat(heads=2, concat=False, residual=True, edge_dim=F_EDGE),
+        True,
+        "gat",
+    ),
+    ("GAT-slope", lambda: _gat(heads=2, negative_slope=0.01), False, "gat"),
+    ("RevStack-GEN-softmax", lambda: RevStack("gen", aggr="softmax", learn_t=True), True, "gen"),
+    ("RevStack-GEN-mean", lambda: RevStack("gen", aggr="mean"), True, "gen"),
+    ("RevStack-GAT", lambda: RevStack("gat", heads=2), True, "gat"),
+]
+
+
+def _call(model, x, edge_index, edge_attr):
+    return model(x, edge_index) if edge_attr is None else model(x, edge_index, edge_attr)
+
+
+class _Counts:
+    """Counts the shard forms' operator calls and the PyTorch SAR path's (sequential_aggregate)."""
+
+    NAMES = ("gen_aggr", "gen_aggr_backward", "gat_attention", "gat_attention_backward")
+
+    def __init__(self):
+        from revgnn.distributed import convs, gat_sar, gen_aggr_sar
+
+        self.calls = dict.fromkeys(self.NAMES + ("torch",), 0)
+        real_ops, real_seq = gen_aggr_sar.ops, convs.sequential_aggregate
+        calls = self.calls
+
+        class Proxy:
+            def __getattr__(self, name):
+                fn = getattr(real_ops, name)
+                if name not in calls:
+                    return fn
+
+                def counted(*args):
+                    calls[name] += 1
+                    return fn(*args)
+
+                return counted
+
+        def seq(*args, **kwargs):
+            calls["torch"] += 1
+            return real_seq(*args, **kwargs)
+
+        gen_aggr_sar.ops = gat_sar.ops = Proxy()
+        convs.sequential_aggregate = seq
+        self._restore = lambda: (
+            setattr(gen_aggr_sar, "ops", real_ops),
+            setattr(gat_sar, "ops", real_ops),
+            setattr(convs, "sequential_aggregate", real_seq),
+        )
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._restore()
+
+
+def _edge_sized_saved(fn, graph, module, raw):
+    """Shapes of the float tensors saved for backward during ``fn().sum().backward()`` whose first
+    dim is an edge count (all local edges or one shard's) and not also a node or parameter size,
+    other than the caller's raw edge features ``raw``."""
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn().sum().backward()
+    sizes = {graph.num_edges} | {b - a for a, b in (graph.shard(q) for q in range(graph.world_size))}
+    sizes -= {graph.num_local, *graph.num_needed, 0} | {d for p in module.parameters() for d in p.shape}
+    return [
+        tuple(t.shape)
+        for t in saved
+        if t.is_floating_point() and t.dim() and t.size(0) in sizes and t.data_ptr() != raw.data_ptr()
+    ]
+
+
+#: the graph of the allocation guard: E x C dwarfs N x C, the E-sized int64 arrays and E x D features
+BIG_N, BIG_E, BIG_C, BIG_D = 300, 30_000, 32, 2
+
+
+def _largest_allocations(rank, world_size):
+    """Per conv, the largest single allocation (bytes) of a float32 forward + backward on the big
+    graph (shard caches built beforehand), next to the smallest shard's E_q x C x 4 bytes, and the
+    old PyTorch path's (sequential_aggregate), which shows that the measure sees a shard's messages."""
+    from torch_geometric.nn import GATConv, GENConv
+
+    from revgnn.distributed.convs import convert_to_sar
+    from revgnn.distributed.sar import EdgeOp, SARGraph, sequential_aggregate
+    from revgnn.nn import GroupAddRev, LinearEdgeFeatures, make_block
+    from revgnn.utils.memory import LargestAllocation
+
+    g = torch.Generator().manual_seed(11)
+    ei = torch.randint(0, BIG_N, (2, BIG_E), generator=g)
+    parts = torch.randint(0, world_size, (BIG_N,), generator=g)
+    ea = torch.randn(BIG_E, BIG_D, generator=g)
+    graph = SARGraph(build_partitions(ei, BIG_N, world_size, parts=parts, edge_attr=ea)[rank], timeout_s=60)
+    x = torch.randn(graph.num_local, BIG_C, generator=g, dtype=torch.float32)
+    raw = graph.edge_attr.float()
+    torch.manual_seed(0)
+    enc = torch.nn.Linear(BIG_D, BIG_C)
+    convs = {
+        "GEN-mean": (GENConv(BIG_C, BIG_C, aggr="mean"), True),
+        "GEN-softmax": (GENConv(BIG_C, BIG_C, aggr="softmax", learn_t=True), True),
+        "GAT": (GATConv(BIG_C, BIG_C // 2, heads=2, edge_dim=BIG_D), False),
+        "GroupAddRev-GAT": (
+            GroupAddRev(make_block("gat", BIG_C // 2, heads=2, edge_channels=BIG_D), num_groups=2),
+            False,
+        ),
+    }
+    out = {}
+    for name, (conv, encoded) in convs.items():
+        conv = convert_to_sar(conv.float())
+
+        def step(xl):
+            edges = LinearEdgeFeatures.from_linear(raw, enc) if encoded else raw
+            conv(xl, graph, edges).sum().backward()
+
+        step(x.clone().requires_grad_())  # builds the per-shard caches
+        xl = x.clone().requires_grad_()
+        with LargestAllocation() as largest:
+            step(xl)
+        out[name] = largest.bytes
+    edges = [b - a for a, b in (graph.shard(q) for q in range(world_size))]
+
+    class Sum(EdgeOp):
+        linear = True
+
+    xl = x.clone().requires_grad_()
+    with LargestAllocation() as old:
+        sequential_aggregate(Sum(), graph, xl).sum().backward()
+    return out, min(edges) * BIG_C * 4, max(edges) * BIG_C * 4, old.bytes
+
+
+def _worker(rank, world_size, kind):
+    torch.set_default_dtype(torch.float64)
+    from revgnn.distributed.convs import convert_to_sar
+    from revgnn.distributed.sar import SARGraph
+
+    ei, x, ea = make_graph()
+    parts = build_partitions(ei, N, world_size, parts=make_parts(world_size, kind), edge_attr=ea)
+    graph = SARGraph(parts[rank], timeout_s=60)
+    errs, calls, bad = [], {}, {}
+    for name, build, uses_edges, _ in CASES:
+        with _Counts() as counts:
+            errs += compare_model(name, build, uses_edges, graph, parts[rank], _call, _call)
+        calls[name] = counts.calls
+        torch.manual_seed(3)
+        model = convert_to_sar(build())
+        xl = x[graph.node_ids].clone().requires_grad_()
+        raw = ea[graph.edge_ids].clone().requires_grad_()
+        bad[name] = _edge_sized_saved(
+            lambda: _call(model, xl, graph, raw if uses_edges else None), graph, model, raw
+        )
+    torch.set_default_dtype(torch.float32)
+    return errs, calls, bad, _largest_allocations(rank, world_size)
+
+
+def _check_all(results, world_size):
+    check([type("R", (), {"rank": r.rank, "value": r.value[0]}) for r in results])
+    forms = {name: form for name, _, _, form in CASES}
+    for r in results:
+        _, calls, bad, (largest, shard_min, shard_max, old) = r.value
+        for name, c in calls.items():
+            assert c["torch"] == 0, (r.rank, name, c)
+            fwd = "gen_aggr" if forms[name] == "gen" else "gat_attention"
+            if name.startswith("RevStack"):  # the blocks also run in the recompute of backward
+                assert c[fwd] > c[fwd + "_backward"] > 0, (r.rank, name, c)
+                assert c[fwd] % world_size == 0 and c[fwd + "_backward"] % world_size == 0, (r.rank, name, c)
+            else:  # one call per shard in the forward ring and in the backward ring
+                assert c[fwd] == world_size and c[fwd + "_backward"] == world_size, (r.rank, name, c)
+        # (a dense edge term is the caller's [E, C] tensor: the shard form keeps that input, nothing new)
+        assert not any(v for name, v in bad.items() if "dense" not in name), (r.rank, bad)
+        assert all(shape[1] == F_IN for shape in bad["GEN-mean-dense"]), (r.rank, bad)
+        # the old path forms a shard's E_q x C messages, and the measure sees them ...
+        assert old >= shard_max, (r.rank, old, shard_max)
+        # ... the shard forms nothing close to it (only O(N C), E-sized int64 and E x d arrays)
+        for name, size in largest.items():
+            assert size < shard_min / 4, (r.rank, name, size, shard_min)
+
+
+@pytest.mark.parametrize(
+    "world_size,kind",
+    [
+        (1, "metis"),
+        (2, "metis"),
+        (3, "unbalanced"),
+        (3, "empty"),  # rank 1 owns no node: empty shards both ways
+    ],
+)
+def test_sar_attention_and_gen_aggregations_match_single_process(world_size, kind):
+    require_kernel("gen_aggr")
+    require_kernel("gat_attention")
+    _check_all(run_sar_case(_worker, world_size, kind), world_size)
+
+
+@pytest.mark.parametrize("kernels", ["1", "0"])
+def test_pytorch_implementations_take_the_same_shard_forms(monkeypatch, kernels):
+    """With the C++ kernels off (``REVGNN_KERNELS=0``: the operators' chunked PyTorch implementations)
+    the shard forms still run, and agree with PyG on one part."""
+    from revgnn.distributed.sar import SARGraph
+
+    monkeypatch.setenv("REVGNN_KERNELS", kernels)
+    ei, x, ea = make_graph()
+    parts = build_partitions(ei, N, 1, edge_attr=ea)
+    graph = SARGraph(parts[0])
+    dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        errs = []
+        for name, build, uses_edges, _ in CASES[:2] + CASES[4:5] + CASES[9:11]:
+            with _Counts() as counts:
+                errs += compare_model(name, build, uses_edges, graph, parts[0], _call, _call)
+            assert counts.calls["torch"] == 0, (name, counts.calls)
+    finally:
+        torch.set_default_dtype(dtype)
+    check([type("R", (), {"rank": 0, "value": errs})])
+
+
+def test_options_outside_the_shard_forms_take_the_pytorch_path():
+    """A per-channel temperature, softmax_sg, GAT without self loops or with a non-positive slope:
+    the PyTorch SAR path, still equal to PyG (the shard forms refuse what they cannot compute)."""
+    from torch_geometric.nn import GATConv
+    from torch_geometric.nn.aggr import SoftmaxAggregation
+
+    from revgnn.distributed.gat_sar import sar_gat_attention
+    from revgnn.distributed.gen_aggr_sar import sar_gen_aggregate
+    from revgnn.distributed.sar import SARGraph
+
+    ei, x, ea = make_graph()
+    parts = build_partitions(ei, N, 1, edge_attr=ea)
+    graph = SARGraph(parts[0])
+    dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        cases = [
+            (
+                "GEN-softmax-channels",
+                lambda: _gen(SoftmaxAggregation(t=0.5, learn=True, channels=F_IN)),
+                False,
+            ),
+            ("GEN-softmax_sg", lambda: _gen("softmax_sg", t=0.5), False),
+            ("GAT-no-loops", lambda: GATConv(F_IN, 4, heads=2, add_self_loops=False), False),
+            ("GAT-relu", lambda: GATConv(F_IN, 4, heads=2, negative_slope=0.0), False),
+        ]
+        errs = []
+        for name, build, uses_edges in cases:
+            with _Counts() as counts:
+                errs += compare_model(name, build, uses_edges, graph, parts[0], _call, _call)
+            assert counts.calls["torch"] == 1, (name, counts.calls)
+            assert counts.calls["gen_aggr"] == counts.calls["gat_attention"] == 0, (name, counts.calls)
+        xl = x[graph.node_ids]
+        with pytest.raises(ValueError, match="reduce must be one of"):
+            sar_gen_aggregate(graph, xl, reduce="max")
+        with pytest.raises(ValueError, match="temperature t is given for, and only for"):
+            sar_gen_aggregate(graph, xl, reduce="sum", t=1.0)
+        with pytest.raises(ValueError, match="local rows"):
+            sar_gen_aggregate(graph, xl[1:], reduce="mean")
+        with pytest.raises(ValueError, match="edge features must be"):
+            sar_gen_aggregate(graph, xl, torch.ones(3, F_IN), reduce="sum")
+        with pytest.raises(ValueError, match="3 channels, x has 8"):
+            sar_gen_aggregate(graph, xl, torch.ones(graph.num_edges, 3), reduce="sum")
+        xs = xl.view(-1, 2, 4)
+        a = xl[:, :2]
+        with pytest.raises(ValueError, match="negative_slope must be positive"):
+            sar_gat_attention(graph, xs, a, a, a, negative_slope=0.0)
+        with pytest.raises(ValueError, match="a_dst must be"):
+            sar_gat_attention(graph, xs, a, a[1:], a)
+    finally:
+        torch.set_default_dtype(dtype)
+    check([type("R", (), {"rank": 0, "value": errs})])
+
+
+#: the cases run through Triton's interpreter (a softmax with factored edges and a negative
+#: temperature, a mean with GENConv's own edge encoder, GAT with raw and with factored edge features)
+TRITON_CASES = ("GEN-mean-lin_edge", "GEN-softmax-negative_t", "GAT-edges", "GAT-factored")
+
+
+def _triton_worker(rank, world_size, kind):
+    from revgnn.distributed.sar import SARGraph
+    from revgnn.nn import triton_kernels as tk
+
+    assert tk.INTERPRETED  # TRITON_INTERPRET=1 reached this fresh process before Triton's import
+    torch.set_default_dtype(torch.float64)
+    ei, _, ea = make_graph()
+    parts = build_partitions(ei, N, world_size, parts=make_parts(world_size, kind), edge_attr=ea)
+    graph = SARGraph(parts[rank], timeout_s=120)
+    errs, calls = [], {}
+    for name, build, uses_edges, _ in CASES:
+        if name in TRITON_CASES:
+            with _Counts() as counts:
+                errs += compare_model(name, build, uses_edges, graph, parts[rank], _call, _call)
+            calls[name] = counts.calls
+    return errs, calls
+
+
+def test_shards_through_the_triton_kernels(monkeypatch):
+    """Under ``REVGNN_KERNELS=triton`` (as on CUDA tensors; ``select`` raises there rather than fall
+    back) two workers run the shard forms through the Triton kernels, in Triton's interpreter, own
+    and remote shards, and equal PyG on the full graph in float64."""
+    pytest.importorskip("triton")
+    from revgnn.testing.workers import run_workers
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the spawned workers import Triton afresh
+    monkeypatch.setenv("REVGNN_KERNELS", "triton")
+    results = run_workers(_triton_worker, 2, "metis", timeout_s=120, wall_s=500, threads=1)
+    check([type("R", (), {"rank": r.rank, "value": r.value[0]}) for r in results])
+    for r in results:
+        for name, c in r.value[1].items():
+            fwd = "gen_aggr" if name.startswith("GEN") else "gat_attention"
+            assert c["torch"] == 0 and c[fwd] == 2 and c[fwd + "_backward"] == 2, (r.rank, name, c)
