@@ -142,7 +142,7 @@ class DistributedBackend(Backend):
         b = self.cfg.backend
         missing = [k for k in self.LAUNCH_ENV if k not in os.environ]
         if missing and not dist.is_initialized():  # a plain `revgnn-train backend=...`: no peer will come
-            from revgnn.config import ConfigError
+            from revgnn.errors import ConfigError
 
             raise ConfigError(
                 f"backend={self.name} runs one process per worker, started by torchrun: launch it "
@@ -225,9 +225,9 @@ class DDPBackend(DistributedBackend):
 def resolve_device(name: str, setting: str = "backend.device") -> torch.device:
     """The device ``name`` (``auto``, ``cpu``, ``cuda`` or ``cuda:N``) stands for: ``auto`` is CUDA
     when it is available, else the CPU; CUDA without CUDA, or a name torch does not know, is a
-    :class:`~revgnn.config.ConfigError` naming ``setting``, the option that asked for it
+    :class:`~revgnn.errors.ConfigError` naming ``setting``, the option that asked for it
     (``backend.device``, ``revgnn-evaluate --device``)."""
-    from revgnn.config import ConfigError
+    from revgnn.errors import ConfigError
 
     cuda = torch.cuda.is_available()
     if name == "auto":
@@ -243,8 +243,8 @@ def resolve_device(name: str, setting: str = "backend.device") -> torch.device:
 
 def make_backend(cfg) -> Backend:
     """The backend named by ``cfg.backend.name``; an unknown name is a
-    :class:`~revgnn.config.ConfigError` listing the registered ones."""
-    from revgnn.config import ConfigError
+    :class:`~revgnn.errors.ConfigError` listing the registered ones."""
+    from revgnn.errors import ConfigError
 
     name = cfg.backend.name
     if name not in BACKENDS:

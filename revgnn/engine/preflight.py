@@ -2,7 +2,7 @@
 (:func:`check_config`), its output directory and the checkpoint it resumes (:func:`check_before_start`);
 :class:`CheckBeforeStart` runs them as a Hydra callback before Hydra creates the run directory, the
 training loop again for every job (and for a run started without Hydra). A refusal is a
-:class:`~revgnn.config.ConfigError`: one message, exit status 2, nothing left behind."""
+:class:`~revgnn.errors.ConfigError`: one message, exit status 2, nothing left behind."""
 
 from __future__ import annotations
 
@@ -11,16 +11,12 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from revgnn.config import (
-    SWEPT_KEYS_ENV,
-    ConfigError,
-    _swept_keys,
-    check_keys,
-    check_ranges,
-    import_modules,
-    refuse,
-)
+from revgnn.cli import refuse
+from revgnn.cli.run_dirs import SWEPT_KEYS_ENV, swept_keys
+from revgnn.config.schema import check_keys, check_ranges
+from revgnn.config.store import import_modules
 from revgnn.engine.checkpoint import check_resume, check_run_dir
+from revgnn.errors import ConfigError
 
 __all__ = [
     "check_config",
@@ -29,17 +25,19 @@ __all__ = [
     "check_before_start",
     "sweep_jobs",
     "check_sweep_jobs",
+    "task_config",
+    "import_target",
     "CheckBeforeStart",
 ]
 
 
 def check_config(cfg: DictConfig) -> None:
     """Checks the settings of a composed ``train.yaml`` on their own: the user's modules imported
-    first (``imports``), then no unknown key (:func:`~revgnn.config.check_keys`), every value in its
-    range (:func:`~revgnn.config.check_ranges`), every model key an argument of the variant's class
+    first (``imports``), then no unknown key (:func:`~revgnn.config.schema.check_keys`), every value in its
+    range (:func:`~revgnn.config.schema.check_ranges`), every model key an argument of the variant's class
     (:func:`revgnn.models.check_model_config`) and the constraints between them
     (:func:`check_model_constraints`), the data loader importable and every data key one of its
-    arguments (:func:`check_data_config`). Raises :class:`~revgnn.config.ConfigError` naming the
+    arguments (:func:`check_data_config`). Raises :class:`~revgnn.errors.ConfigError` naming the
     key."""
     from revgnn.models import check_model_config
 
@@ -51,7 +49,7 @@ def check_config(cfg: DictConfig) -> None:
     check_data_config(cfg.data)
 
 
-def _import_target(target: str, key: str) -> Any:
+def import_target(target: str, key: str) -> Any:
     """The callable ``target`` names (a user's module found on the path or in the working directory);
     an import that fails, for whatever reason inside the module, is one :class:`ConfigError`."""
     import importlib
@@ -96,7 +94,7 @@ def check_data_config(data: Any) -> None:
     """Checks the ``data`` config before anything is loaded: its ``_target_`` imports (a user's
     module from the working directory), every key is an argument of that loader (the closest one
     named), no required argument is missing, and values fit the annotations. Raises
-    :class:`~revgnn.config.ConfigError`."""
+    :class:`~revgnn.errors.ConfigError`."""
     import inspect
 
     from omegaconf import OmegaConf
@@ -106,7 +104,7 @@ def check_data_config(data: Any) -> None:
     if not isinstance(data, DictConfig) or "_target_" not in data:
         raise ConfigError("data has no _target_: a data option names the function that loads it")
     target = data._target_
-    fn = _import_target(target, "data._target_")
+    fn = import_target(target, "data._target_")
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
@@ -132,7 +130,7 @@ def check_model_constraints(model: Any) -> None:
     """Constraints between a model's arguments that its constructor would otherwise refuse only
     after the data has loaded: ``hidden_channels`` divisible by ``num_groups`` (each reversible
     group has ``hidden_channels / num_groups`` channels). The values are the config's, else the
-    variant's defaults. Raises :class:`~revgnn.config.ConfigError`."""
+    variant's defaults. Raises :class:`~revgnn.errors.ConfigError`."""
     from revgnn.models.registry import CONFIG_TARGET, MODELS, model_info
 
     if not isinstance(model, DictConfig) or model.get("_target_") != CONFIG_TARGET:
@@ -161,7 +159,7 @@ def check_before_start(cfg: DictConfig, out_dir: str) -> None:
     :func:`check_config`, an output directory holding an earlier run
     (:func:`revgnn.engine.checkpoint.check_run_dir`) and a resume whose checkpoint was trained with
     other settings (:func:`revgnn.engine.checkpoint.check_resume`). Raises
-    :class:`~revgnn.config.ConfigError`."""
+    :class:`~revgnn.errors.ConfigError`."""
     check_config(cfg)
     check_run_dir(out_dir, cfg.ckpt_path, cfg.overwrite)
     check_resume(cfg)
@@ -204,13 +202,13 @@ def check_sweep_jobs(config: DictConfig, swept: list[str]) -> None:
     swept = set(swept) | set((config.hydra.sweeper.get("params") or {}).keys())
     for number, job in enumerate(jobs):
         try:
-            check_config(_task_config(loader.load_sweep_config(config, list(job))))
+            check_config(task_config(loader.load_sweep_config(config, list(job))))
         except ConfigError as e:
             values = " ".join(o for o in job if o.split("=", 1)[0].lstrip("+~") in swept)
             raise ConfigError(f"sweep job {number} ({values}): {e}") from e
 
 
-def _task_config(config: DictConfig) -> DictConfig:
+def task_config(config: DictConfig) -> DictConfig:
     """The job's config as the task function gets it (Hydra's ``run_job``): Hydra's node removed."""
     import copy
 
@@ -224,7 +222,7 @@ def _task_config(config: DictConfig) -> DictConfig:
 
 class CheckBeforeStart(Callback):
     """Hydra callback (``hydra/default.yaml``): a bad configuration (:func:`check_before_start`) is
-    refused in one message (:func:`~revgnn.config.refuse`) before Hydra creates the run directory or
+    refused in one message (:func:`~revgnn.cli.refuse`) before Hydra creates the run directory or
     writes its ``.hydra/`` files and ``train.log``, so a refused run leaves nothing behind and an
     earlier run in its directory stays whole. A sweep's settings shared by every job, and every job
     with its swept values (:func:`check_sweep_jobs`), are checked before any job starts (or is
@@ -233,7 +231,7 @@ class CheckBeforeStart(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         try:
-            check_before_start(_task_config(config), str(config.hydra.run.dir))
+            check_before_start(task_config(config), str(config.hydra.run.dir))
         except ConfigError as e:
             refuse(e)
 
@@ -241,9 +239,9 @@ class CheckBeforeStart(Callback):
         import json
         import os
 
-        swept = _swept_keys([str(o) for o in config.hydra.overrides.task])
+        swept = swept_keys([str(o) for o in config.hydra.overrides.task])
         try:  # the run directory and the resume are the jobs' own
-            check_config(_task_config(config))
+            check_config(task_config(config))
             check_sweep_jobs(config, swept)
         except ConfigError as e:
             refuse(e)

@@ -409,7 +409,7 @@ class GraphTask:
 
 def make_task(ds, trainer_cfg, workers: Workers = ONE_WORKER, name: str = "graph") -> Task:
     """:class:`NodeTask` for a ``NodeDataset``, :class:`GraphTask` for a ``GraphDataset``; features
-    that are not finite are a :class:`~revgnn.config.ConfigError`
+    that are not finite are a :class:`~revgnn.errors.ConfigError`
     (:func:`revgnn.data.checks.check_finite_inputs`). Anything else a loader returns (a PyG ``Data``,
     a list of them, a PyG data set) is converted by :func:`revgnn.data.pyg_data.from_pyg` under
     ``name``, with its conventions (task and metric from ``y``, split from masks or ``split_idx``)."""
