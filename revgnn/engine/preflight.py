@@ -1,8 +1,33 @@
-"""The checks a run makes before it starts, without loading data or building a model: its settings
-(:func:`check_config`), its output directory and the checkpoint it resumes (:func:`check_before_start`);
-:class:`CheckBeforeStart` runs them as a Hydra callback before Hydra creates the run directory, the
-training loop again for every job (and for a run started without Hydra). A refusal is a
-:class:`~revgnn.errors.ConfigError`: one message, exit status 2, nothing left behind."""
+"""Everything a run refuses, checked before it starts, without loading data or building a model:
+:class:`CheckBeforeStart` runs the checks as a Hydra callback before Hydra creates the run directory,
+the training loop again for every job (and for a run started without Hydra). A refusal is a
+:class:`~revgnn.errors.ConfigError`: one message, exit status 2, nothing left behind.
+
+From the settings alone, in any process (:func:`check_config`; also every job of a sweep before the
+first starts, :func:`check_sweep_jobs`):
+
+* ``imports`` importable; no unknown key; every value in its range;
+* the model: every key an argument of the variant's class, and the constraints between them;
+* the data: its loader importable, every key one of its arguments, none missing;
+* the backend: its name registered, and its own refusals
+  (:meth:`~revgnn.engine.backends.Backend.check_config`: ``backend=sar`` refuses
+  ``trainer.compile``, a missing ``backend.partition_dir`` and sub-graph trainer settings).
+
+For this process, before its data loads (:func:`check_before_start`):
+
+* the backend's start (:meth:`~revgnn.engine.backends.Backend.check_start`): the device is here,
+  the process was started as the backend needs (``torchrun`` for ``ddp`` and ``sar``, not for
+  ``local``), NCCL only on CUDA; and its task's trainer settings with the workers it will have
+  (:meth:`~revgnn.engine.tasks.NodeTask.check_trainer`, :meth:`~revgnn.engine.tasks.GraphTask.check_trainer`,
+  for the level the loader declares, :func:`~revgnn.engine.tasks.data_level`), or for ``sar`` the
+  ``data`` group against the partition's ``meta.json``;
+* the output directory and the checkpoint a run resumes.
+
+Only what the loaded data shows is refused later, where it loads: the trainer settings of data whose
+loader declares no level (:func:`revgnn.engine.tasks.make_task`: PyG objects, the same checks),
+non-finite features (:func:`revgnn.data.checks.check_finite_inputs`), a data set's own validation,
+an evaluator whose task count differs from the data's (:class:`~revgnn.engine.tasks.GraphTask`), a
+SAR part file without its node tensors or evaluator (:class:`~revgnn.engine.sar_backend.SARTask`)."""
 
 from __future__ import annotations
 
@@ -37,8 +62,10 @@ def check_config(cfg: DictConfig) -> None:
     range (:func:`~revgnn.config.schema.check_ranges`), every model key an argument of the variant's class
     (:func:`revgnn.models.check_model_config`) and the constraints between them
     (:func:`check_model_constraints`), the data loader importable and every data key one of its
-    arguments (:func:`check_data_config`). Raises :class:`~revgnn.errors.ConfigError` naming the
-    key."""
+    arguments (:func:`check_data_config`), the backend registered and what it refuses of the
+    settings (:meth:`~revgnn.engine.backends.Backend.check_config`). Raises
+    :class:`~revgnn.errors.ConfigError` naming the key."""
+    from revgnn.engine.backends import backend_class
     from revgnn.models import check_model_config
 
     import_modules(cfg.get("imports"))  # what a user's modules register (models, convs, backends)
@@ -47,6 +74,7 @@ def check_config(cfg: DictConfig) -> None:
     check_model_config(cfg.model)
     check_model_constraints(cfg.model)
     check_data_config(cfg.data)
+    backend_class(cfg.backend.name).check_config(cfg)
 
 
 def import_target(target: str, key: str) -> Any:
@@ -155,12 +183,18 @@ def check_model_constraints(model: Any) -> None:
 
 
 def check_before_start(cfg: DictConfig, out_dir: str) -> None:
-    """Everything a run refuses without loading data or building a model, in one place:
-    :func:`check_config`, an output directory holding an earlier run
-    (:func:`revgnn.engine.checkpoint.check_run_dir`) and a resume whose checkpoint was trained with
-    other settings (:func:`revgnn.engine.checkpoint.check_resume`). Raises
-    :class:`~revgnn.errors.ConfigError`."""
+    """Everything a run refuses without loading data or building a model, in one place (the module
+    docstring lists it): :func:`check_config`, what the backend refuses of this process and of its
+    task's settings (:meth:`~revgnn.engine.backends.Backend.check_start`), an output directory
+    holding an earlier run (:func:`revgnn.engine.checkpoint.check_run_dir`) and a resume whose
+    checkpoint was trained with other settings (:func:`revgnn.engine.checkpoint.check_resume`).
+    Raises :class:`~revgnn.errors.ConfigError`."""
+    from revgnn.engine.backends import backend_class
+    from revgnn.engine.tasks import data_level
+
     check_config(cfg)
+    level = data_level(import_target(cfg.data._target_, "data._target_"))
+    backend_class(cfg.backend.name).check_start(cfg, level)
     check_run_dir(out_dir, cfg.ckpt_path, cfg.overwrite)
     check_resume(cfg)
 
