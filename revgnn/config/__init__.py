@@ -2,7 +2,7 @@
 
 * :mod:`~revgnn.config.schema`: the typed schemas of ``train.yaml`` and its groups, and the checks that
   read them (unknown keys, ranges);
-* :mod:`~revgnn.config.data_schemas`: a ``data`` option's schema, derived from its loader's signature;
+* :mod:`~revgnn.config.data_options`: a ``data`` option's schema, derived from its loader's signature;
 * :mod:`~revgnn.config.store`: Hydra's config nodes built from the schemas and the registries
   (:func:`~revgnn.config.store.register_configs`; nothing is stored at import).
 
@@ -11,7 +11,7 @@ run) is in :mod:`revgnn.cli`. The library below this layer (models, blocks, solv
 Hydra; this package is where the Hydra boundary starts.
 """
 
-from revgnn.config.data_schemas import DATA_CONFIGS, data_schema, data_schemas
+from revgnn.config.data_options import DATA_CONFIGS, data_schema, data_schemas
 from revgnn.config.schema import (
     AdamConfig,
     BackendConfig,

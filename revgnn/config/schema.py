@@ -7,7 +7,7 @@ fails at composition time with an error that names the key, instead of being sil
   ``logger`` and ``backend``; a key added with Hydra's ``+key=value``, which composition lets through,
   is refused when the run starts (:func:`check_keys`).
 * A field with a range (:func:`ranged`) is checked by :func:`check_ranges`, which also reads the ranges
-  of the data schemas (:mod:`revgnn.config.data_schemas`).
+  of the data schemas (:mod:`revgnn.config.data_options`).
 * The ``optim`` group has one schema per option; a ``model`` option is the open :class:`ModelConfig`.
 
 This module imports OmegaConf but neither Hydra nor torch.

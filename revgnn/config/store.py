@@ -11,7 +11,7 @@ idempotent), nothing is stored at import.
   ``_target_`` and ``name`` and leaves the node open, so every argument of the variant's model class can
   be set (``model.learn_t=true``); :func:`revgnn.models.check_model_config` checks the keys when a run
   starts, before any data is loaded.
-* A ``data`` option's schema (:mod:`revgnn.config.data_schemas`) is stored under the loader's function
+* A ``data`` option's schema (:mod:`revgnn.config.data_options`) is stored under the loader's function
   name, for the package's data group and a ``--config-dir``'s (:func:`register_data_dir`).
 """
 
@@ -27,7 +27,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from revgnn.cli.run_dirs import job_dir, run_dir, stamp
-from revgnn.config.data_schemas import DATA_CONFIGS, data_schema
+from revgnn.config.data_options import DATA_CONFIGS, data_schema
 from revgnn.config.schema import AdamConfig, ModelConfig, TrainConfig
 from revgnn.errors import ConfigError
 

@@ -1,5 +1,5 @@
 """A data set is its loader plus one YAML file: the ``data`` schemas derive from the loaders' signatures
-(:func:`revgnn.config.data_schemas.data_schema`), the OGB node data sets from one spec each
+(:func:`revgnn.config.data_options.data_schema`), the OGB node data sets from one spec each
 (``OGBN_SPECS``)."""
 
 import dataclasses
