@@ -80,9 +80,12 @@ def test_registered_parameter_counts_are_exact(name):
 
 def test_every_registered_model_is_a_model_option_and_no_other():
     """The ``model=`` options are the registry's variants: read from the decorators (so that
-    composing imports no torch), stored in Hydra's ConfigStore, no files."""
+    composing imports no torch), stored in Hydra's ConfigStore by ``register_configs``, no files."""
     from hydra.core.config_store import ConfigStore
 
+    from revgnn.config.store import register_configs
+
+    register_configs()
     assert builtin_model_names() == ZOO
     stored = {n.removesuffix(".yaml") for n in ConfigStore.instance().list("model")}
     assert set(ZOO) <= stored and not (CONFIG_DIR / "model").exists()
