@@ -155,12 +155,14 @@ def breakdown_child(args, depth: int) -> None:
     import torch
     from hydra import compose, initialize_config_module
 
-    import revgnn.config  # noqa: F401  (registers the schemas that train.yaml's groups select)
     import revgnn.engine.checkpoint
     import revgnn.engine.loop
     import revgnn.engine.tasks
+    from revgnn.config.store import register_configs
     from revgnn.utils.allocator import allocator
     from revgnn.utils.memory import peak_rss_bytes
+
+    register_configs()  # the schemas that train.yaml's groups select
 
     def rss() -> float:
         with open("/proc/self/statm") as f:

@@ -66,6 +66,8 @@ from types import SimpleNamespace
 
 import torch
 
+from revgnn.engine.tasks import NodeLevelTask
+
 TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
 SHARED_CORES = (
     "all workers share this host's cores: epoch times of P > 1 measure overhead, not multi-machine speed-up"
@@ -160,31 +162,26 @@ def _load_dataset(path):
     return NodeDataset(**torch.load(path, weights_only=True))
 
 
-class FullGraphTask:
-    """The whole graph as one step per epoch, the loss normalised as
-    ``SARTask`` does: what SAR at P = 1 computes, without SARGraph."""
+class FullGraphTask(NodeLevelTask):
+    """The whole graph as one step per epoch, with ``SARTask``'s loss (:class:`NodeLevelTask`'s):
+    what SAR at P = 1 computes, without SARGraph."""
 
     def __init__(self, ds):
-        from revgnn.engine.inference import as_edge_index
+        from revgnn.engine.inference import Scorer, as_edge_index
         from revgnn.engine.tasks import labelled_entries, shapes
 
+        super().__init__(ds.name, ds.task, Scorer.for_dataset(ds), shapes(ds))
         self.x, self.y = ds.x, ds.y
         self.mask = torch.zeros(ds.num_nodes, dtype=torch.bool)
         self.mask[ds.split_idx["train"]] = True
         self.edge_index = as_edge_index(ds.edge_index, ds.num_nodes)
         self.count = int(labelled_entries(self.y[self.mask]).sum())
-        self.task, self.shapes = ds.task, shapes(ds)
 
     def train_steps(self, generator, device, start=0):
         from revgnn.engine.tasks import Batch, Step
 
         batch = Batch((self.x, self.edge_index, None), self.mask, self.y[self.mask], self.count)
         yield Step(0, iter([batch]), self.count)
-
-    def loss(self, logits, batch, total):
-        from revgnn.engine.tasks import task_loss
-
-        return task_loss(logits[batch.select], batch.y, self.task, "sum") / total
 
 
 # ------------------------------------------------------------------- workers

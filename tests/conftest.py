@@ -163,7 +163,9 @@ def compose(overrides=(), config_name="train"):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    import revgnn.config  # noqa: F401  (registers the schemas)
+    from revgnn.config.store import register_configs
+
+    register_configs()
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         return hydra_compose(config_name=config_name, overrides=list(overrides))

@@ -73,11 +73,13 @@ def bench_jacobian(args) -> None:
     import torch
     from hydra.utils import instantiate
 
-    import revgnn.config  # noqa: F401  (registers the schemas)
+    from revgnn.config.store import register_configs
     from revgnn.deq import DEQConvergenceWarning
     from revgnn.engine.checkpoint import load_trained
     from revgnn.engine.loop import build_model
     from revgnn.engine.tasks import make_task, shapes
+
+    register_configs()
 
     if not args.out_dir:
         raise SystemExit("jacobian: give --out-dir, the folder of a train run")

@@ -51,10 +51,12 @@ def train_run(args, seed: int, arm: Arm, out_dir: str):
 
     from hydra import compose, initialize_config_module
 
-    import revgnn.config  # noqa: F401  (registers the schemas)
+    from revgnn.config.store import register_configs
     from revgnn.engine.checkpoint import check_resume_config, checkpoint_config
     from revgnn.engine.loop import train
     from revgnn.engine.reports import Summary
+
+    register_configs()
 
     overrides = [
         "logger.plot=false",

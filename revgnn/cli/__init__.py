@@ -1,14 +1,19 @@
-"""Console scripts besides ``revgnn-train``: ``revgnn-evaluate`` (:mod:`revgnn.cli.evaluate`),
-``revgnn-reproduce`` (:mod:`revgnn.cli.reproduce`) and ``revgnn-partition``
-(:mod:`revgnn.cli.partition`). They ship in the wheel, so every command of the
-README works from ``pip install .``."""
+"""The console scripts: ``revgnn-train`` (:mod:`revgnn.cli.train`, its command line checked by
+:mod:`revgnn.cli.overrides`), ``revgnn-evaluate`` (:mod:`revgnn.cli.evaluate`), ``revgnn-reproduce``
+(:mod:`revgnn.cli.reproduce`) and ``revgnn-partition`` (:mod:`revgnn.cli.partition`). They ship in the
+wheel, so every command of the README works from ``pip install .``. What they share at the Hydra
+boundary: run and sweep directories (:mod:`revgnn.cli.run_dirs`), launchers (:mod:`revgnn.cli.launcher`),
+override quoting (:mod:`revgnn.cli.quoting`), and here an option's range (:func:`ranged`) and the exit
+of a refused run (:func:`refuse`)."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any, Callable, Optional
 
-__all__ = ["ranged"]
+from revgnn.errors import ConfigError
+
+__all__ = ["ranged", "refuse"]
 
 
 def ranged(kind: Callable[[str], Any], low: Optional[float] = None, high: Optional[float] = None) -> Callable:
@@ -30,3 +35,12 @@ def ranged(kind: Callable[[str], Any], low: Optional[float] = None, high: Option
 
     parse.__name__ = kind.__name__  # argparse names the type in its own messages
     return parse
+
+
+def refuse(error: ConfigError) -> None:
+    """Ends ``revgnn-train`` with the message alone (logging is not set up yet; :func:`revgnn.cli.train.main`
+    logs it the same way later) and status 2."""
+    import sys
+
+    print(f"revgnn-train: {error}", file=sys.stderr)
+    sys.exit(2)

@@ -59,12 +59,13 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     import torch
     from hydra.utils import instantiate
 
-    from revgnn.config import ConfigError, import_modules
+    from revgnn.config.store import import_modules
     from revgnn.engine.backends import resolve_device
     from revgnn.engine.checkpoint import load_trained
     from revgnn.engine.loop import build_model
     from revgnn.engine.seeds import evaluation_seed
     from revgnn.engine.tasks import make_task, shapes
+    from revgnn.errors import ConfigError
 
     try:
         device = resolve_device(args.device, "--device")

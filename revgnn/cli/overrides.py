@@ -1,16 +1,16 @@
 """``revgnn-train``'s command line, checked before Hydra runs it: every mistake in it is one message and
-exit status 2 (:func:`~revgnn.config.refuse`), with the closest names, before any data loads.
+exit status 2 (:func:`~revgnn.cli.refuse`), with the closest names, before any data loads.
 
 :func:`prepare` is what :func:`revgnn.cli.train.cli` calls first:
 
 * ``data.kwargs.<key>=value`` adds the key to that dict (as Hydra's ``++``);
 * path values holding ``=`` or ``,`` (a sweep job's directory, ``multirun/.../1_seed=1/last.pt``) are
-  quoted for Hydra (:func:`~revgnn.config.quote_path_overrides`), so a resume command pastes as printed;
-* a ``--config-dir``'s data options get their schemas (:func:`~revgnn.config.register_data_dir`);
+  quoted for Hydra (:func:`~revgnn.cli.quoting.quote_path_overrides`), so a resume command pastes as printed;
+* a ``--config-dir``'s data options get their schemas (:func:`~revgnn.config.store.register_data_dir`);
 * the configuration is composed as Hydra will compose it (each value of a swept key once), and what
   Hydra would report through its own wrapper (an unknown option of a group, ``model=revgnn_dep``; an
   unknown key, ``trainer.epoch=5``; a value outside an enum, ``backend.device=gpu``; an override that
-  does not parse) becomes one :class:`~revgnn.config.ConfigError`; the composed settings then go
+  does not parse) becomes one :class:`~revgnn.errors.ConfigError`; the composed settings then go
   through :func:`revgnn.engine.preflight.check_config` (keys, ranges, the model's arguments and their
   constraints, the data loader and its arguments).
 
@@ -23,7 +23,7 @@ import difflib
 import os
 from typing import Any, List, Optional, Sequence
 
-from revgnn.config import ConfigError
+from revgnn.errors import ConfigError
 
 __all__ = ["prepare", "check_command_line", "explain"]
 
@@ -47,7 +47,7 @@ def prepare(argv: Sequence[str]) -> List[str]:
             raise ConfigError(f"--config-dir {args.config_dir}: no such directory ({config_dir})")
         from pathlib import Path
 
-        from revgnn.config import register_data_dir
+        from revgnn.config.store import register_data_dir
 
         register_data_dir(Path(config_dir) / "data")
     if not any(getattr(args, flag, None) for flag in _NO_RUN):
@@ -57,7 +57,7 @@ def prepare(argv: Sequence[str]) -> List[str]:
 
 
 def _quoted(argv: List[str], overrides: List[str], multirun: bool) -> List[str]:
-    from revgnn.config import quote_path_overrides
+    from revgnn.cli.quoting import quote_path_overrides
 
     fixed = dict(zip(overrides, quote_path_overrides(overrides, multirun)))
     for o, new in fixed.items():
@@ -69,10 +69,14 @@ def _quoted(argv: List[str], overrides: List[str], multirun: bool) -> List[str]:
 
 
 def _hydra(config_dir: Optional[str]):
+    """Hydra as ``revgnn-train`` runs it (the package's configs and schemas, ``config_dir`` first)."""
     from hydra._internal.hydra import Hydra
     from hydra._internal.utils import create_config_search_path
     from hydra.core.config_search_path import SearchPathQuery
 
+    from revgnn.config.store import register_configs
+
+    register_configs()
     search_path = create_config_search_path("pkg://revgnn.configs")
     if config_dir is not None:
         search_path.prepend(
@@ -98,7 +102,7 @@ def check_command_line(
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.types import RunMode
 
-    from revgnn.engine.preflight import _task_config, check_config
+    from revgnn.engine.preflight import check_config, task_config
 
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
@@ -127,7 +131,7 @@ def check_command_line(
             except Exception as e:
                 raise explain(e, job) from None
             if not multirun:  # a sweep's jobs are checked, named by number, by CheckBeforeStart
-                check_config(_task_config(cfg))
+                check_config(task_config(cfg))
     finally:
         GlobalHydra.instance().clear()
 
@@ -224,10 +228,10 @@ def _unknown_key(cause: Any, overrides: Sequence[str]) -> ConfigError:
     node = getattr(cause, "parent_node", None)
     if not names and node is not None and "_target_" in node:  # an open node: its target's arguments
         try:
-            from revgnn.engine.preflight import _import_target
+            from revgnn.engine.preflight import import_target
             from revgnn.utils.signature import keyword_parameters
 
-            names = ["_target_", *keyword_parameters(_import_target(node["_target_"], f"{parent}._target_"))]
+            names = ["_target_", *keyword_parameters(import_target(node["_target_"], f"{parent}._target_"))]
         except Exception:
             names = []
     close = difflib.get_close_matches(key, names, 1)

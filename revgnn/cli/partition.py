@@ -55,8 +55,9 @@ def register_partition_config() -> None:
     ConfigStore as ``partition_schema`` (idempotent)."""
     from hydra.core.config_store import ConfigStore
 
-    import revgnn.config  # noqa: F401  (registers the data group's schemas)
+    from revgnn.config.store import register_configs
 
+    register_configs()  # the data group's schemas
     ConfigStore.instance().store(name="partition_schema", node=PartitionConfig)
 
 

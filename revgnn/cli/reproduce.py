@@ -82,8 +82,9 @@ def _mean_std(values):
 def _compose(experiment: str, overrides: Sequence[str] = ()):
     from hydra import compose, initialize_config_dir
 
-    import revgnn.config  # noqa: F401  (registers the schemas)
+    from revgnn.config.store import register_configs
 
+    register_configs()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         return compose(config_name="train", overrides=[f"experiment={experiment}", *overrides])
 
@@ -262,7 +263,8 @@ def _read_summary(path: Path) -> "Summary":
 def _run_sweep(args, out: Path, seeds: int, overrides: List[str]) -> tuple:
     """All seeds as one Hydra multirun through ``--launcher``; the jobs' summaries, found by globbing
     the sweep directory (whatever ``hydra.sweep.subdir`` names the job directories)."""
-    from revgnn.config import ConfigError, check_launcher
+    from revgnn.cli.launcher import check_launcher
+    from revgnn.errors import ConfigError
 
     try:
         check_launcher([f"hydra/launcher={args.launcher}"])

@@ -23,9 +23,12 @@ from typing import Any, Dict
 import hydra
 from omegaconf import DictConfig
 
-import revgnn.config  # noqa: F401  (registers the structured schemas)
+from revgnn.config.store import register_configs
 
 log = logging.getLogger("revgnn.train")
+
+# the schemas and model options that train.yaml composes with, stored before Hydra runs main
+register_configs()
 
 
 def train(cfg: DictConfig) -> Dict[str, Any]:
@@ -39,16 +42,16 @@ def train(cfg: DictConfig) -> Dict[str, Any]:
 def main(cfg: DictConfig) -> float:
     """Hydra entry point; returns the best validation score for sweepers. On SIGINT / SIGTERM the
     loop saves ``last.pt`` and this exits with ``128 + signal`` after printing how to resume; a
-    :class:`~revgnn.config.ConfigError` (bad input, refused before training) is printed alone and
+    :class:`~revgnn.errors.ConfigError` (bad input, refused before training) is printed alone and
     exits with 2; a divergence (:class:`~revgnn.engine.divergence.TrainingDiverged`: ``summary.json``
     says ``diverged``) or a failed operation between workers
     (:class:`~revgnn.distributed.comm.SARCommError`, naming the peer) is printed alone and exits with 1."""
     from hydra.errors import InstantiationException
 
-    from revgnn.config import ConfigError
     from revgnn.distributed.comm import SARCommError
     from revgnn.engine.divergence import TrainingDiverged
     from revgnn.engine.interrupt import TrainingInterrupted
+    from revgnn.errors import ConfigError
 
     try:
         return train(cfg)["highest_valid"]
@@ -69,8 +72,8 @@ def main(cfg: DictConfig) -> float:
 def instantiation_message(e: BaseException) -> str:
     """One line for a failure inside what a config's ``_target_`` built (Hydra's message names the
     target; the cause says what failed): the cause's message alone when it is a
-    :class:`~revgnn.config.ConfigError` (a loader's own check), else the target and the cause."""
-    from revgnn.config import ConfigError
+    :class:`~revgnn.errors.ConfigError` (a loader's own check), else the target and the cause."""
+    from revgnn.errors import ConfigError
 
     cause = e.__cause__
     if isinstance(cause, ConfigError):
@@ -89,9 +92,11 @@ def cli() -> None:
     quoted for Hydra), then runs :func:`main`. Under
     ``torchrun`` the ranks first agree on one run directory and only rank 0 writes Hydra's files and
     ``train.log`` (:func:`revgnn.distributed.torchrun.worker_overrides`)."""
+    from revgnn.cli import refuse
+    from revgnn.cli.launcher import check_launcher
     from revgnn.cli.overrides import prepare
-    from revgnn.config import ConfigError, check_launcher, refuse
     from revgnn.distributed.torchrun import worker_overrides
+    from revgnn.errors import ConfigError
     from revgnn.utils.allocator import use_tcmalloc
 
     try:  # Hydra would only say it cannot load the launcher's config

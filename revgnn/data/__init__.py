@@ -3,7 +3,7 @@
 graph and vectorised random-partition sub-graph sampling.
 
 Names are imported on first use: the config schemas read the loaders' signatures
-(:func:`revgnn.config.data_schema`) without importing torch.
+(:func:`revgnn.config.data_options.data_schema`) without importing torch.
 """
 
 from revgnn.utils.lazy import lazy_exports

@@ -31,7 +31,7 @@ Everything is checked before training (:mod:`revgnn.data.checks`): a missing key
 features; each is one :class:`~revgnn.errors.ConfigError` naming the file and the field.
 
 This module imports torch inside its functions: the config schemas read the loaders' signatures
-without it (:func:`revgnn.config.data_schema`).
+without it (:func:`revgnn.config.data_options.data_schema`).
 """
 
 from __future__ import annotations

@@ -8,7 +8,10 @@ The loop (:func:`revgnn.engine.loop.train`) is the same for every backend; a bac
 * :meth:`Backend.all_reduce` / :meth:`Backend.gather`: sums (the step's loss and stop flag, gradients,
   evaluation logits) and small objects (RNG states, peak memory) across workers;
 * :attr:`Backend.is_writer`: rank 0 writes every file;
-* :meth:`Backend.identity`: what a checkpoint must match to resume (backend, world size, partition).
+* :meth:`Backend.identity`: what a checkpoint must match to resume (backend, world size, partition);
+* :meth:`Backend.check_config` / :meth:`Backend.check_start`: what it refuses, from the settings alone
+  and for this process before the data loads (both run by :mod:`revgnn.engine.preflight`); a backend
+  refuses nothing later, its task only what the loaded data shows.
 
 Backends are chosen by name (``backend.name``, set by the ``backend`` group: ``backend=sar``) from
 :data:`BACKENDS`: ``local`` (:class:`LocalBackend`, one process), ``ddp`` (:class:`DDPBackend`,
@@ -21,7 +24,7 @@ decorated with :func:`register_backend`, in a module the run imports (the config
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
 from torch import Tensor
@@ -37,6 +40,7 @@ __all__ = [
     "BACKENDS",
     "register_backend",
     "make_backend",
+    "backend_class",
     "resolve_device",
 ]
 
@@ -56,13 +60,41 @@ class Backend(OneWorker):
     def is_writer(self) -> bool:
         return self.rank == 0
 
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        """Refuses what this backend cannot run from the settings ``cfg`` alone, in any process (the
+        one that launches a sweep too): nothing here. Raises :class:`~revgnn.errors.ConfigError`."""
+
+    @classmethod
+    def check_start(cls, cfg, level: Optional[str]) -> None:
+        """Refuses what this process cannot run, before the data loads: a device that is not here
+        (:func:`resolve_device`), then :meth:`check_task`. Raises :class:`~revgnn.errors.ConfigError`."""
+        resolve_device(_value(cfg.backend.device))
+        cls.check_task(cfg, level)
+
+    @classmethod
+    def check_task(cls, cfg, level: Optional[str]) -> None:
+        """The trainer settings the task of data of ``level`` (``"node"``, ``"graph"``, where the
+        loader declares it, :func:`~revgnn.engine.tasks.data_level`) refuses with
+        :meth:`world_size` workers; ``None``: the task checks them once the data has loaded."""
+        from revgnn.engine.tasks import TASKS
+
+        if level is not None:
+            name = cfg.data.get("name") or str(cfg.data._target_).rpartition(".")[2]
+            TASKS[level].check_trainer(cfg.trainer, cls.expected_world_size(), name)
+
+    @classmethod
+    def expected_world_size(cls) -> int:
+        """The workers this process will train with, known before it starts."""
+        return 1
+
     def start(self) -> torch.device:
         """Chooses the device (and joins the process group); returns the device."""
         b = self.cfg.backend
         from revgnn.utils.threads import configure_threads  # null: affinity mask and cgroup quota
 
         configure_threads(b.num_threads, warn=False)
-        self.device = resolve_device(b.device.value)
+        self.device = resolve_device(_value(b.device))
         return self.device
 
     def close(self, ok: bool) -> None:
@@ -93,6 +125,11 @@ class Backend(OneWorker):
         return "revgnn-train"
 
 
+def _value(setting: Any) -> Any:
+    """A setting's value (an enum member's value)."""
+    return getattr(setting, "value", setting)
+
+
 def _check_backend(name: str, cls: type) -> type:
     """The registry's entry for ``cls``: itself, a :class:`Backend` subclass whose ``name`` is ``name``
     (what checkpoints record and resumes compare)."""
@@ -116,15 +153,20 @@ def register_backend(name: str):
 class LocalBackend(Backend):
     """One process: the whole graph on one device."""
 
-    def start(self) -> torch.device:
+    @classmethod
+    def check_start(cls, cfg, level: Optional[str]) -> None:
+        """Also refuses a process that ``torchrun`` started as one of several: each would train alone
+        into the same files."""
+        from revgnn.errors import ConfigError
+
         world = int(os.environ.get("WORLD_SIZE", "1"))
-        if world > 1:  # torchrun started several copies: each would train alone into the same files
-            raise RuntimeError(
+        if world > 1:
+            raise ConfigError(
                 f"this process is one of {world} torchrun workers but backend=local trains "
                 f"in one process; use backend=ddp (data-parallel over parts) or backend=sar "
                 f"(full-graph over a partitioned graph)"
             )
-        return super().start()
+        super().check_start(cfg, level)
 
 
 class DistributedBackend(Backend):
@@ -134,29 +176,43 @@ class DistributedBackend(Backend):
     #: what ``torchrun`` (or a launcher doing its job) sets for every worker
     LAUNCH_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
+    @classmethod
+    def check_start(cls, cfg, level: Optional[str]) -> None:
+        """Also refuses a process that ``torchrun`` did not start (no peer would come) and NCCL
+        (``backend.dist_backend=nccl``) without a CUDA device."""
+        import torch.distributed as dist
+
+        from revgnn.errors import ConfigError
+
+        missing = [k for k in cls.LAUNCH_ENV if k not in os.environ]
+        if missing and not dist.is_initialized():  # a plain `revgnn-train backend=...`
+            raise ConfigError(
+                f"backend={cls.name} runs one process per worker, started by torchrun: launch it "
+                f"as `torchrun --nproc_per_node={cls.num_workers_hint(cfg)} -m revgnn.train "
+                f"backend={cls.name} ...` (this process has no {', '.join(missing)} in its "
+                f"environment, so it was not started by torchrun)"
+            )
+        super().check_start(cfg, level)
+        # a choice of the schema (DistBackend): Hydra refused any other value before the run
+        device = resolve_device(_value(cfg.backend.device))
+        if _value(cfg.backend.dist_backend) == "nccl" and device.type != "cuda":
+            raise ConfigError("backend.dist_backend=nccl moves CUDA tensors only; use gloo on CPU")
+
+    @classmethod
+    def expected_world_size(cls) -> int:
+        """``torchrun``'s ``WORLD_SIZE`` (or the process group's, where one is already joined)."""
+        import torch.distributed as dist
+
+        return dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
+
     def start(self) -> torch.device:
         import torch.distributed as dist
 
         from revgnn.distributed.comm import init_distributed
 
         b = self.cfg.backend
-        missing = [k for k in self.LAUNCH_ENV if k not in os.environ]
-        if missing and not dist.is_initialized():  # a plain `revgnn-train backend=...`: no peer will come
-            from revgnn.config import ConfigError
-
-            raise ConfigError(
-                f"backend={self.name} runs one process per worker, started by torchrun: launch it "
-                f"as `torchrun --nproc_per_node={self.num_workers_hint()} -m revgnn.train "
-                f"backend={self.name} ...` (this process has no {', '.join(missing)} in its "
-                f"environment, so it was not started by torchrun)"
-            )
         device = super().start()
-        # a choice of the schema (config.DistBackend): Hydra refused any other value before the run
-        dist_backend = getattr(b.dist_backend, "value", b.dist_backend) or (
-            "nccl" if device.type == "cuda" else "gloo"
-        )
-        if dist_backend == "nccl" and device.type != "cuda":
-            raise ValueError("backend.dist_backend=nccl moves CUDA tensors only; use gloo on CPU")
+        dist_backend = _value(b.dist_backend) or ("nccl" if device.type == "cuda" else "gloo")
         if device.type == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
             self.device = device = torch.device("cuda", torch.cuda.current_device())
@@ -201,7 +257,8 @@ class DistributedBackend(Backend):
         else:
             all_reduce_gradients(list(grads))
 
-    def num_workers_hint(self) -> str:
+    @classmethod
+    def num_workers_hint(cls, cfg) -> str:
         """``P`` of the launch command the error of a process not started by ``torchrun`` names."""
         return "P"
 
@@ -225,9 +282,9 @@ class DDPBackend(DistributedBackend):
 def resolve_device(name: str, setting: str = "backend.device") -> torch.device:
     """The device ``name`` (``auto``, ``cpu``, ``cuda`` or ``cuda:N``) stands for: ``auto`` is CUDA
     when it is available, else the CPU; CUDA without CUDA, or a name torch does not know, is a
-    :class:`~revgnn.config.ConfigError` naming ``setting``, the option that asked for it
+    :class:`~revgnn.errors.ConfigError` naming ``setting``, the option that asked for it
     (``backend.device``, ``revgnn-evaluate --device``)."""
-    from revgnn.config import ConfigError
+    from revgnn.errors import ConfigError
 
     cuda = torch.cuda.is_available()
     if name == "auto":
@@ -241,12 +298,16 @@ def resolve_device(name: str, setting: str = "backend.device") -> torch.device:
     return device
 
 
-def make_backend(cfg) -> Backend:
-    """The backend named by ``cfg.backend.name``; an unknown name is a
-    :class:`~revgnn.config.ConfigError` listing the registered ones."""
-    from revgnn.config import ConfigError
+def backend_class(name: str) -> type:
+    """The :class:`Backend` subclass registered as ``name``; an unknown name is a
+    :class:`~revgnn.errors.ConfigError` listing the registered ones."""
+    from revgnn.errors import ConfigError
 
-    name = cfg.backend.name
     if name not in BACKENDS:
         raise ConfigError(str(BACKENDS.unknown(name, prefix="backend.name: ")))
-    return BACKENDS.get(name)(cfg)
+    return BACKENDS.get(name)
+
+
+def make_backend(cfg) -> Backend:
+    """The backend named by ``cfg.backend.name`` (:func:`backend_class`), for ``cfg``."""
+    return backend_class(cfg.backend.name)(cfg)

@@ -30,7 +30,8 @@ from typing import Any, Dict, List, Optional
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from revgnn.config import ConfigError, hydra_override
+from revgnn.cli.quoting import hydra_override
+from revgnn.errors import ConfigError
 
 __all__ = [
     "atomic_save",
@@ -169,7 +170,7 @@ def checkpoint_config(path: str) -> Dict[str, Any]:
 
 def check_run_dir(out_dir: str, ckpt_path: Optional[str] = None, overwrite: bool = False) -> None:
     """Refuses to start a run in ``out_dir`` that would replace an earlier run's files
-    (:data:`RUN_FILES`): a :class:`~revgnn.config.ConfigError` naming the directory, unless the run
+    (:data:`RUN_FILES`): a :class:`~revgnn.errors.ConfigError` naming the directory, unless the run
     resumes from a checkpoint in that directory (``ckpt_path``) or ``overwrite`` is set."""
     found = [f for f in RUN_FILES if os.path.exists(os.path.join(out_dir, f))]
     if not found or overwrite:

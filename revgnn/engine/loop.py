@@ -507,7 +507,7 @@ def resume_command(cfg: DictConfig, backend: Backend, last_path: str) -> str:
     overrides (without any earlier ``ckpt_path``) and ``ckpt_path=<last_path>``."""
     from hydra.core.hydra_config import HydraConfig
 
-    from revgnn.config import hydra_override
+    from revgnn.cli.quoting import hydra_override
 
     overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
     overrides = [o for o in overrides if not o.lstrip("+~").startswith(("ckpt_path=", "output_dir="))]

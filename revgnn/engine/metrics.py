@@ -99,8 +99,8 @@ LOWER_IS_BETTER = frozenset({"rmse", "mae"})
 
 
 def check_metric(metric: str, task: str, where: str = "data.metric") -> None:
-    """Raises :class:`~revgnn.config.ConfigError` when ``metric`` is unknown or cannot score ``task``."""
-    from revgnn.config import ConfigError
+    """Raises :class:`~revgnn.errors.ConfigError` when ``metric`` is unknown or cannot score ``task``."""
+    from revgnn.errors import ConfigError
 
     if metric not in METRICS:
         raise ConfigError(f"{where}={metric}: no such metric; choose one of {', '.join(METRICS)}")

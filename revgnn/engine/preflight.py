@@ -1,8 +1,33 @@
-"""The checks a run makes before it starts, without loading data or building a model: its settings
-(:func:`check_config`), its output directory and the checkpoint it resumes (:func:`check_before_start`);
-:class:`CheckBeforeStart` runs them as a Hydra callback before Hydra creates the run directory, the
-training loop again for every job (and for a run started without Hydra). A refusal is a
-:class:`~revgnn.config.ConfigError`: one message, exit status 2, nothing left behind."""
+"""Everything a run refuses, checked before it starts, without loading data or building a model:
+:class:`CheckBeforeStart` runs the checks as a Hydra callback before Hydra creates the run directory,
+the training loop again for every job (and for a run started without Hydra). A refusal is a
+:class:`~revgnn.errors.ConfigError`: one message, exit status 2, nothing left behind.
+
+From the settings alone, in any process (:func:`check_config`; also every job of a sweep before the
+first starts, :func:`check_sweep_jobs`):
+
+* ``imports`` importable; no unknown key; every value in its range;
+* the model: every key an argument of the variant's class, and the constraints between them;
+* the data: its loader importable, every key one of its arguments, none missing;
+* the backend: its name registered, and its own refusals
+  (:meth:`~revgnn.engine.backends.Backend.check_config`: ``backend=sar`` refuses
+  ``trainer.compile``, a missing ``backend.partition_dir`` and sub-graph trainer settings).
+
+For this process, before its data loads (:func:`check_before_start`):
+
+* the backend's start (:meth:`~revgnn.engine.backends.Backend.check_start`): the device is here,
+  the process was started as the backend needs (``torchrun`` for ``ddp`` and ``sar``, not for
+  ``local``), NCCL only on CUDA; and its task's trainer settings with the workers it will have
+  (:meth:`~revgnn.engine.tasks.NodeTask.check_trainer`, :meth:`~revgnn.engine.tasks.GraphTask.check_trainer`,
+  for the level the loader declares, :func:`~revgnn.engine.tasks.data_level`), or for ``sar`` the
+  ``data`` group against the partition's ``meta.json``;
+* the output directory and the checkpoint a run resumes.
+
+Only what the loaded data shows is refused later, where it loads: the trainer settings of data whose
+loader declares no level (:func:`revgnn.engine.tasks.make_task`: PyG objects, the same checks),
+non-finite features (:func:`revgnn.data.checks.check_finite_inputs`), a data set's own validation,
+an evaluator whose task count differs from the data's (:class:`~revgnn.engine.tasks.GraphTask`), a
+SAR part file without its node tensors or evaluator (:class:`~revgnn.engine.sar_backend.SARTask`)."""
 
 from __future__ import annotations
 
@@ -11,16 +36,12 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from revgnn.config import (
-    SWEPT_KEYS_ENV,
-    ConfigError,
-    _swept_keys,
-    check_keys,
-    check_ranges,
-    import_modules,
-    refuse,
-)
+from revgnn.cli import refuse
+from revgnn.cli.run_dirs import SWEPT_KEYS_ENV, swept_keys
+from revgnn.config.schema import check_keys, check_ranges
+from revgnn.config.store import import_modules
 from revgnn.engine.checkpoint import check_resume, check_run_dir
+from revgnn.errors import ConfigError
 
 __all__ = [
     "check_config",
@@ -29,18 +50,22 @@ __all__ = [
     "check_before_start",
     "sweep_jobs",
     "check_sweep_jobs",
+    "task_config",
+    "import_target",
     "CheckBeforeStart",
 ]
 
 
 def check_config(cfg: DictConfig) -> None:
     """Checks the settings of a composed ``train.yaml`` on their own: the user's modules imported
-    first (``imports``), then no unknown key (:func:`~revgnn.config.check_keys`), every value in its
-    range (:func:`~revgnn.config.check_ranges`), every model key an argument of the variant's class
+    first (``imports``), then no unknown key (:func:`~revgnn.config.schema.check_keys`), every value in its
+    range (:func:`~revgnn.config.schema.check_ranges`), every model key an argument of the variant's class
     (:func:`revgnn.models.check_model_config`) and the constraints between them
     (:func:`check_model_constraints`), the data loader importable and every data key one of its
-    arguments (:func:`check_data_config`). Raises :class:`~revgnn.config.ConfigError` naming the
-    key."""
+    arguments (:func:`check_data_config`), the backend registered and what it refuses of the
+    settings (:meth:`~revgnn.engine.backends.Backend.check_config`). Raises
+    :class:`~revgnn.errors.ConfigError` naming the key."""
+    from revgnn.engine.backends import backend_class
     from revgnn.models import check_model_config
 
     import_modules(cfg.get("imports"))  # what a user's modules register (models, convs, backends)
@@ -49,9 +74,10 @@ def check_config(cfg: DictConfig) -> None:
     check_model_config(cfg.model)
     check_model_constraints(cfg.model)
     check_data_config(cfg.data)
+    backend_class(cfg.backend.name).check_config(cfg)
 
 
-def _import_target(target: str, key: str) -> Any:
+def import_target(target: str, key: str) -> Any:
     """The callable ``target`` names (a user's module found on the path or in the working directory);
     an import that fails, for whatever reason inside the module, is one :class:`ConfigError`."""
     import importlib
@@ -96,7 +122,7 @@ def check_data_config(data: Any) -> None:
     """Checks the ``data`` config before anything is loaded: its ``_target_`` imports (a user's
     module from the working directory), every key is an argument of that loader (the closest one
     named), no required argument is missing, and values fit the annotations. Raises
-    :class:`~revgnn.config.ConfigError`."""
+    :class:`~revgnn.errors.ConfigError`."""
     import inspect
 
     from omegaconf import OmegaConf
@@ -106,7 +132,7 @@ def check_data_config(data: Any) -> None:
     if not isinstance(data, DictConfig) or "_target_" not in data:
         raise ConfigError("data has no _target_: a data option names the function that loads it")
     target = data._target_
-    fn = _import_target(target, "data._target_")
+    fn = import_target(target, "data._target_")
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
@@ -132,7 +158,7 @@ def check_model_constraints(model: Any) -> None:
     """Constraints between a model's arguments that its constructor would otherwise refuse only
     after the data has loaded: ``hidden_channels`` divisible by ``num_groups`` (each reversible
     group has ``hidden_channels / num_groups`` channels). The values are the config's, else the
-    variant's defaults. Raises :class:`~revgnn.config.ConfigError`."""
+    variant's defaults. Raises :class:`~revgnn.errors.ConfigError`."""
     from revgnn.models.registry import CONFIG_TARGET, MODELS, model_info
 
     if not isinstance(model, DictConfig) or model.get("_target_") != CONFIG_TARGET:
@@ -157,12 +183,18 @@ def check_model_constraints(model: Any) -> None:
 
 
 def check_before_start(cfg: DictConfig, out_dir: str) -> None:
-    """Everything a run refuses without loading data or building a model, in one place:
-    :func:`check_config`, an output directory holding an earlier run
-    (:func:`revgnn.engine.checkpoint.check_run_dir`) and a resume whose checkpoint was trained with
-    other settings (:func:`revgnn.engine.checkpoint.check_resume`). Raises
-    :class:`~revgnn.config.ConfigError`."""
+    """Everything a run refuses without loading data or building a model, in one place (the module
+    docstring lists it): :func:`check_config`, what the backend refuses of this process and of its
+    task's settings (:meth:`~revgnn.engine.backends.Backend.check_start`), an output directory
+    holding an earlier run (:func:`revgnn.engine.checkpoint.check_run_dir`) and a resume whose
+    checkpoint was trained with other settings (:func:`revgnn.engine.checkpoint.check_resume`).
+    Raises :class:`~revgnn.errors.ConfigError`."""
+    from revgnn.engine.backends import backend_class
+    from revgnn.engine.tasks import data_level
+
     check_config(cfg)
+    level = data_level(import_target(cfg.data._target_, "data._target_"))
+    backend_class(cfg.backend.name).check_start(cfg, level)
     check_run_dir(out_dir, cfg.ckpt_path, cfg.overwrite)
     check_resume(cfg)
 
@@ -204,13 +236,13 @@ def check_sweep_jobs(config: DictConfig, swept: list[str]) -> None:
     swept = set(swept) | set((config.hydra.sweeper.get("params") or {}).keys())
     for number, job in enumerate(jobs):
         try:
-            check_config(_task_config(loader.load_sweep_config(config, list(job))))
+            check_config(task_config(loader.load_sweep_config(config, list(job))))
         except ConfigError as e:
             values = " ".join(o for o in job if o.split("=", 1)[0].lstrip("+~") in swept)
             raise ConfigError(f"sweep job {number} ({values}): {e}") from e
 
 
-def _task_config(config: DictConfig) -> DictConfig:
+def task_config(config: DictConfig) -> DictConfig:
     """The job's config as the task function gets it (Hydra's ``run_job``): Hydra's node removed."""
     import copy
 
@@ -224,7 +256,7 @@ def _task_config(config: DictConfig) -> DictConfig:
 
 class CheckBeforeStart(Callback):
     """Hydra callback (``hydra/default.yaml``): a bad configuration (:func:`check_before_start`) is
-    refused in one message (:func:`~revgnn.config.refuse`) before Hydra creates the run directory or
+    refused in one message (:func:`~revgnn.cli.refuse`) before Hydra creates the run directory or
     writes its ``.hydra/`` files and ``train.log``, so a refused run leaves nothing behind and an
     earlier run in its directory stays whole. A sweep's settings shared by every job, and every job
     with its swept values (:func:`check_sweep_jobs`), are checked before any job starts (or is
@@ -233,7 +265,7 @@ class CheckBeforeStart(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         try:
-            check_before_start(_task_config(config), str(config.hydra.run.dir))
+            check_before_start(task_config(config), str(config.hydra.run.dir))
         except ConfigError as e:
             refuse(e)
 
@@ -241,9 +273,9 @@ class CheckBeforeStart(Callback):
         import json
         import os
 
-        swept = _swept_keys([str(o) for o in config.hydra.overrides.task])
+        swept = swept_keys([str(o) for o in config.hydra.overrides.task])
         try:  # the run directory and the resume are the jobs' own
-            check_config(_task_config(config))
+            check_config(task_config(config))
             check_sweep_jobs(config, swept)
         except ConfigError as e:
             refuse(e)

@@ -21,19 +21,20 @@ exact resume, NaN guard, precision, logging, signals) is the one loop's, :mod:`r
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, Iterator
+from typing import Any, Dict, Iterator, Optional
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from revgnn.engine.backends import DistributedBackend, register_backend
 from revgnn.engine.tasks import (
     Batch,
+    NodeLevelTask,
     Step,
     autocast_or_null,
     check_whole_graph_test,
     labelled_entries,
-    task_loss,
+    model_shapes,
 )
 
 __all__ = ["SARTask", "SARBackend"]
@@ -44,8 +45,10 @@ log = logging.getLogger("revgnn.train")
 _FULL_GRAPH = {"train_parts": 1, "eval_views": 1, "eval_parts": 1, "test_parts": 1}
 
 
-class SARTask:
-    """This worker's share of a full-graph node task (see the module docstring).
+class SARTask(NodeLevelTask):
+    """This worker's share of a full-graph node task (see the module docstring): a
+    :class:`~revgnn.engine.tasks.NodeLevelTask` (its loss, scorer and model shapes) whose one step per
+    epoch and evaluation are the full graph's, over every worker.
 
     Args:
         graph (SARGraph): The worker's part and communication plan (on ``device``).
@@ -56,8 +59,6 @@ class SARTask:
         device: Where the model lives.
     """
 
-    level = "node"
-
     def __init__(self, graph, meta: Dict[str, Any], workers, device):
         from revgnn.engine.inference import Scorer
 
@@ -66,15 +67,16 @@ class SARTask:
         for key in ("x", "y", "train_mask"):
             if key not in nd:
                 raise ValueError(f"the partition has no node tensor {key!r}; partition with revgnn-partition")
-        self.graph, self.workers, self.device = graph, workers, device
-        self.name = info.get("name", "?")
-        self.task = info.get("task", "multilabel")
         if not info.get("evaluator"):
             raise ValueError(
                 "the partition's meta.json names no OGB evaluator; partition with revgnn-partition"
             )
-        self.scorer = Scorer(info["evaluator"], self.task)
-        self.metric = self.scorer.metric
+        task = info.get("task", "multilabel")
+        edge_channels = None if graph.edge_attr is None else graph.edge_attr.size(1)
+        out_channels = info.get("num_classes", nd["y"].size(1))
+        shapes = model_shapes(nd["x"].size(1), out_channels, edge_channels, info.get("species_channels", 0))
+        super().__init__(info.get("name", "?"), task, Scorer(info["evaluator"], task), shapes)
+        self.graph, self.workers, self.device = graph, workers, device
         self.x, self.y = nd["x"].to(device), nd["y"].to(device)
         self.masks = {k[:-5]: v.to(device) for k, v in nd.items() if k.endswith("_mask")}
         self.edge_attr = None if graph.edge_attr is None else graph.edge_attr.to(device)
@@ -82,20 +84,19 @@ class SARTask:
         self.count = int(labelled_entries(self.y[train]).sum())
         entries = torch.tensor([float(self.count)], dtype=torch.float64)
         self.total = int(workers.all_reduce(entries, "all_reduce of the labelled entries").item())
-        self.shapes = dict(
-            in_channels=self.x.size(1),
-            out_channels=info.get("num_classes", self.y.size(1)),
-            edge_channels=None if self.edge_attr is None else self.edge_attr.size(1),
-            species_channels=info.get("species_channels", 0),
-        )
 
-    def check_trainer(self, tc) -> None:
+    @staticmethod
+    def check_trainer(tc) -> None:
+        """Refuses trainer settings of sub-graph training and multi-view inference, which the full
+        graph replaces (``backend/sar.yaml`` sets them). Raises :class:`~revgnn.errors.ConfigError`."""
+        from revgnn.errors import ConfigError
+
         check_whole_graph_test(tc, "backend=sar")
         bad = {k: tc[k] for k, v in _FULL_GRAPH.items() if tc[k] != v}
         if tc.parts_per_step not in (None, 1):
             bad["parts_per_step"] = tc.parts_per_step
         if bad:
-            raise ValueError(
+            raise ConfigError(
                 f"backend=sar trains and evaluates on the full graph, one step per epoch; "
                 f"{', '.join(f'trainer.{k}={v}' for k, v in bad.items())} cannot apply: set "
                 f"{' '.join(f'trainer.{k}=1' for k in bad)} (backend/sar.yaml sets them)"
@@ -114,9 +115,6 @@ class SARTask:
                 iter([Batch((self.x, self.graph, self.edge_attr), mask, self.y[mask], self.count)]),
                 self.total,
             )
-
-    def loss(self, logits: Tensor, batch: Batch, total: int) -> Tensor:
-        return task_loss(logits[batch.select], batch.y, self.task, "sum") / total
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, generator, device, autocast=None) -> Dict[str, float]:
@@ -152,24 +150,70 @@ class SARBackend(DistributedBackend):
 
     def __init__(self, cfg):
         super().__init__(cfg)
+        self.fingerprint = None
+
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        """Refuses ``trainer.compile``, a missing ``backend.partition_dir`` and the trainer settings
+        the full graph replaces (:meth:`SARTask.check_trainer`)."""
+        from omegaconf import OmegaConf
+
+        from revgnn.errors import ConfigError
+
         if cfg.trainer.compile:
-            raise ValueError(
+            raise ConfigError(
                 "trainer.compile=true is not supported with backend=sar: its ring communication runs "
                 "inside autograd functions that torch.compile does not trace; use backend=local or ddp"
             )
-        if not cfg.backend.partition_dir:
-            raise ValueError(
+        if OmegaConf.is_missing(cfg.backend, "partition_dir") or not cfg.backend.partition_dir:
+            raise ConfigError(
                 "backend=sar needs backend.partition_dir=DIR, a directory written by "
                 "`revgnn-partition data=... num_parts=P out=DIR`"
             )
-        self.fingerprint = None
+        SARTask.check_trainer(cfg.trainer)
 
-    def num_workers_hint(self) -> str:
+    @classmethod
+    def check_task(cls, cfg, level: Optional[str]) -> None:
+        """The task is the partition's, whatever the data level: the ``data`` group must describe the
+        partitioned data set (never silently another one), read from its ``meta.json``."""
+        from omegaconf import OmegaConf
+
+        from revgnn.distributed.part_files import load_meta
+        from revgnn.errors import ConfigError
+
+        root = cfg.backend.partition_dir
+        try:
+            info = load_meta(root).get("dataset", {})
+        except Exception:  # the partition's own checks report it when this worker loads its part
+            return
+        saved = info.get("config")
+        if saved is None:
+            log.warning(
+                "%s was written without its data config (partition_dataset without data_config): "
+                "the data group is not checked against it",
+                root,
+            )
+            return
+        now = OmegaConf.to_container(cfg.data, resolve=True)
+        diff = [
+            f"data.{k}: {saved.get(k)!r} in the partition, {now.get(k)!r} here"
+            for k in sorted(set(saved) | set(now))
+            if saved.get(k) != now.get(k)
+        ]
+        if diff:
+            raise ConfigError(
+                f"backend=sar trains on the graph in {root}, but the data group describes another "
+                f"one ({'; '.join(diff)}): select the partitioned data set (e.g. "
+                f"data={info.get('name')}) or partition this one with revgnn-partition"
+            )
+
+    @classmethod
+    def num_workers_hint(cls, cfg) -> str:
         """The partition's number of parts (one worker each), or ``P`` if ``meta.json`` is unreadable."""
         from revgnn.distributed.part_files import load_meta
 
         try:
-            return str(int(load_meta(self.cfg.backend.partition_dir)["num_parts"]))
+            return str(int(load_meta(cfg.backend.partition_dir)["num_parts"]))
         except Exception:  # the partition's own checks report it once the job is launched
             return "P"
 
@@ -180,37 +224,8 @@ class SARBackend(DistributedBackend):
         root = self.cfg.backend.partition_dir
         part = load_partition_checked(root)
         graph = SARGraph(part, timeout_s=self.cfg.backend.timeout_s).to(self.device)
-        meta = load_meta(root)
-        self._check_data(meta.get("dataset", {}))
         self.fingerprint = part["fingerprint"]
-        task = SARTask(graph, meta, self, self.device)
-        task.check_trainer(self.cfg.trainer)
-        return task
-
-    def _check_data(self, info: Dict[str, Any]) -> None:
-        """The ``data`` group must describe the partitioned data set (never silently another one)."""
-        from omegaconf import OmegaConf
-
-        saved = info.get("config")
-        if saved is None:
-            log.warning(
-                "%s was written without its data config (partition_dataset without data_config): "
-                "the data group is not checked against it",
-                self.cfg.backend.partition_dir,
-            )
-            return
-        now = OmegaConf.to_container(self.cfg.data, resolve=True)
-        diff = [
-            f"data.{k}: {saved.get(k)!r} in the partition, {now.get(k)!r} here"
-            for k in sorted(set(saved) | set(now))
-            if saved.get(k) != now.get(k)
-        ]
-        if diff:
-            raise ValueError(
-                f"backend=sar trains on the graph in {self.cfg.backend.partition_dir}, but the data "
-                f"group describes another one ({'; '.join(diff)}): select the partitioned data "
-                f"set (e.g. data={info.get('name')}) or partition this one with revgnn-partition"
-            )
+        return SARTask(graph, load_meta(root), self, self.device)
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
         from revgnn.distributed.convs import convert_to_sar

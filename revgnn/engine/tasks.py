@@ -17,7 +17,14 @@ the step's loss and scores a model on every split with OGB's evaluator, so that
 * :class:`GraphTask` (a :class:`~revgnn.data.graph_dataset.GraphDataset`, e.g. ogbg-molhiv): every epoch the
   training graphs are shuffled into batches of ``data.batch_size``, one step each; the model is called
   as ``model(x, edge_index, edge_attr, batch, num_graphs)`` and returns one row per graph.
-* :class:`SARTask` (:mod:`revgnn.engine.sar_backend`): one full-graph step per epoch on every SAR worker.
+* :class:`~revgnn.engine.sar_backend.SARTask`: one full-graph step per epoch on every SAR worker.
+
+What a node-level task is by its data (its loss, its scorer, the model's data-dependent arguments) is
+:class:`NodeLevelTask`, which :class:`NodeTask` and the SAR task share; how its steps and evaluations
+are cut depends on the process layout. What a task refuses in the trainer settings is checked before
+the run starts (:meth:`NodeTask.check_trainer`, :meth:`GraphTask.check_trainer`, reached from
+:func:`revgnn.engine.preflight.check_before_start` through the backend), and again at construction
+for data whose level only the loaded data tells.
 
 Every task follows the :class:`Task` protocol; the collectives it needs (its :class:`Workers`: rank,
 world size, all-reduce, all-gather; a backend is one) are given once, at construction, and
@@ -51,12 +58,15 @@ __all__ = [
     "Workers",
     "OneWorker",
     "ONE_WORKER",
+    "NodeLevelTask",
     "NodeTask",
     "GraphTask",
     "make_task",
     "task_loss",
     "labelled_entries",
     "shapes",
+    "model_shapes",
+    "data_level",
 ]
 
 
@@ -168,16 +178,44 @@ def trainer_option(tc, key: str, default: Any) -> Any:
 
 
 def check_whole_graph_test(tc, where: str) -> None:
-    """The final test of a whole-graph evaluation (graph-level data, SAR) has one view."""
+    """The final test of a whole-graph evaluation (graph-level data, SAR) has one view. Raises
+    :class:`~revgnn.errors.ConfigError`."""
+    from revgnn.errors import ConfigError
+
     views = trainer_option(tc, "test_views", None)
     if views not in (None, 1):
-        raise ValueError(
+        raise ConfigError(
             f"{where} evaluates whole graphs, one deterministic view: trainer.test_views={views} "
             f"cannot apply; set trainer.test_views=1 (test best.pt once) or null (no final test)"
         )
 
 
-class NodeTask:
+class NodeLevelTask:
+    """What a node-level task is by its data, whatever the process layout: a step's loss over the
+    labelled entries of its batches (:func:`task_loss`, summed and divided by the step's count), its
+    scorer and the model's data-dependent arguments (:attr:`shapes`). :class:`NodeTask` (random
+    parts of the whole graph) and :class:`~revgnn.engine.sar_backend.SARTask` (one SAR worker's part of
+    the full graph) add how steps and evaluations are cut.
+
+    Args:
+        name (str): The data set's name.
+        task (str): ``multilabel``, ``multiclass`` or ``regression``.
+        scorer (Scorer): Scores logits (:class:`revgnn.engine.inference.Scorer`).
+        shapes (dict): The model's data-dependent arguments (:func:`model_shapes`).
+    """
+
+    level = "node"
+
+    def __init__(self, name: str, task: str, scorer, shapes: Dict[str, Any]):
+        self.name, self.task, self.shapes = name, task, shapes
+        self.scorer, self.metric = scorer, scorer.metric
+
+    def loss(self, logits: Tensor, batch: Batch, total: int) -> Tensor:
+        """This batch's share of the step loss: its summed loss over the step's labelled entries."""
+        return task_loss(logits[batch.select], batch.y, self.task, "sum") / total
+
+
+class NodeTask(NodeLevelTask):
     """Node-level training on random-partition sub-graphs of one big graph (Li et al., ICML 2021).
 
     Args:
@@ -188,35 +226,39 @@ class NodeTask:
             parts and the evaluation's forwards (default: :data:`ONE_WORKER`).
     """
 
-    level = "node"
-
     def __init__(self, ds, trainer_cfg, workers: Workers = ONE_WORKER):
         from revgnn.engine.inference import Scorer
 
+        super().__init__(ds.name, ds.task, Scorer.for_dataset(ds), shapes(ds))
         self.ds, self.tc, self.workers = ds, trainer_cfg, workers
         self.rank, self.world_size = workers.rank, workers.world_size
-        world_size = self.world_size
-        self.scorer = Scorer.for_dataset(ds)
-        self.metric = self.scorer.metric
         self.train_mask = torch.zeros(ds.num_nodes, dtype=torch.bool)
         self.train_mask[ds.split_idx["train"]] = True
         self.entries = labelled_entries(ds.y) * self.train_mask  # loss terms per node
-        k = trainer_cfg.parts_per_step or world_size
-        if k % world_size:
-            raise ValueError(
-                f"trainer.parts_per_step={k} must be a multiple of the {world_size} workers "
-                f"(each worker takes parts_per_step / workers parts per step)"
-            )
-        if trainer_cfg.train_parts % k:
-            raise ValueError(
-                f"trainer.train_parts={trainer_cfg.train_parts} must be a multiple of "
-                f"trainer.parts_per_step={k}"
-            )
-        self.parts_per_step = k
+        self.check_trainer(trainer_cfg, self.world_size)
+        self.parts_per_step = trainer_cfg.parts_per_step or self.world_size
         self.partition = trainer_option(trainer_cfg, "partition", "balanced")
         self.shuffle_parts = bool(trainer_option(trainer_cfg, "shuffle_parts", False))
         self.eval_views: Optional[list] = None  # fixed evaluation views (fix_eval_views)
-        self.name, self.shapes = ds.name, shapes(ds)
+
+    @staticmethod
+    def check_trainer(tc, world_size: int, name: str = "the data set") -> None:
+        """Refuses trainer settings that cannot cut steps of random parts over ``world_size`` workers:
+        ``parts_per_step`` (``null``: one per worker) a multiple of the workers and a divisor of
+        ``train_parts``. Raises :class:`~revgnn.errors.ConfigError` (``name``, the data set's, is
+        not needed to say why)."""
+        from revgnn.errors import ConfigError
+
+        k = tc.parts_per_step or world_size
+        if k % world_size:
+            raise ConfigError(
+                f"trainer.parts_per_step={k} must be a multiple of the {world_size} workers "
+                f"(each worker takes parts_per_step / workers parts per step)"
+            )
+        if tc.train_parts % k:
+            raise ConfigError(
+                f"trainer.train_parts={tc.train_parts} must be a multiple of trainer.parts_per_step={k}"
+            )
 
     def __repr__(self) -> str:
         return repr(self.ds)
@@ -258,10 +300,6 @@ class NodeTask:
         edge_attr = None if ds.edge_attr is None else ds.edge_attr[sub.edge_ids].to(device)
         y = ds.y[sub.node_idx[mask]].to(device)
         return Batch((x, edge_index, edge_attr), mask.to(device), y, int(self.entries[sub.node_idx].sum()))
-
-    def loss(self, logits: Tensor, batch: Batch, total: int) -> Tensor:
-        """This batch's share of the step loss: its summed loss over the step's labelled entries."""
-        return task_loss(logits[batch.select], batch.y, self.ds.task, "sum") / total
 
     def fix_eval_views(self, generator: torch.Generator) -> None:
         """Draws the ``trainer.eval_views`` x ``trainer.eval_parts`` evaluation views now; every later
@@ -315,11 +353,17 @@ class NodeTask:
 
 
 class GraphTask:
-    """Graph-level training on shuffled mini-batches of graphs, scored by OGB's graph evaluator."""
+    """Graph-level training on shuffled mini-batches of graphs, scored by OGB's graph evaluator.
+
+    Args:
+        ds (GraphDataset): The graphs.
+        trainer_cfg: ``trainer`` config, checked by :meth:`check_trainer` (default: none).
+        workers (Workers): The workers; graph-level data trains in one (default: :data:`ONE_WORKER`).
+    """
 
     level = "graph"
 
-    def __init__(self, ds, trainer_cfg=None):
+    def __init__(self, ds, trainer_cfg=None, workers: Workers = ONE_WORKER):
         from revgnn.engine.metrics import METRICS
 
         self.ds = ds
@@ -336,14 +380,29 @@ class GraphTask:
                 f"{ds.name}: {ds.num_classes} tasks, but evaluator {ds.evaluator!r} expects "
                 f"{self.evaluator.num_tasks}"
             )
-        if trainer_cfg is not None and trainer_cfg.parts_per_step not in (None, 1):
-            raise ValueError(
-                f"trainer.parts_per_step concerns node-level partitions; {ds.name} is graph-level "
+        if trainer_cfg is not None:
+            self.check_trainer(trainer_cfg, workers.world_size, ds.name)
+        self.name, self.shapes = ds.name, shapes(ds)
+
+    @staticmethod
+    def check_trainer(tc, world_size: int, name: str = "the data set") -> None:
+        """Refuses settings that graph-level data (``name``) cannot apply: more than one worker
+        (``backend=ddp`` deals out the parts of one graph), ``trainer.parts_per_step`` (a step is one
+        batch of graphs) and a final test of more than one view. Raises
+        :class:`~revgnn.errors.ConfigError`."""
+        from revgnn.errors import ConfigError
+
+        if world_size > 1:
+            raise ConfigError(
+                f"backend=ddp deals out the parts of a node-level graph; {name} is graph-level: "
+                f"train it with backend=local"
+            )
+        if tc.parts_per_step not in (None, 1):
+            raise ConfigError(
+                f"trainer.parts_per_step concerns node-level partitions; {name} is graph-level "
                 f"and takes one batch of data.batch_size graphs per step"
             )
-        if trainer_cfg is not None:
-            check_whole_graph_test(trainer_cfg, f"{ds.name} is graph-level: it")
-        self.name, self.shapes = ds.name, shapes(ds)
+        check_whole_graph_test(tc, f"{name} is graph-level: it")
 
     def __repr__(self) -> str:
         return repr(self.ds)
@@ -415,7 +474,7 @@ class GraphTask:
 
 def make_task(ds, trainer_cfg, workers: Workers = ONE_WORKER, name: str = "graph") -> Task:
     """:class:`NodeTask` for a ``NodeDataset``, :class:`GraphTask` for a ``GraphDataset``; features
-    that are not finite are a :class:`~revgnn.config.ConfigError`
+    that are not finite are a :class:`~revgnn.errors.ConfigError`
     (:func:`revgnn.data.checks.check_finite_inputs`). Anything else a loader returns (a PyG ``Data``,
     a list of them, a PyG data set) is converted by :func:`revgnn.data.pyg_data.from_pyg` under
     ``name``, with its conventions (task and metric from ``y``, split from masks or ``split_idx``)."""
@@ -431,23 +490,56 @@ def make_task(ds, trainer_cfg, workers: Workers = ONE_WORKER, name: str = "graph
     if isinstance(ds, NodeDataset):
         return NodeTask(ds, trainer_cfg, workers)
     if isinstance(ds, GraphDataset):
-        if workers.world_size > 1:
-            raise ValueError(
-                f"backend=ddp deals out the parts of a node-level graph; {ds.name} is graph-level: "
-                f"train it with backend=local"
-            )
-        return GraphTask(ds, trainer_cfg)
+        return GraphTask(ds, trainer_cfg, workers)
     raise TypeError(
         f"data._target_ must build a revgnn.data.NodeDataset or revgnn.data.graph_dataset.GraphDataset, "
         f"got {type(ds).__name__}"
     )
 
 
-def shapes(ds) -> Dict[str, Any]:
-    """The model's data-dependent arguments."""
+def model_shapes(
+    in_channels: int, out_channels: int, edge_channels: Optional[int] = None, species_channels: int = 0
+) -> Dict[str, Any]:
+    """The model's data-dependent arguments (:data:`revgnn.models.registry.SHAPE_ARGUMENTS`)."""
     return dict(
-        in_channels=ds.in_channels,
-        out_channels=ds.num_classes,
-        edge_channels=ds.edge_channels,
-        species_channels=ds.species_channels,
+        in_channels=in_channels,
+        out_channels=out_channels,
+        edge_channels=edge_channels,
+        species_channels=species_channels,
     )
+
+
+def shapes(ds) -> Dict[str, Any]:
+    """The model's data-dependent arguments of the data set ``ds`` (:func:`model_shapes`)."""
+    return model_shapes(ds.in_channels, ds.num_classes, ds.edge_channels, ds.species_channels)
+
+
+#: The task class of each data level (:func:`data_level`).
+TASKS = {"node": NodeTask, "graph": GraphTask}
+
+
+def data_level(loader: Any) -> Optional[str]:
+    """``"node"`` or ``"graph"`` where the data loader ``loader`` declares it by its return annotation
+    (:class:`~revgnn.data.node_dataset.NodeDataset`, :class:`~revgnn.data.graph_dataset.GraphDataset`),
+    so that the checks of the level's task run before the data loads; ``None`` where only the loaded
+    data tells (a loader returning a PyG object, or either format)."""
+    import inspect
+
+    from revgnn.data.graph_dataset import GraphDataset
+    from revgnn.data.node_dataset import NodeDataset
+
+    try:
+        returned = inspect.signature(loader).return_annotation
+    except (TypeError, ValueError):
+        return None
+    if isinstance(returned, str):  # postponed: the name, where the loader's module imports it lazily
+        try:
+            returned = eval(returned, getattr(loader, "__globals__", {}))
+        except Exception:  # imported under TYPE_CHECKING only (loaders import torch when called)
+            by_name = {"NodeDataset": "node", "GraphDataset": "graph"}
+            return by_name.get(returned.strip("'\" ").rpartition(".")[2])
+    if isinstance(returned, type) and issubclass(returned, NodeDataset):
+        return "node"
+    if isinstance(returned, type) and issubclass(returned, GraphDataset):
+        return "graph"
+    return None

@@ -20,14 +20,14 @@ annotation declares (``num_layers: Annotated[int, Range(1)]``, read by
 silently ignored. The README's zoo table, the paper
 column of ``revgnn-reproduce`` and the model configs all come from this registry: every variant is the
 Hydra option ``model=<name>``, which the config layer stores in Hydra's ConfigStore from it
-(:func:`revgnn.config.store_model_config`; a node holding the name only: the library itself imports no
+(:func:`revgnn.config.store.store_model_config`; a node holding the name only: the library itself imports no
 Hydra), and
 ``python -m revgnn.models --markdown`` prints the table, ``--update-readme README.md`` writes it.
 
 A variant registered by a user's module is chosen with ``model=<name>`` when the module is imported
-before :mod:`revgnn.config` (which stores every registered variant), and with
+before :func:`revgnn.config.store.register_configs` (which stores every registered variant), and with
 ``imports=[my_pkg.my_models] model.name=<name>`` on any ``revgnn-train`` command line
-(:func:`revgnn.config.import_modules`).
+(:func:`revgnn.config.store.import_modules`).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ __all__ = [
     "update_readme",
 ]
 
-#: The target of every model config (``model=<name>``, :class:`revgnn.config.ModelConfig`).
+#: The target of every model config (``model=<name>``, :class:`revgnn.config.schema.ModelConfig`).
 CONFIG_TARGET = "revgnn.models.create_model"
 
 #: Arguments of every model that come from the data set (``revgnn.engine.tasks.shapes``).

@@ -10,10 +10,10 @@
   and DEQ options a model forwards and the solver options, :func:`revgnn.deq.check_solver_options`),
   and :func:`~revgnn.utils.signature.check_call`, with which constructors and solvers check their
   own arguments on entry. The error names the key: ``model.jac_reg_weight must be >= 0, got -1``.
-* A data loader's config schema (:func:`revgnn.config.data_schema`) carries the ranges of the
+* A data loader's config schema (:func:`revgnn.config.data_options.data_schema`) carries the ranges of the
   loader's parameters; a field of the hand-written schemas (``trainer``, ``optim``, ...), which is
-  no callable's parameter, declares its own with :func:`revgnn.config.ranged`.
-  :func:`revgnn.config.check_ranges` enforces both before a run starts.
+  no callable's parameter, declares its own with :func:`revgnn.config.schema.ranged`.
+  :func:`revgnn.config.schema.check_ranges` enforces both before a run starts.
 * A command-line option of the other console scripts declares its own with :func:`revgnn.cli.ranged`
   (an argparse ``type``).
 

@@ -26,7 +26,7 @@ Example:
     ...
     ValueError: p must be >= 0 and < 1, got 1.5
 
-This module imports nothing heavy (``revgnn.config`` may use it).
+This module imports nothing heavy (the config layer, :mod:`revgnn.config`, may use it).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import sys
 import pytest
 from conftest import REPO, TINY_RUN, run_cli
 
-from revgnn.config import hydra_override, hydra_quote, quote_path_overrides
+from revgnn.cli.quoting import hydra_override, hydra_quote, quote_path_overrides
 
 
 @pytest.mark.parametrize(
@@ -123,7 +123,7 @@ def test_a_seed_sweep_ends_with_a_table_and_every_job_resumes_as_printed(tmp_pat
 def test_data_schemas_signature_names_no_machine_path():
     import inspect
 
-    from revgnn.config import data_schemas
+    from revgnn.config.data_options import data_schemas
 
     assert "/" not in str(inspect.signature(data_schemas))
 

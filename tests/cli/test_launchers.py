@@ -11,9 +11,10 @@ from conftest import CONFIG_DIR, REPO, TINY_RUN, published_score, run_cli, run_s
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
-import revgnn.config  # noqa: F401  (registers the schemas)
+import revgnn.cli.launcher
 from revgnn.cli import reproduce
-from revgnn.config import have_submitit
+from revgnn.cli.launcher import have_submitit
+from revgnn.config.store import register_configs
 
 needs_submitit = pytest.mark.skipif(
     not have_submitit(),
@@ -22,6 +23,7 @@ needs_submitit = pytest.mark.skipif(
 
 
 def _launcher(*overrides):
+    register_configs()
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         return compose(
             config_name="train", overrides=list(overrides), return_hydra_config=True
@@ -97,7 +99,7 @@ def test_a_submitit_launcher_without_the_cluster_extra_says_how_to_install_it(tm
         assert "cluster extra" in text and 'pip install "revgnn[cluster]"' in text, text
         assert list(tmp_path.iterdir()) == [], text
 
-    monkeypatch.setattr(revgnn.config, "have_submitit", lambda: False)
+    monkeypatch.setattr(revgnn.cli.launcher, "have_submitit", lambda: False)
     with pytest.raises(SystemExit) as e:
         reproduce.main(["--out", str(tmp_path / "r"), "--launcher", "local"])
     assert "--launcher local: hydra/launcher=local is Hydra's submitit launcher" in str(e.value)

@@ -8,7 +8,7 @@ from conftest import CONFIG_DIR, REPO, compose, run_cli
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-import revgnn.config  # noqa: F401
+from revgnn.config.store import builtin_model_names
 from revgnn.engine.inference import as_edge_index
 from revgnn.engine.loop import build_model
 from revgnn.engine.tasks import make_task, shapes
@@ -16,7 +16,7 @@ from revgnn.models.paper import PROTEINS
 from revgnn.testing.fake_ogb import write_fake_ogbg, write_fake_ogbn
 
 EXPERIMENTS = sorted(p.stem for p in Path(CONFIG_DIR, "experiment").glob("*.yaml"))
-MODELS = revgnn.config.builtin_model_names()  # the `model=` options (tests/models/test_zoo.py)
+MODELS = builtin_model_names()  # the `model=` options (tests/models/test_zoo.py)
 TINY = {"num_layers": 2, "hidden_channels": 8}
 
 
@@ -155,3 +155,33 @@ def test_help_and_cfg_do_not_import_torch_geometric(args, tmp_path):
     assert "proteins_like" in proc.stdout or "proteins_revgnn_deep" in proc.stdout
     imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if "|" in line}
     assert "torch_geometric" not in imported and "torch" not in imported
+
+
+def test_importing_the_config_layer_stores_nothing_until_register_configs():
+    """``import revgnn.config`` has no side effect on Hydra's ConfigStore (nor imports torch);
+    :func:`revgnn.config.store.register_configs` stores the schemas, the model options and the
+    run-directory resolvers, and calling it again changes nothing. A fresh interpreter, so that
+    nothing registered earlier in the test session counts."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from hydra.core.config_store import ConfigStore\n"
+        "from omegaconf import OmegaConf\n"
+        "repo = ConfigStore.instance().repo\n"
+        "hydra_own = sorted(repo)\n"
+        "import revgnn.config\n"
+        "print(sorted(repo) == hydra_own, OmegaConf.has_resolver('revgnn.job_dir'), 'torch' in sys.modules)\n"
+        "revgnn.config.register_configs()\n"
+        "first = (sorted(repo), sorted(repo['model']))\n"
+        "revgnn.config.register_configs()\n"
+        "print(first == (sorted(repo), sorted(repo['model'])), OmegaConf.has_resolver('revgnn.job_dir'))\n"
+        "print(sorted(repo['model']) == sorted(n + '.yaml' for n in revgnn.config.builtin_model_names()))\n"
+        "print('train_schema.yaml' in repo, sorted(repo['schema']))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    before, same, models, stored = out.strip().splitlines()
+    assert before == "True False False", out
+    assert same == "True True" and models == "True", out
+    assert stored == "True ['data', 'model', 'optim']", out

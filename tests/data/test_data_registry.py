@@ -1,11 +1,12 @@
 """A data set is its loader plus one YAML file: the ``data`` schemas derive from the loaders' signatures
-(:func:`revgnn.config.data_schema`), the OGB node data sets from one spec each (``OGBN_SPECS``)."""
+(:func:`revgnn.config.data_options.data_schema`), the OGB node data sets from one spec each
+(``OGBN_SPECS``)."""
 
+import dataclasses
 import importlib
 import inspect
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
@@ -14,7 +15,7 @@ from omegaconf.errors import ConfigAttributeError, ValidationError
 import revgnn.config as config
 from revgnn.utils.ranges import Range
 
-DATA_DIR = Path(config.__file__).parent / "configs" / "data"
+DATA_DIR = config.DATA_CONFIGS
 DATA_OPTIONS = sorted(p.stem for p in DATA_DIR.glob("*.yaml"))
 
 
@@ -29,7 +30,7 @@ def test_every_data_option_selects_the_schema_of_its_loader(option):
     loader = _loader(raw._target_)
     assert {"/schema/data@_here_": loader.__name__} in raw.defaults
     schema = config.data_schemas()[loader.__name__]
-    fields = {f.name: f for f in config.dataclasses.fields(schema)}
+    fields = {f.name: f for f in dataclasses.fields(schema)}
     params = inspect.signature(loader).parameters
     assert set(fields) == {"_target_", *params}
     for name, p in params.items():

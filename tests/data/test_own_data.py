@@ -12,9 +12,9 @@ import torch
 from conftest import REPO, run_cli
 from torch_geometric.data import Data
 
-from revgnn.config import ConfigError
 from revgnn.data.pyg_data import from_pyg, infer_task, load_pyg_file
 from revgnn.engine.metrics import better, score
+from revgnn.errors import ConfigError
 
 #: a 2-layer, 8-channel node-level model, one epoch, no plot or bar
 TINY_MODEL = [

@@ -1,19 +1,17 @@
 """Graph-level training through the one loop (revgnn-train): CLI smoke run, exact resume, configs."""
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
+from conftest import CONFIG_DIR
 from hydra import compose, initialize_config_dir
 
-import revgnn.config
 from revgnn.cli.train import train
 from revgnn.engine.checkpoint import load_checkpoint
 from revgnn.models.paper import MOLHIV
 from revgnn.models.registry import paper_result
 
-CONFIG_DIR = str(Path(revgnn.config.__file__).parent / "configs")
 TINY = [
     "experiment=mol_like_revgnn",
     "data.num_graphs=120",

@@ -208,13 +208,13 @@ def test_checks_of_whole_graph_tests():
     from revgnn.engine.sar_backend import SARTask
 
     cfg = compose_train("unused", "backend=sar", "backend.partition_dir=unused")
-    SARTask.check_trainer(None, cfg.trainer)
+    SARTask.check_trainer(cfg.trainer)
     cfg.trainer.test_views = 2
     with pytest.raises(ValueError, match="backend=sar evaluates whole graphs.*test_views=2"):
-        SARTask.check_trainer(None, cfg.trainer)
+        SARTask.check_trainer(cfg.trainer)
     cfg.trainer.test_views, cfg.trainer.test_parts = 1, 3
     with pytest.raises(ValueError, match="trainer.test_parts=3 cannot apply"):
-        SARTask.check_trainer(None, cfg.trainer)
+        SARTask.check_trainer(cfg.trainer)
 
 
 # ---- the loop: fixed selection view, final test of best.pt ----------------------------------------

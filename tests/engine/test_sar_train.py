@@ -89,7 +89,7 @@ def test_sar_resume_is_bitwise_and_checks_the_layout(tmp_path, parts):
     for e in _run(_sar(tmp_path / "data", p2, "trainer.epochs=1", "data.num_nodes=500"), catch=True):
         assert "data.num_nodes: 400 in the partition, 500 here" in e, e
     from revgnn.cli.train import train
-    from revgnn.config import ConfigError
+    from revgnn.errors import ConfigError
 
     one = [*MODEL, *DATA_OVERRIDES, "trainer.epochs=4", ckpt]
     # backend=local is another setting, refused before anything is built; allowed, the layout is not

@@ -241,7 +241,7 @@ def test_resume_refuses_changed_settings_unless_allowed(tmp_path):
     ],
 )
 def test_out_of_range_settings_are_named(tmp_path, override, message):
-    from revgnn.config import ConfigError
+    from revgnn.errors import ConfigError
 
     with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
         train(_cfg(tmp_path, "trainer.epochs=1", override))
@@ -257,8 +257,8 @@ def test_configuration_errors_are_one_message_before_anything_starts(tmp_path, m
     """A value out of range, a misspelt model key and a resume whose checkpoint was trained with
     other settings: exit status 2, the message alone (no traceback) naming the key, and no run
     directory left behind. The resume is refused before the backend builds the data and model."""
-    from revgnn.config import ConfigError
     from revgnn.engine import loop
+    from revgnn.errors import ConfigError
 
     run = tmp_path / "run"
     for override, message in (
@@ -344,7 +344,7 @@ def test_a_second_run_into_an_output_dir_is_refused_unless_it_resumes_or_overwri
     it. From the command line: one line, before Hydra writes .hydra/ or train.log."""
     from conftest import TINY_RUN
 
-    from revgnn.config import ConfigError
+    from revgnn.errors import ConfigError
 
     a, b = tmp_path / "a", tmp_path / "b"
     files = ("last.pt", "best.pt", "metrics.csv", "summary.json")

@@ -196,6 +196,7 @@ def test_trainer_compile_is_refused_by_sar():
     from conftest import compose
 
     from revgnn.engine.sar_backend import SARBackend
+    from revgnn.errors import ConfigError
 
-    with pytest.raises(ValueError, match="trainer.compile=true is not supported with backend=sar"):
-        SARBackend(compose(["backend=sar", "trainer.compile=true"]))
+    with pytest.raises(ConfigError, match="trainer.compile=true is not supported with backend=sar"):
+        SARBackend.check_config(compose(["backend=sar", "backend.partition_dir=p", "trainer.compile=true"]))

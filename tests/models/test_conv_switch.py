@@ -4,7 +4,7 @@ from its own defaults (issue #31), through create_model and a model config alike
 import pytest
 import torch
 
-from revgnn.config import ConfigError
+from revgnn.errors import ConfigError
 from revgnn.models import create_model
 from revgnn.models.registry import CONFIG_TARGET, check_model_config
 

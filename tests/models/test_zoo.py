@@ -6,7 +6,6 @@ variants are counted exactly without allocating their weights.
 """
 
 import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,9 +13,9 @@ from conftest import REPO, compose, run_cli
 from omegaconf import OmegaConf
 from zoo_cases import ZOO
 
-import revgnn.config  # noqa: F401  (registers the schemas)
-from revgnn.config import ConfigError
+from revgnn.config.store import builtin_model_names
 from revgnn.engine.loop import build_model
+from revgnn.errors import ConfigError
 from revgnn.models import count_parameters, create_model, model_info
 from revgnn.models.registry import (
     SHAPE_ARGUMENTS,
@@ -26,7 +25,7 @@ from revgnn.models.registry import (
     zoo_table,
 )
 
-CONFIG_DIR = Path(revgnn.config.__file__).parent / "configs"
+CONFIG_DIR = REPO / "revgnn" / "configs"
 README = REPO / "README.md"
 EXPERIMENTS = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
 
@@ -81,10 +80,13 @@ def test_registered_parameter_counts_are_exact(name):
 
 def test_every_registered_model_is_a_model_option_and_no_other():
     """The ``model=`` options are the registry's variants: read from the decorators (so that
-    composing imports no torch), stored in Hydra's ConfigStore, no files."""
+    composing imports no torch), stored in Hydra's ConfigStore by ``register_configs``, no files."""
     from hydra.core.config_store import ConfigStore
 
-    assert revgnn.config.builtin_model_names() == ZOO
+    from revgnn.config.store import register_configs
+
+    register_configs()
+    assert builtin_model_names() == ZOO
     stored = {n.removesuffix(".yaml") for n in ConfigStore.instance().list("model")}
     assert set(ZOO) <= stored and not (CONFIG_DIR / "model").exists()
 
@@ -351,7 +353,7 @@ def test_what_spans_several_keys_is_checked_before_start(overrides, message):
 
 def test_no_range_is_kept_apart_from_its_parameter():
     """A range is declared on the parameter (``Annotated[T, Range(...)]``), a schema field
-    (``revgnn.config.ranged``) or a command-line option (``revgnn.cli.ranged``), never in a table
+    (``revgnn.config.schema.ranged``) or a command-line option (``revgnn.cli.ranged``), never in a table
     keyed by argument name (the former
     ``ARGUMENT_RANGES``): every ``Range(...)`` in the package's code is inside an ``Annotated[...]``."""
     import ast
@@ -368,7 +370,7 @@ def test_no_range_is_kept_apart_from_its_parameter():
             if called and id(node) not in inside:
                 found.append(f"{path.relative_to(REPO)}:{node.lineno}")
     # ranged(): a schema field's range and an argparse option's, each built from its own arguments
-    allowed = {"revgnn/config.py", "revgnn/cli/__init__.py"}
+    allowed = {"revgnn/config/schema.py", "revgnn/cli/__init__.py"}
     assert [f for f in found if f.split(":")[0] not in allowed] == []
 
 

@@ -87,9 +87,9 @@ def test_no_registry_imports_what_registers_into_it():
 def test_backends_by_name_and_unknown_names_are_config_errors():
     from conftest import compose
 
-    from revgnn.config import ConfigError
     from revgnn.engine.backends import BACKENDS, LocalBackend, make_backend
     from revgnn.engine.sar_backend import SARBackend
+    from revgnn.errors import ConfigError
 
     assert BACKENDS.names() == ["ddp", "local", "sar"] and BACKENDS.get("sar") is SARBackend
     assert type(make_backend(compose([]))) is LocalBackend and SARBackend.name == "sar"
@@ -105,8 +105,9 @@ def test_a_user_module_in_imports_registers_a_backend(tmp_path, monkeypatch):
 
     from conftest import compose
 
-    from revgnn.config import ConfigError, import_modules
+    from revgnn.config.store import import_modules
     from revgnn.engine.backends import BACKENDS, make_backend
+    from revgnn.errors import ConfigError
 
     (tmp_path / "my_backends.py").write_text(
         textwrap.dedent(
@@ -187,7 +188,7 @@ def user_module(tmp_path, monkeypatch):
 def test_a_user_module_in_imports_registers_a_model_a_conv_and_a_solver(user_module):
     from conftest import compose
 
-    from revgnn.config import import_modules
+    from revgnn.config.store import import_modules
     from revgnn.engine.loop import build_model
     from revgnn.models import check_model_config
     from revgnn.models.paper import PROTEINS
