@@ -357,7 +357,7 @@ struct GenAggr {
   // [c0, c0 + NB L): dL/dm per edge through the ReLU, summed into gx[s] and the partials.
   template <typename V, int NB>
   inline void backward_block(int64_t s, int64_t c0, const T* rows, const int64_t* dst, const int64_t* sptr,
-                             const int64_t* perm, T* gx, T* gattr, const Partial& part) const {
+                             const int64_t* perm, T* gx, T* gattr, const Partial& part, bool& own) const {
     constexpr int L = sizeof(V) / sizeof(T), W = NB * L;
     const int64_t k0 = sptr[s], k1 = sptr[s + 1], width = node_width();
     const int64_t run = REDUCE == kSoftmax ? 3 * c0 : c0;  // this chunk's run in a node's row
@@ -367,15 +367,20 @@ struct GenAggr {
     for (int j = 0; j < NB; ++j) gxs[j] = tsum[j] = V{};
     const T* xs = x + s * C + c0;
     int64_t tiled = 0;
+    bool listed = true;  // every edge listed for s has source s (checked on the first chunk)
     for (int64_t k = k0; k < k1; ++k) {
       const int64_t e = perm[k], i = dst[e];
+      if (c0 == 0) listed &= src[e] == s;
       if (k + kAhead < E) {  // the destination's run kAhead edges on (and its edge's features)
         const int64_t ea = perm[k + kAhead];
         const char* r = reinterpret_cast<const char*>(rows + dst[ea] * width + run);
         for (int64_t off = 0; off < (REDUCE == kSoftmax ? 3 : 1) * W * int64_t(sizeof(T)); off += 64)
           __builtin_prefetch(r + off);
         if constexpr (MODE == kFactored) __builtin_prefetch(attr + ea * d);
-        if (k + 2 * kAhead < E) __builtin_prefetch(dst + perm[k + 2 * kAhead]);
+        if (k + 2 * kAhead < E) {
+          __builtin_prefetch(dst + perm[k + 2 * kAhead]);
+          __builtin_prefetch(src + perm[k + 2 * kAhead]);
+        }
       }
       V pre[NB], gp[NB];
       pre_activation<V, NB>(e, xs, c0, b, pre);
@@ -420,6 +425,7 @@ struct GenAggr {
           }
       }
     }
+    own &= listed;
     if constexpr (MODE == kFactored)
       if (tiled) flush_tile<V, NB>(c0, tiled, part);
     if (gx)
@@ -464,11 +470,10 @@ struct GenAggr {
                         tile.data(), tile.data() + kTile * C};
         for (int64_t s = N * b / blocks; s < N * (b + 1) / blocks; ++s) {
           bool own = true;  // (a mismatch fails the call: the edge's values do not matter then)
-          for (int64_t k = sptr[s]; k < sptr[s + 1]; ++k) own &= src[perm[k]] == s;
-          if (!own) consistent[b] = 0;
           over_channels([&](auto v, auto nb, int64_t c0) {
-            backward_block<decltype(v), decltype(nb)::value>(s, c0, rows, dst, sptr, perm, gx, gattr, p);
+            backward_block<decltype(v), decltype(nb)::value>(s, c0, rows, dst, sptr, perm, gx, gattr, p, own);
           });
+          if (!own) consistent[b] = 0;
         }
       }
     });
