@@ -39,7 +39,7 @@ from omegaconf import DictConfig, OmegaConf
 from revgnn.engine.backends import Backend, make_backend
 from revgnn.engine.checkpoint import load_checkpoint
 from revgnn.engine.divergence import NonFiniteError, diverged
-from revgnn.engine.interrupt import StopRequest, TrainingInterrupted
+from revgnn.engine.interrupt import TrainingInterrupted
 from revgnn.engine.metrics import better
 from revgnn.engine.reports import FIELDS, Summary, plot_learning_curve, write_metrics
 from revgnn.engine.run import Checkpoints, Run
@@ -154,9 +154,16 @@ def _setup(cfg: DictConfig, backend: Backend) -> Run:
         from torch.utils.tensorboard import SummaryWriter
 
         tb = SummaryWriter(os.path.join(out_dir, "tensorboard"))
-    files = Checkpoints(out_dir, backend.is_writer)
     return Run(
-        model, task, optimizer, backend, autocast, StopRequest(), cfg, files, num_params=num_params, tb=tb
+        model,
+        task,
+        optimizer,
+        backend,
+        autocast=autocast,
+        cfg=cfg,
+        files=Checkpoints(out_dir, backend.is_writer),
+        num_params=num_params,
+        tb=tb,
     )
 
 
