@@ -157,7 +157,7 @@ class Checkpoints:
 
 @dataclasses.dataclass
 class Run:
-    """What a run's epochs work with: set up once by the loop (``revgnn.engine.loop._setup``), and the
+    """What a run's epochs work with, set up once by the loop (:mod:`revgnn.engine.loop`), and the
     :class:`RunState` they carry on. :func:`~revgnn.engine.loop.train_step` reads the first six fields
     alone, so a step can be taken with a :class:`Run` of just those (tests, benchmarks)."""
 

@@ -7,15 +7,15 @@ after ``backward``:
 .. math::
 
     g \leftarrow \sum_{w=1}^{W} g_w, \qquad
-    g \leftarrow g \cdot \min\Big(1, \frac{c}{\lVert g \rVert_2}\Big), \qquad
+    g \leftarrow g \cdot \min\Big(1, \frac{c}{\lVert g \rVert_2 + 10^{-6}}\Big), \qquad
     \theta \leftarrow \mathrm{step}(\theta, g), \qquad g \leftarrow 0
 
-(the gradients summed over the ``W`` workers, clipped to the global norm ``c`` when ``max_norm`` > 0,
-the update applied only when :math:`\lVert g \rVert_2` is finite, then cleared). Clearing is one method,
-:meth:`ModelOptimizer.zero_grad`: zeroed in place in the flat buffer (whose views must stay), freed
-otherwise. Its state (:meth:`~ModelOptimizer.state_dict`) is the torch optimiser's; :attr:`~ModelOptimizer.
-layout` names the flat buffer's parameter layout, and :meth:`~ModelOptimizer.load_state_dict` refuses
-state saved for another one (:class:`LayoutMismatch`).
+(the gradients summed over the ``W`` workers, clipped to the global norm ``c`` when ``max_norm`` > 0 as
+``torch.nn.utils.clip_grad_norm_`` does, the update applied only when :math:`\lVert g \rVert_2` is
+finite, then cleared). Clearing is one method, :meth:`ModelOptimizer.zero_grad`: zeroed in place in the
+flat buffer (whose views must stay), freed otherwise. Its state (:meth:`~ModelOptimizer.state_dict`) is
+the torch optimiser's; :attr:`~ModelOptimizer.layout` names the flat buffer's parameter layout, and
+:meth:`~ModelOptimizer.load_state_dict` refuses state saved for another one (:class:`LayoutMismatch`).
 """
 
 from __future__ import annotations
@@ -79,6 +79,7 @@ class ModelOptimizer:
         )
         if self.flat is not None:
             FlatParameters.check_optimizer(self.optimizer)
+        #: the global gradient norm :meth:`step` clips to (0: no clipping)
         self.max_norm = float(max_norm)
 
     @property
