@@ -157,6 +157,7 @@ def breakdown_child(args, depth: int) -> None:
 
     import revgnn.engine.checkpoint
     import revgnn.engine.loop
+    import revgnn.engine.run
     import revgnn.engine.tasks
     from revgnn.config.store import register_configs
     from revgnn.utils.allocator import allocator
@@ -220,8 +221,8 @@ def breakdown_child(args, depth: int) -> None:
     probe(torch.nn.utils, "clip_grad_norm_", "clip")
     probe(torch.optim.Adam, "step", "optimizer step")
     probe(revgnn.engine.tasks.NodeTask, "evaluate", "evaluate")
-    probe(revgnn.engine.loop, "save_checkpoint", "checkpoint")
-    probe(revgnn.engine.loop, "atomic_copy", "checkpoint")
+    probe(revgnn.engine.run, "save_checkpoint", "checkpoint")
+    probe(revgnn.engine.run, "atomic_copy", "checkpoint")
     root = Path(tempfile.mkdtemp(prefix="revgnn_cli_memory_breakdown_"))
     overrides = [o for o in workload(args, depth, root) if not o.startswith("hydra.")]
     try:

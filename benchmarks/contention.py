@@ -220,19 +220,19 @@ def child(args) -> None:
     import torch
 
     from revgnn.models import create_model
-    from revgnn.utils.flat import build_optimizer, optimizer_step
+    from revgnn.utils.optimizer import ModelOptimizer
 
     torch.manual_seed(0)
     model = create_model("revgnn_deep", num_layers=args.deep_layers)
     x, edge_index, edge_attr, y = proteins_subgraph(args.nodes, args.edges, torch.device("cpu"))
-    optimizer, flat = build_optimizer(model, lambda ps: torch.optim.Adam(ps, lr=1e-3), flat=True)
+    optimizer = ModelOptimizer(model, lambda ps: torch.optim.Adam(ps, lr=1e-3), flat=True, max_norm=1.0)
     loss_fn = torch.nn.BCEWithLogitsLoss()
     model.train()
 
     def step() -> None:
         loss = loss_fn(model(x, edge_index, edge_attr), y)
         loss.backward()
-        optimizer_step(optimizer, flat, max_norm=1.0)
+        optimizer.step()
 
     times = time_calls(step, 1 + args.deep_steps)  # a warm-up, then the measured steps
     print(

@@ -36,7 +36,7 @@ def main(argv=None) -> None:
     import torch
 
     from revgnn.models import create_model
-    from revgnn.utils.flat import build_optimizer
+    from revgnn.utils.optimizer import ModelOptimizer
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -47,9 +47,8 @@ def main(argv=None) -> None:
     def run(flat_params: bool):
         torch.manual_seed(0)
         model = create_model(args.model, **overrides)
-        optimizer, flat = build_optimizer(
-            model, lambda ps: getattr(torch.optim, args.optim)(ps, lr=1e-3), flat_params
-        )
+        wrapped = ModelOptimizer(model, lambda ps: getattr(torch.optim, args.optim)(ps, lr=1e-3), flat_params)
+        optimizer, flat = wrapped.optimizer, wrapped.flat
         params = optimizer.param_groups[0]["params"]
         gen = torch.Generator().manual_seed(1)
         for p in model.parameters():  # the same gradients on both sides

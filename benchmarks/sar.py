@@ -209,10 +209,11 @@ def _epochs(model, task, backend, cfg, barrier=None):
     """``cfg['epochs']`` epochs of the loop's ``train_step``; returns
     (idle peak RSS, peak RSS, fastest epoch s)."""
     from revgnn.engine.loop import train_step
+    from revgnn.engine.run import Run
     from revgnn.engine.seeds import Stream, seed_stream
-    from revgnn.utils.flat import build_optimizer
+    from revgnn.utils.optimizer import ModelOptimizer
 
-    optimizer, flat = build_optimizer(model, lambda ps: torch.optim.Adam(ps, lr=1e-3), True)
+    run = Run(model, task, ModelOptimizer(model, lambda ps: torch.optim.Adam(ps, lr=1e-3)), backend)
     sync = barrier or (lambda: None)
     sync()
     base, times = _rss_peak_mb(), []
@@ -221,7 +222,7 @@ def _epochs(model, task, backend, cfg, barrier=None):
         sync()
         t = time.perf_counter()
         for step in task.train_steps(gen, "cpu"):
-            train_step(model, task, step, optimizer, flat, backend)
+            train_step(run, step)
         sync()
         times.append(time.perf_counter() - t)
     return base, _rss_peak_mb(), min(times)

@@ -61,7 +61,7 @@ def main(argv=None) -> None:
 
     from revgnn.models import count_parameters, create_model
     from revgnn.utils import peak_rss_bytes
-    from revgnn.utils.flat import build_optimizer, optimizer_step
+    from revgnn.utils.optimizer import ModelOptimizer
 
     device = torch.device(args.device)
     overrides = {} if args.num_layers is None else {"num_layers": args.num_layers}
@@ -74,8 +74,8 @@ def main(argv=None) -> None:
     with torch.device("meta"):  # the registered depth, without allocating the full model
         full_depth = getattr(create_model(args.model), "num_layers", None)
     x, edge_index, edge_attr, y = proteins_subgraph(args.nodes, args.edges, device)
-    optimizer, flat = build_optimizer(
-        model, lambda ps: torch.optim.Adam(ps, lr=1e-3), flat=not args.per_tensor
+    optimizer = ModelOptimizer(
+        model, lambda ps: torch.optim.Adam(ps, lr=1e-3), flat=not args.per_tensor, max_norm=1.0
     )
     loss_fn = torch.nn.BCEWithLogitsLoss()
 
@@ -84,7 +84,7 @@ def main(argv=None) -> None:
             out = model(x, edge_index, edge_attr)
         loss = loss_fn(out.float(), y)
         loss.backward()
-        optimizer_step(optimizer, flat, max_norm=1.0)  # as revgnn-train: sync, clip, update, clear
+        optimizer.step()  # as revgnn-train: sync, clip, update, clear
 
     sync = torch.cuda.synchronize if device.type == "cuda" else None
     model.train()
@@ -103,7 +103,7 @@ def main(argv=None) -> None:
         bf16=args.bf16,
         quantize=args.quantize,
         reversible=args.reversible,
-        flat_params=flat is not None,
+        flat_params=optimizer.flat is not None,
         step_s=median_after(times),
         warmup_s=warmup,
         threads=torch.get_num_threads(),

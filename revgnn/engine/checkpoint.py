@@ -1,13 +1,15 @@
 """The checkpoint format (written, read, resumed from) and run files that survive a crash.
 
 A checkpoint (``last.pt`` every epoch, ``best.pt`` a byte copy of the best epoch's) holds the model, the
-optimiser, every worker's RNG state, the loop's :class:`RunState` (position, history, best epoch), the
-run's config and what it was trained on. :func:`save_checkpoint` is its one writer; :func:`load_checkpoint`
-its one reader, used by the resume (:func:`restore`, which refuses a checkpoint of another layout or config),
-``revgnn-evaluate`` and the benchmarks (:func:`load_trained`; :func:`checkpoint_config` for the config
-alone). A file that is not a checkpoint of the training loop, or a truncated or corrupt one, is a
-:class:`CheckpointError` naming the file (``revgnn-train``'s resume and ``revgnn-evaluate`` print it
-alone). The checks a run makes before it starts of its directory
+optimiser, every worker's RNG state, the loop's :class:`~revgnn.engine.run.RunState` (position, history,
+best epoch), the run's config and what it was trained on. :func:`save_checkpoint` is its one writer;
+:func:`load_checkpoint` its one reader, used by the resume (:func:`restore`, which refuses a checkpoint of
+another layout or config), ``revgnn-evaluate`` and the benchmarks (:func:`load_trained`;
+:func:`checkpoint_config` for the config alone). When the loop writes and copies them, sets the scheduled
+``best.pt`` aside and resumes is :class:`revgnn.engine.run.Checkpoints`' business. A file that is not a
+checkpoint of the training loop, or a truncated or corrupt one, is a :class:`CheckpointError` naming the
+file (``revgnn-train``'s resume and ``revgnn-evaluate`` print it alone). The checks a run makes before it
+starts of its directory
 (:func:`check_run_dir`) and of the checkpoint it resumes (:func:`check_resume`) are here too.
 
 Every file of a run is written to a temporary file in the same directory and renamed over its target
@@ -19,19 +21,21 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 import pickle
 import shutil
 import types
 import zipfile
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from revgnn.cli.quoting import hydra_override
 from revgnn.errors import ConfigError
+
+if TYPE_CHECKING:
+    from revgnn.engine.run import Run
 
 __all__ = [
     "atomic_save",
@@ -44,7 +48,9 @@ __all__ = [
     "CHECKPOINT_KEYS",
     "RUN_FILES",
     "check_run_dir",
-    "RunState",
+    "LAST",
+    "BEST",
+    "SCHEDULED_BEST",
     "save_checkpoint",
     "restore",
     "check_resume_config",
@@ -57,12 +63,17 @@ __all__ = [
 
 log = logging.getLogger("revgnn.train")
 
-#: The files of a finished (or stopped) run that a new run in the same directory would replace.
-RUN_FILES = ("last.pt", "best.pt", "metrics.csv", "summary.json")
-
+#: The checkpoint of a run's last epoch (or position inside an epoch), written every epoch.
+LAST = "last.pt"
+#: The checkpoint of a run's best evaluation, a byte copy of that epoch's ``last.pt``.
+BEST = "best.pt"
 #: ``best.pt`` of the scheduled evaluations, set aside when an off-schedule evaluation of a run's last epoch
-#: improved on it (:class:`RunState`), so that resuming with more epochs continues as one longer run would.
+#: improved on it (:class:`~revgnn.engine.run.RunState`), so that resuming with more epochs continues as
+#: one longer run would.
 SCHEDULED_BEST = "scheduled_best.pt"
+
+#: The files of a finished (or stopped) run that a new run in the same directory would replace.
+RUN_FILES = (LAST, BEST, "metrics.csv", "summary.json")
 
 #: The entries of every checkpoint the training loop writes (``last.pt``, ``best.pt``).
 CHECKPOINT_KEYS = ("model", "optimizer", "epoch", "history", "best", "config", "rng")
@@ -181,7 +192,7 @@ def check_run_dir(out_dir: str, ckpt_path: Optional[str] = None, overwrite: bool
         return  # resuming the run that is there: it continues its files
     raise ConfigError(
         f"output directory {out_dir} holds an earlier run ({', '.join(found)}): pass overwrite=true "
-        f"to replace it, resume it with {hydra_override('ckpt_path', os.path.join(out_dir, 'last.pt'))}, "
+        f"to replace it, resume it with {hydra_override('ckpt_path', os.path.join(out_dir, LAST))}, "
         f"or choose another output_dir"
     )
 
@@ -258,87 +269,42 @@ def atomic_write_text(text: str, path: str) -> None:
     os.replace(tmp, path)
 
 
-@dataclasses.dataclass
-class RunState:
-    """What the loop carries from epoch to epoch, and a checkpoint holds besides the model, the
-    optimiser and the RNG: ``epoch`` complete epochs and ``step`` steps of the next (``partial``: that
-    epoch's loss sum, count and time so far), the metrics rows, the best evaluation
-    (``{epoch, train, valid, test}``) and the final test of ``best.pt`` (not checkpointed).
-
-    Evaluations run every ``trainer.eval_every`` epochs and at the run's last epoch. An evaluation of
-    the last epoch that is off that schedule is a *closing* one: ``closing_best`` keeps the best
-    before it, and :meth:`reopen` undoes it when a resumed run trains past that epoch — so ``N``
-    epochs and ``k`` + ``N - k`` epochs give the same history and ``best.pt`` for every ``k``."""
-
-    epoch: int = 0
-    step: int = 0
-    partial: Optional[Dict[str, float]] = None
-    history: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
-    best: Dict[str, Any] = dataclasses.field(
-        default_factory=lambda: {"epoch": 0, "train": math.nan, "valid": -math.inf, "test": math.nan}
-    )
-    closing_best: Optional[Dict[str, Any]] = None
-    checkpoint_test: Optional[Dict[str, Any]] = None
-
-    def reopen(self, run_dir: Optional[str]) -> None:
-        """Undoes a closing evaluation of the last epoch before training past it: its row loses its
-        scores, the best is the scheduled one again and (``run_dir``: the writer's run directory)
-        the scheduled ``best.pt`` is put back."""
-        if self.closing_best is None:
-            return
-        row = self.history[-1]
-        improved = self.best["epoch"] == row["epoch"]  # best.pt is the closing epoch's
-        row.update(evaluation="", train="", valid="", test="")
-        self.best, self.closing_best = self.closing_best, None
-        if run_dir is None or not improved:
-            return
-        scheduled, best = os.path.join(run_dir, SCHEDULED_BEST), os.path.join(run_dir, "best.pt")
-        if os.path.exists(scheduled):
-            os.replace(scheduled, best)
-        elif self.best["epoch"] == 0 and os.path.exists(best):  # no scheduled evaluation before it
-            os.remove(best)
-
-
-def save_checkpoint(
-    path: str,
-    state: RunState,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    flat,
-    rng: List[Dict[str, Any]],
-    num_parameters: int,
-    backend_identity: Dict[str, Any],
-    config: DictConfig,
-) -> None:
-    """Writes the checkpoint of ``state`` to ``path`` atomically: the model and optimiser state, every
-    worker's RNG state (``rng``, by rank), the loop state, the parameter layout of the flat optimiser
-    buffer (``flat``, or None), the backend's identity and the resolved config."""
+def save_checkpoint(path: str, run: "Run", rng: List[Dict[str, Any]]) -> None:
+    """Writes the checkpoint of ``run`` to ``path`` atomically: the model and optimiser state (with the
+    flat buffer's parameter layout, or None), every worker's RNG state (``rng``, by rank), the loop state
+    (``run.state``), the backend's identity and the resolved config."""
+    state = run.state
     # keep_vars: the parameters themselves rather than a detached alias of each (20k tensor objects at
     # 1001 layers); atomic_save writes them detached, so the file is the same.
     atomic_save(
         {
-            "model": model.state_dict(keep_vars=True),
-            "optimizer": optimizer.state_dict(),
+            "model": run.model.state_dict(keep_vars=True),
+            "optimizer": run.optimizer.state_dict(),
             "epoch": state.epoch,
             "step": state.step,
             "partial": state.partial,
             "history": state.history,
             "best": state.best,
             "closing_best": state.closing_best,
-            "num_parameters": num_parameters,
-            "flat_params": flat.layout if flat is not None else None,
-            "backend": backend_identity,
-            "config": OmegaConf.to_container(config, resolve=True, enum_to_str=True),
+            "num_parameters": run.num_params,
+            "flat_params": run.optimizer.layout,
+            "backend": run.backend.identity(),
+            "config": OmegaConf.to_container(run.cfg, resolve=True, enum_to_str=True),
             "rng": rng,
         },
         path,
     )
 
 
-def restore(ckpt: Dict[str, Any], cfg: DictConfig, backend, model, optimizer, flat) -> RunState:
-    """Loads ``ckpt`` (read from ``cfg.ckpt_path`` by :func:`load_checkpoint`) into the model, the
-    optimiser and this worker's RNG; returns the loop state. Refuses a checkpoint of another backend,
-    world size or partitioning, model or parameter layout, or config (:func:`check_resume_config`)."""
+def restore(ckpt: Dict[str, Any], run: "Run") -> Dict[str, Any]:
+    """Loads ``ckpt`` (read from ``run.cfg.ckpt_path`` by :func:`load_checkpoint`) into the run's model,
+    optimiser and this worker's RNG; returns the loop state's fields (``epoch``, ``step``, ``partial``,
+    ``history``, ``best``, ``closing_best``: :class:`~revgnn.engine.run.RunState`'s). Refuses a
+    checkpoint of another backend, world size or partitioning, model or parameter layout, or config
+    (:func:`check_resume_config`)."""
+    from revgnn.utils.optimizer import LayoutMismatch  # imports FlatParameters' registration hooks
+
+    cfg, backend = run.cfg, run.backend
     path = cfg.ckpt_path
     saved = ckpt.get("backend") or {"backend": "local", "world_size": 1}
     now = backend.identity()
@@ -355,13 +321,23 @@ def restore(ckpt: Dict[str, Any], cfg: DictConfig, backend, model, optimizer, fl
         )
     allowed = check_resume_config(ckpt.get("config") or {}, cfg, path)
     try:
-        model.load_state_dict(ckpt["model"])
+        run.model.load_state_dict(ckpt["model"])
     except RuntimeError as e:
         raise RuntimeError(
             f"checkpoint {path} does not fit model {cfg.model.name!r} as configured (was it trained with "
             f"other model settings?): {e}"
         ) from e
-    _restore_optimizer(ckpt, path, optimizer, flat, allowed)
+    try:  # flat_params: FlatParameters.layout, or None for per-tensor state
+        run.optimizer.load_state_dict(ckpt["optimizer"], ckpt.get("flat_params"))
+    except LayoutMismatch as e:
+        hint = "" if e.flat is None else f"; resume with trainer.flat_params={str(e.flat).lower()}"
+        raise RuntimeError(f"checkpoint {path} holds {e}{hint}") from None
+    for key, (old, new) in allowed.items():  # an allowed optimiser change takes effect on the restored state
+        name = key[len("optim.") :]
+        if key.startswith("optim.") and all(name in g for g in run.optimizer.param_groups):
+            for group in run.optimizer.param_groups:
+                group[name] = new
+        log.info("resume: %s changed from %r to %r (resume_allow)", key, old, new)
     rng = ckpt["rng"]
     rng = rng[backend.rank] if isinstance(rng, list) else rng  # a list by rank since the one loop
     torch.set_rng_state(rng["torch"])
@@ -369,7 +345,7 @@ def restore(ckpt: Dict[str, Any], cfg: DictConfig, backend, model, optimizer, fl
         torch.cuda.set_rng_state(rng["cuda"], backend.device)
     step = ckpt.get("step", 0)
     log.info("resumed from %s at epoch %d%s", path, ckpt["epoch"], f", step {step}" if step else "")
-    return RunState(
+    return dict(
         epoch=ckpt["epoch"],
         step=step,
         partial=ckpt.get("partial"),
@@ -377,27 +353,6 @@ def restore(ckpt: Dict[str, Any], cfg: DictConfig, backend, model, optimizer, fl
         best=ckpt["best"],
         closing_best=ckpt.get("closing_best"),
     )
-
-
-def _restore_optimizer(ckpt: Dict[str, Any], path: str, optimizer, flat, allowed: Dict[str, tuple]) -> None:
-    saved_layout = ckpt.get("flat_params")  # FlatParameters.layout, or None for per-tensor state
-    if bool(saved_layout) != (flat is not None):
-        raise RuntimeError(
-            f"checkpoint {path} holds optimiser state for {'flat' if saved_layout else 'per-tensor'} "
-            f"parameters; resume with trainer.flat_params={str(bool(saved_layout)).lower()}"
-        )
-    if flat is not None and saved_layout != flat.layout:
-        raise RuntimeError(
-            f"checkpoint {path} holds flat optimiser state for another parameter layout (parameters, "
-            f"their order or the chunking differ); its moments cannot be matched to this model's parameters"
-        )
-    optimizer.load_state_dict(ckpt["optimizer"])
-    for key, (old, new) in allowed.items():  # an allowed optimiser change takes effect on the restored state
-        name = key[len("optim.") :]
-        if key.startswith("optim.") and all(name in g for g in optimizer.param_groups):
-            for group in optimizer.param_groups:
-                group[name] = new
-        log.info("resume: %s changed from %r to %r (resume_allow)", key, old, new)
 
 
 @dataclasses.dataclass

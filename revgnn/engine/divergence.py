@@ -7,9 +7,9 @@ own, because each is checked on values that a collective already made the same e
 * the step's loss: the loop's one all-reduce of ``[loss, signals]`` per step
   (:func:`revgnn.engine.loop.train_step`);
 * the gradients' global norm :math:`\lVert g \rVert_2` after they are summed over the workers
-  (:func:`revgnn.utils.flat.optimizer_step`): an all-reduce hands every worker the same bits, so every
-  worker computes the same norm (a NaN or infinity in any worker's gradient reaches every sum). A
-  finite loss can have a non-finite gradient (an overflow in the backward);
+  (:meth:`revgnn.utils.optimizer.ModelOptimizer.step`): an all-reduce hands every worker the same
+  bits, so every worker computes the same norm (a NaN or infinity in any worker's gradient reaches every
+  sum). A finite loss can have a non-finite gradient (an overflow in the backward);
 * the evaluation's predictions, checked by :func:`check_predictions` before they are scored (OGB's
   evaluator, through scikit-learn, would fail on them with ``Input contains NaN``): node tasks score
   logits summed over the workers, SAR the predictions gathered from all of them;

@@ -11,7 +11,9 @@ code's separate ``test.py``; docs/fidelity.md). Graph-level data go through the 
 mini-batches of graphs, SAR through it with one full-graph step per epoch: :mod:`revgnn.engine.tasks`
 holds what differs between data, :mod:`revgnn.engine.backends` what differs between backends.
 
-Outputs in the run directory (rank 0 writes them; every write is atomic, :mod:`~revgnn.engine.checkpoint`):
+What a run holds (its model, optimiser, state and checkpoint files) is :mod:`revgnn.engine.run`'s
+:class:`~revgnn.engine.run.Run`, handed to every part of the loop. Outputs in the run directory (rank 0
+writes them; every write is atomic, :mod:`~revgnn.engine.checkpoint`):
 ``metrics.csv`` (one row per epoch, rewritten each epoch, and a last ``checkpoint_test`` row),
 ``summary.json`` (also after a divergence,
 an interruption or a failure, with its ``status``), ``last.pt`` every epoch and ``best.pt``,
@@ -23,7 +25,6 @@ also after SIGINT / SIGTERM mid-epoch (:mod:`~revgnn.engine.interrupt`).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import math
 import os
@@ -36,19 +37,12 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from revgnn.engine.backends import Backend, make_backend
-from revgnn.engine.checkpoint import (
-    SCHEDULED_BEST,
-    RunState,
-    atomic_copy,
-    load_checkpoint,
-    load_trained,
-    restore,
-    save_checkpoint,
-)
+from revgnn.engine.checkpoint import load_checkpoint
 from revgnn.engine.divergence import NonFiniteError, diverged
-from revgnn.engine.interrupt import StopRequest, TrainingInterrupted
+from revgnn.engine.interrupt import TrainingInterrupted
 from revgnn.engine.metrics import better
 from revgnn.engine.reports import FIELDS, Summary, plot_learning_curve, write_metrics
+from revgnn.engine.run import Checkpoints, Run
 from revgnn.engine.seeds import Stream, evaluation_seed, seed_stream, seed_worker
 
 __all__ = ["train", "train_step", "build_model", "resolve_output_dir"]
@@ -74,63 +68,26 @@ def train(cfg: DictConfig) -> Dict[str, Any]:
     return summary.to_dict()
 
 
-@dataclasses.dataclass
-class Run:
-    """What a run's epochs work with, set up once (:func:`_setup`) and not changed after."""
-
-    cfg: DictConfig
-    backend: Backend
-    task: Any  #: batches, loss and evaluation of this worker's data (:mod:`revgnn.engine.tasks`)
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    flat: Any  #: the flat parameter buffer (:mod:`revgnn.utils.flat`), or None
-    autocast: Any  #: the bf16 autocast context, or None
-    out_dir: str
-    num_params: int
-    stop: StopRequest
-    tb: Any = None  #: the TensorBoard writer (the writer rank, ``logger.tensorboard``), or None
-
-    @property
-    def last_path(self) -> str:
-        return os.path.join(self.out_dir, "last.pt")
-
-    @property
-    def best_path(self) -> str:
-        return os.path.join(self.out_dir, "best.pt")
-
-    @property
-    def writer(self) -> bool:
-        return self.backend.is_writer
-
-
 def _train(cfg: DictConfig, backend: Backend) -> Summary:
     # the checkpoint to resume from, read (and refused if it is none) before the data and the model
     ckpt = load_checkpoint(cfg.ckpt_path) if cfg.ckpt_path else None
     run = _setup(cfg, backend)
-    state = RunState()
     if ckpt is not None:
-        state = restore(ckpt, cfg, backend, run.model, run.optimizer, run.flat)
+        run.files.resume(run, ckpt)
         del ckpt  # its tensors are in the model and the optimiser now
-        if state.epoch < cfg.trainer.epochs:
-            state.reopen(run.out_dir if run.writer else None)
-        else:
-            log.warning(
-                "checkpoint is at epoch %d >= trainer.epochs=%d: nothing to train",
-                state.epoch,
-                cfg.trainer.epochs,
-            )
+    state = run.state
     try:
-        _epochs(run, state)
+        _epochs(run)
     finally:
         if run.tb is not None:
             run.tb.close()
     if cfg.trainer.test_views is not None:
         try:
-            state.checkpoint_test = checkpoint_test(run, state.best["epoch"])
+            state.checkpoint_test = checkpoint_test(run)
         except Exception as e:
-            _summary(run, state, f"failed in the final test: {type(e).__name__}")
+            _summary(run, f"failed in the final test: {type(e).__name__}")
             raise
-    summary = _summary(run, state, "completed", max(backend.gather(peak_memory_mb(backend.device))))
+    summary = _summary(run, "completed", max(backend.gather(peak_memory_mb(backend.device))))
     if run.writer and cfg.logger.plot and state.history:
         plot_learning_curve(
             state.history,
@@ -161,7 +118,7 @@ def _setup(cfg: DictConfig, backend: Backend) -> Run:
     from hydra.utils import instantiate
 
     from revgnn.models import count_parameters
-    from revgnn.utils.flat import build_optimizer
+    from revgnn.utils.optimizer import ModelOptimizer
 
     device = backend.device
     out_dir = resolve_output_dir(cfg)
@@ -191,13 +148,23 @@ def _setup(cfg: DictConfig, backend: Backend) -> Run:
     )
     # One buffer for all parameters (and one for their gradients): the optimiser then updates a few
     # chunks of it instead of looping over ~10 tensors per layer (trainer.flat_params).
-    optimizer, flat = build_optimizer(model, instantiate(cfg.optim), cfg.trainer.flat_params)
+    optimizer = ModelOptimizer(model, instantiate(cfg.optim), cfg.trainer.flat_params, cfg.trainer.grad_clip)
     tb = None
     if backend.is_writer and cfg.logger.tensorboard:
         from torch.utils.tensorboard import SummaryWriter
 
         tb = SummaryWriter(os.path.join(out_dir, "tensorboard"))
-    return Run(cfg, backend, task, model, optimizer, flat, autocast, out_dir, num_params, StopRequest(), tb)
+    return Run(
+        model,
+        task,
+        optimizer,
+        backend,
+        autocast=autocast,
+        cfg=cfg,
+        files=Checkpoints(out_dir, backend.is_writer),
+        num_params=num_params,
+        tb=tb,
+    )
 
 
 def _use_bf16(cfg: DictConfig, device: torch.device) -> bool:
@@ -205,12 +172,12 @@ def _use_bf16(cfg: DictConfig, device: torch.device) -> bool:
     return precision == "bf16" or (precision == "auto" and device.type == "cuda")
 
 
-def _epochs(run: Run, state: RunState) -> None:
-    """Trains epochs ``state.epoch + 1`` to ``trainer.epochs``; on a divergence, an interruption or a
+def _epochs(run: Run) -> None:
+    """Trains epochs ``run.state.epoch + 1`` to ``trainer.epochs``; on a divergence, an interruption or a
     failure writes the summary with that status and raises on."""
     from tqdm.auto import tqdm
 
-    cfg, backend, device = run.cfg, run.backend, run.backend.device
+    cfg, backend, device, state = run.cfg, run.backend, run.backend.device, run.state
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     bar = tqdm(
@@ -229,7 +196,7 @@ def _epochs(run: Run, state: RunState) -> None:
                 # logged once each at its end, instead of one line per step
                 with warnings.catch_warnings(record=True) as epoch_warnings:
                     warnings.simplefilter("always")
-                    row = _run_epoch(run, state, epoch)
+                    row = _run_epoch(run, epoch)
                 log_warnings(epoch_warnings, epoch, run.writer)
                 bar.set_postfix(loss=f"{row['loss']:.4f}", valid=f"{state.best['valid']:.4f}")
                 # a signal during evaluation or checkpointing: the epoch is saved, stop here
@@ -237,27 +204,27 @@ def _epochs(run: Run, state: RunState) -> None:
                 if run.stop.agree(backend.all_reduce(flags, "all_reduce of the signals after an epoch")):
                     raise _interrupted(run, epoch + 1, None)
     except TrainingInterrupted:
-        _summary(run, state, "interrupted")
+        _summary(run, "interrupted")
         raise
     except FloatingPointError as e:  # a loss, gradient norm, prediction or DEQ solve (all workers alike)
-        _summary(run, state, "diverged")
-        raise diverged(e, epoch, _last_good(run, state)) from None
+        _summary(run, "diverged")
+        raise diverged(e, epoch, run.files.last_good(state)) from None
     except Exception as e:
         if state.history:  # what finished stays reported (no collective here: a peer may be gone)
-            _summary(run, state, f"failed at epoch {epoch}: {type(e).__name__}")
+            _summary(run, f"failed at epoch {epoch}: {type(e).__name__}")
         raise
     finally:
         bar.close()
 
 
-def _run_epoch(run: Run, state: RunState, epoch: int) -> Dict[str, Any]:
+def _run_epoch(run: Run, epoch: int) -> Dict[str, Any]:
     """Trains epoch ``epoch`` (from the saved position when resuming mid-epoch), evaluates it when due,
     saves ``last.pt`` (and ``best.pt``); returns its metrics row."""
-    cfg, backend, model = run.cfg, run.backend, run.model
+    cfg, backend, model, state = run.cfg, run.backend, run.model, run.state
     model.train()
     if hasattr(model, "set_epoch"):  # models with an epoch schedule (DEQ-GNN's unrolled pretraining)
         model.set_epoch(epoch - 1)
-    loss, epoch_time = _train_epoch(run, state, epoch)
+    loss, epoch_time = _train_epoch(run, epoch)
     row = {
         "epoch": epoch,
         "evaluation": "",
@@ -276,19 +243,15 @@ def _run_epoch(run: Run, state: RunState, epoch: int) -> Dict[str, Any]:
     improved = False
     if scheduled or epoch == cfg.trainer.epochs:
         before = state.best
-        improved = _evaluate(run, state, epoch, row, epoch_time)
+        improved = _evaluate(run, epoch, row, epoch_time)
         # an off-schedule evaluation of the last epoch: undone if a resume trains on (RunState.reopen)
         state.closing_best = None if scheduled else before
     else:
         state.closing_best = None
     state.history.append(row)
     state.epoch, state.step, state.partial = epoch, 0, None
-    _save_last(run, state)  # pickled once; best.pt is a byte copy
+    run.files.save(run, improved)  # last.pt, and best.pt as its byte copy
     if run.writer:
-        if improved:
-            if state.closing_best is not None and os.path.exists(run.best_path):
-                os.replace(run.best_path, os.path.join(run.out_dir, SCHEDULED_BEST))
-            atomic_copy(run.last_path, run.best_path)
         write_metrics(state.history, os.path.join(run.out_dir, "metrics.csv"))
         if run.tb is not None:
             for key, value in row.items():
@@ -297,41 +260,31 @@ def _run_epoch(run: Run, state: RunState, epoch: int) -> Dict[str, Any]:
     return row
 
 
-def _train_epoch(run: Run, state: RunState, epoch: int) -> tuple:
+def _train_epoch(run: Run, epoch: int) -> tuple:
     """The training steps of epoch ``epoch``: its batches (partition, order of graphs) are a function of
     (seed, epoch) alone, the same on every worker, and a run resumed mid-epoch skips the steps already
     taken. Returns the epoch's mean loss and time; a stop request saves the position and raises."""
-    cfg, tc = run.cfg, run.cfg.trainer
+    cfg, state = run.cfg, run.state
     first = state.step if epoch == state.epoch + 1 else 0
     partial = (state.partial if first else None) or {"loss_sum": 0.0, "count": 0, "time_s": 0.0}
     loss_sum, count = partial["loss_sum"], partial["count"]
     t0 = time.perf_counter() - partial["time_s"]
     generator = torch.Generator().manual_seed(seed_stream(cfg.seed, epoch, Stream.TRAIN_BATCHES))
     for step in run.task.train_steps(generator, run.backend.device, start=first):
-        loss, stopping = train_step(
-            run.model,
-            run.task,
-            step,
-            run.optimizer,
-            run.flat,
-            run.backend,
-            run.autocast,
-            tc.grad_clip,
-            run.stop,
-        )
+        loss, stopping = train_step(run, step)
         loss_sum, count = loss_sum + loss * step.total, count + step.total
         if stopping:
             state.step = step.index + 1
             state.partial = {"loss_sum": loss_sum, "count": count, "time_s": time.perf_counter() - t0}
-            _save_last(run, state)  # state.epoch is still the last complete epoch
+            run.files.save(run)  # state.epoch is still the last complete epoch
             raise _interrupted(run, epoch, step.index)
     return loss_sum / max(count, 1), time.perf_counter() - t0
 
 
-def _evaluate(run: Run, state: RunState, epoch: int, row: Dict[str, Any], epoch_time: float) -> bool:
+def _evaluate(run: Run, epoch: int, row: Dict[str, Any], epoch_time: float) -> bool:
     """Scores the model on the epoch's views into ``row``; returns whether the validation score
     improved on the best (which it then becomes)."""
-    cfg = run.cfg
+    cfg, state = run.cfg, run.state
     generator = torch.Generator().manual_seed(seed_stream(cfg.seed, epoch, Stream.EVALUATION))
     scores = run.task.evaluate(run.model, generator, run.backend.device, run.autocast)
     model_epoch_stats(run.model, run.backend, gather=False)  # the evaluation's solves are not training's
@@ -353,34 +306,9 @@ def _evaluate(run: Run, state: RunState, epoch: int, row: Dict[str, Any], epoch_
     return improved
 
 
-def _save_last(run: Run, state: RunState) -> None:
-    """``last.pt`` of ``state`` (all workers take part: each one's RNG state is gathered; the writer
-    rank writes)."""
-    device = run.backend.device
-    rng = run.backend.gather(
-        {
-            "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-        },
-        "all_gather of the RNG states for last.pt",
-    )
-    if run.writer:
-        save_checkpoint(
-            run.last_path,
-            state,
-            run.model,
-            run.optimizer,
-            run.flat,
-            rng,
-            run.num_params,
-            run.backend.identity(),
-            run.cfg,
-        )
-
-
-def _summary(run: Run, state: RunState, status: str, peak_mb: Optional[float] = None) -> Summary:
+def _summary(run: Run, status: str, peak_mb: Optional[float] = None) -> Summary:
     """The run's summary with ``status``; the writer rank writes it and ``metrics.csv``."""
-    cfg, backend = run.cfg, run.backend
+    cfg, backend, state = run.cfg, run.backend, run.state
     peak_mb = peak_memory_mb(backend.device) if peak_mb is None else peak_mb
     history, best = state.history, state.best
     times = [r["epoch_time_s"] for r in history]
@@ -415,25 +343,16 @@ def _summary(run: Run, state: RunState, status: str, peak_mb: Optional[float] = 
     return summary
 
 
-def train_step(
-    model,
-    task,
-    step,
-    optimizer,
-    flat,
-    backend: Backend,
-    autocast=None,
-    grad_clip: float = 0.0,
-    stop: Optional[StopRequest] = None,
-):
-    """One optimiser step over this worker's batches of ``step``: forward, loss share, backward for each
-    (gradients accumulate), then one all-reduce of ``[step loss, signal of each worker]`` over the
-    workers (:meth:`~revgnn.engine.interrupt.StopRequest.flags`: what ``stop`` received by then). The
-    update is applied only when the step loss and the gradient norm are finite (gradients reduced over
-    the workers, clipped), else :class:`~revgnn.engine.divergence.NonFiniteError` is raised on every
-    worker; returns ``(step loss, whether any worker asked to stop)``."""
-    from revgnn.utils.flat import optimizer_step
-
+def train_step(run: Run, step) -> tuple:
+    """One optimiser step of ``run`` over this worker's batches of ``step``: forward (under
+    ``run.autocast``), loss share, backward for each (gradients accumulate), then one all-reduce of
+    ``[step loss, signal of each worker]`` over the workers
+    (:meth:`~revgnn.engine.interrupt.StopRequest.flags`: what ``run.stop`` received by then). The update
+    (:meth:`ModelOptimizer.step <revgnn.utils.optimizer.ModelOptimizer.step>`: gradients reduced over the
+    workers, clipped) is applied only when the step loss and the gradient norm are finite, else
+    :class:`~revgnn.engine.divergence.NonFiniteError` is raised on every worker; returns
+    ``(step loss, whether any worker asked to stop)``."""
+    model, task, backend, autocast = run.model, run.task, run.backend, run.autocast
     loss_sum = torch.zeros((), dtype=torch.float64)
     failure: Optional[FloatingPointError] = None
     for batch in step.batches:
@@ -449,8 +368,7 @@ def train_step(
             failure = e  # is agreed through the all-reduce below, not raised past the peers
             break
         loss_sum += loss.detach().to(loss_sum)
-    stop = stop if stop is not None else StopRequest()  # no handlers: its flags stay 0
-    ws = backend.world_size
+    stop, ws = run.stop, backend.world_size
     failed = torch.zeros(ws, dtype=torch.float64)
     failed[backend.rank] = float(failure is not None)
     status = backend.all_reduce(
@@ -460,16 +378,13 @@ def train_step(
     loss_value, stopping = float(status[0]), stop.agree(status[1 : ws + 1])
     any_failed = bool(status[ws + 1 :].any())  # this worker's own failure among them
     if any_failed or not math.isfinite(loss_value):
-        if flat is not None:
-            flat.zero_grad()
-        else:
-            optimizer.zero_grad(set_to_none=True)
+        run.optimizer.zero_grad()
         if any_failed:
             raise NonFiniteError(_failures(backend, failure, step.index), step.index)
         raise NonFiniteError(f"loss is {loss_value}", step.index)
     # clears the gradients after the update: freed (or zeroed in the flat buffer) here rather than
     # before the next backward, they stay out of evaluation and checkpointing
-    norm = optimizer_step(optimizer, flat, grad_clip, backend.reduce_gradients)
+    norm = run.optimizer.step(backend.reduce_gradients)
     if not math.isfinite(norm):  # the summed gradients' norm: the same on every worker
         raise NonFiniteError(f"gradient norm is {norm}", step.index)
     return loss_value, stopping
@@ -486,18 +401,12 @@ def _failures(backend: Backend, failure: Optional[FloatingPointError], step: int
     return "; ".join(f"worker {r}: {m}" for r, m in enumerate(messages) if m is not None)
 
 
-def _last_good(run: Run, state: RunState) -> str:
-    if os.path.exists(run.last_path) and state.history:
-        return f"{run.last_path} (epoch {state.history[-1]['epoch']})"
-    return "none (no epoch finished)"
-
-
 def _interrupted(run: Run, epoch: int, step: Optional[int]) -> TrainingInterrupted:
     signum, name = run.stop.reported(run.backend.rank)  # its own signal, else the peer's that stopped it
     where = f"in epoch {epoch} after {step + 1} step(s)" if step is not None else f"before epoch {epoch}"
     return TrainingInterrupted(
-        f"{name}: stopped {where}; saved {run.last_path}. "
-        f"Resume with:\n  {resume_command(run.cfg, run.backend, run.last_path)}",
+        f"{name}: stopped {where}; saved {run.files.last}. "
+        f"Resume with:\n  {resume_command(run.cfg, run.backend, run.files.last)}",
         signum,
     )
 
@@ -574,26 +483,17 @@ def log_warnings(caught, epoch: int, writer: bool) -> None:
             )
 
 
-def checkpoint_test(run: Run, best_epoch: int) -> Optional[Dict[str, Any]]:
-    """The final test: every worker loads ``best.pt`` into the model (set to the best epoch's
-    schedule, e.g. DEQ-GNN's pretraining phase) and scores it with ``task.final_test`` on
-    ``trainer.test_views`` x ``trainer.test_parts`` fresh views drawn from the seed alone; returns
+def checkpoint_test(run: Run) -> Optional[Dict[str, Any]]:
+    """The final test: every worker loads ``best.pt`` (:meth:`Checkpoints.load_best
+    <revgnn.engine.run.Checkpoints.load_best>`) into the model (set to the best epoch's schedule, e.g.
+    DEQ-GNN's pretraining phase) and scores it with ``task.final_test`` on ``trainer.test_views`` x
+    ``trainer.test_parts`` fresh views drawn from the seed alone; returns
     ``{epoch, views, parts, train, valid, test}``, or :obj:`None` (with a warning) when no
     evaluation ever saved a ``best.pt``."""
-    tc, model = run.cfg.trainer, run.model
-    if not best_epoch or not os.path.exists(run.best_path):
-        log.warning(
-            "no %s from this run (no evaluation improved on -inf, or the best epoch was written to "
-            "another output_dir before a resume): the final test is skipped",
-            run.best_path,
-        )
+    tc, model, best_epoch = run.cfg.trainer, run.model, run.state.best["epoch"]
+    best = run.files.load_best(best_epoch)
+    if best is None:
         return None
-    best = load_trained(run.best_path)
-    if best.epoch != best_epoch:
-        raise RuntimeError(
-            f"{run.best_path} holds epoch {best.epoch}, but the best validation score was at epoch "
-            f"{best_epoch}: another run wrote into this directory. Give each run its own output_dir"
-        )
     model.load_state_dict(best.model_state)
     if hasattr(model, "set_epoch"):
         model.set_epoch(best_epoch - 1)

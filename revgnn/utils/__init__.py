@@ -1,7 +1,7 @@
 """Measurement, memory and launch helpers.
 
 ``revgnn.utils.allocator`` imports nothing heavy (entry points call it before torch is
-loaded); the memory helpers and ``FlatParameters`` are imported on first use.
+loaded); the memory helpers, ``FlatParameters`` and ``ModelOptimizer`` are imported on first use.
 """
 
 from revgnn.utils.lazy import lazy_exports
@@ -11,6 +11,7 @@ _HOME = {
     "peak_rss_bytes": "memory",
     "release_free_memory": "memory",
     "FlatParameters": "flat",
+    "ModelOptimizer": "optimizer",
 }
 __all__ = list(_HOME)
 __getattr__ = lazy_exports(__name__, _HOME)

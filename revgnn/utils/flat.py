@@ -19,13 +19,14 @@ one reduction (equal up to rounding order).
 
 Rules that look at a parameter's shape (Adafactor's factored moments, LAMB's per-tensor trust
 ratio) are not element-wise and must not be flattened: :meth:`FlatParameters.check_optimizer`
-refuses optimisers outside :data:`ELEMENTWISE`.
+refuses optimisers outside :data:`ELEMENTWISE`. :class:`revgnn.utils.optimizer.ModelOptimizer` builds
+the optimiser over the buffer and ends each training step (sync, clip, update, clear).
 """
 
 from __future__ import annotations
 
 import hashlib
-from typing import Callable, Iterable, List, Optional, Tuple
+from typing import List, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -236,50 +237,3 @@ class FlatParameters:
 
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}(tensors={len(self._entries)}, numel={self.numel})"
-
-
-def build_optimizer(
-    module: nn.Module, factory: Callable[[Iterable[Tensor]], torch.optim.Optimizer], flat: bool
-) -> Tuple[torch.optim.Optimizer, Optional[FlatParameters]]:
-    """``factory(params)`` (e.g. a Hydra-instantiated partial ``torch.optim.Adam``) over
-    ``module.parameters()``, or with ``flat`` over a :class:`FlatParameters` of ``module``
-    (checked to be element-wise); returns the optimiser and the ``FlatParameters`` or ``None``."""
-    if not flat:
-        return factory(module.parameters()), None
-    flat_params = FlatParameters(module)
-    optimizer = factory(flat_params.params)
-    FlatParameters.check_optimizer(optimizer)
-    return optimizer, flat_params
-
-
-def optimizer_step(
-    optimizer: torch.optim.Optimizer,
-    flat: Optional[FlatParameters],
-    max_norm: float = 0.0,
-    reduce_gradients: Optional[Callable[[object], None]] = None,
-) -> float:
-    """The end of a training step, after ``backward``: bring the gradients into the flat buffer
-    (``flat``), sum them over workers (``reduce_gradients``, given the flat gradient or the
-    parameters), clip their global norm to ``max_norm`` (when > 0), update, and clear the gradients
-    (zeroed in place with ``flat``; freed otherwise, so that they do not outlive the step).
-
-    Returns the global gradient norm before clipping; when it is NaN or infinite no update is applied
-    (the gradients are only cleared). It is the norm of the summed gradients, the same bits on every
-    worker, so every worker skips the same step (:mod:`revgnn.engine.divergence`)."""
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    if flat is not None:
-        flat.sync()
-    if reduce_gradients is not None:
-        reduce_gradients(flat.grad if flat is not None else params)
-    # clip_grad_norm_ is exactly these two calls; the norm is taken whether or not it clips
-    norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-    finite = bool(norm.isfinite())
-    if finite and max_norm > 0:
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
-    if finite:
-        optimizer.step()
-    if flat is not None:
-        flat.zero_grad()
-    else:
-        optimizer.zero_grad(set_to_none=True)
-    return float(norm)

@@ -298,7 +298,9 @@ def test_train_step_adds_each_batch_share_of_the_auxiliary_loss():
     from types import SimpleNamespace
 
     from revgnn.engine.loop import train_step
+    from revgnn.engine.run import Run
     from revgnn.engine.tasks import Batch, Step
+    from revgnn.utils.optimizer import ModelOptimizer
 
     class Aux(torch.nn.Module):
         def __init__(self):
@@ -332,8 +334,8 @@ def test_train_step_adds_each_batch_share_of_the_auxiliary_loss():
     ]
     batches = [Batch((x,), None, None, x.size(0)) for x in xs]
     w0 = model.aux.w.detach().clone()
-    opt = torch.optim.SGD(model.parameters(), lr=1.0)
-    loss, _ = train_step(model, task, Step(0, iter(batches), 3), opt, None, backend)
+    opt = ModelOptimizer(model, lambda ps: torch.optim.SGD(ps, lr=1.0), flat=False)
+    loss, _ = train_step(Run(model, task, opt, backend), Step(0, iter(batches), 3))
     # batch b (count c_b of 3): sum(x_b w)/3 + (b * |w|^2 + 2/c_b) * c_b/3
     expected = sum(
         (x @ w0).sum().item() / 3 + ((b + 1) * w0.square().sum().item() + 2.0 / x.size(0)) * x.size(0) / 3

@@ -155,8 +155,9 @@ def _check_train_step(graph):
     from revgnn.distributed.convs import convert_to_sar
     from revgnn.engine.backends import DDPBackend, LocalBackend
     from revgnn.engine.loop import train_step
+    from revgnn.engine.run import Run
     from revgnn.engine.sar_backend import SARTask
-    from revgnn.utils.flat import build_optimizer
+    from revgnn.utils.optimizer import ModelOptimizer
 
     ei, x, ea = make_graph()
     y = (torch.randn(N, 3, generator=torch.Generator().manual_seed(3)) > 0).double()
@@ -182,9 +183,9 @@ def _check_train_step(graph):
         convert_to_sar(sar)
         if dist.is_initialized():
             broadcast_parameters(sar)
-        optimizer, flat_params = build_optimizer(sar, lambda ps: torch.optim.SGD(ps, lr=0.5), flat)
+        optimizer = ModelOptimizer(sar, lambda ps: torch.optim.SGD(ps, lr=0.5), flat)
         (step,) = task.train_steps(None, "cpu")
-        loss, stop = train_step(sar, task, step, optimizer, flat_params, backend)
+        loss, stop = train_step(Run(sar, task, optimizer, backend), step)
         name = "train_step flat" if flat else "train_step"
         errs.append((name, "loss", abs(loss - loss_ref.item()) / abs(loss_ref.item())))
         for (n, p_ref), p, b in zip(ref.named_parameters(), sar.parameters(), before):

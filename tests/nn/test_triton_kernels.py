@@ -619,8 +619,10 @@ def _train_step(model_name, ds, mode, dtype, launches=None):
 
     from revgnn.engine.backends import LocalBackend
     from revgnn.engine.loop import train_step
+    from revgnn.engine.run import Run
     from revgnn.engine.tasks import NodeTask
     from revgnn.models.registry import create_model
+    from revgnn.utils.optimizer import ModelOptimizer
 
     os.environ["REVGNN_KERNELS"] = mode
     torch.manual_seed(0)
@@ -629,7 +631,7 @@ def _train_step(model_name, ds, mode, dtype, launches=None):
     tc = SimpleNamespace(train_parts=2, parts_per_step=None, partition="balanced", shuffle_parts=False)
     task = NodeTask(ds, tc)
     step = next(task.train_steps(torch.Generator().manual_seed(0), "cpu"))
-    optimizer = _Recorder(model.parameters())
+    optimizer = ModelOptimizer(model, _Recorder, flat=False)
     launch = tk._launch
     if launches is not None:
 
@@ -641,10 +643,10 @@ def _train_step(model_name, ds, mode, dtype, launches=None):
         tk._launch = counted
     try:
         torch.manual_seed(1)  # the dropout masks: the same draws in every run
-        loss, _ = train_step(model, task, step, optimizer, None, LocalBackend(None))
+        loss, _ = train_step(Run(model, task, optimizer, LocalBackend(None)), step)
     finally:
         tk._launch = launch
-    return loss, optimizer.grads
+    return loss, optimizer.optimizer.grads
 
 
 @pytest.mark.parametrize("model_name,aggr", [("revgnn_proteins_like", "mean"), ("revgnn_small", "max")])
