@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional
 if TYPE_CHECKING:
     from torch import Tensor
 
-__all__ = ["check_node_graph", "check_split", "check_finite", "check_finite_inputs"]
+__all__ = ["check_node_graph", "check_split", "check_finite", "check_finite_inputs", "nonfinite_entries"]
 
 
 def _error(message: str):
@@ -27,20 +27,44 @@ def _error(message: str):
     return ConfigError(message)
 
 
+#: entries a finiteness check reads at a time: its temporaries (``isfinite`` makes a float copy) stay a
+#: few MB at any data set size instead of one copy of the whole tensor
+_FINITE_CHUNK = 1 << 20
+
+
+def nonfinite_entries(t: "Tensor") -> tuple:
+    """``(count, first row, kinds)`` of the NaN or infinite entries of the float tensor ``t``:
+    ``(0, None, [])`` when every entry is finite; ``kinds`` lists ``"NaN"`` and/or ``"infinite"``.
+    Read in chunks of rows, so the check needs no tensor of ``t``'s size."""
+    import torch
+
+    rows = t.reshape(t.size(0), -1) if t.dim() else t.reshape(1, 1)
+    step = max(1, _FINITE_CHUNK // max(rows.size(1), 1))
+    count, first, kinds = 0, None, set()
+    for start in range(0, rows.size(0), step):
+        chunk = rows[start : start + step]
+        bad = ~torch.isfinite(chunk)
+        found = int(bad.sum())
+        if not found:
+            continue
+        count += found
+        if first is None:
+            first = start + int(bad.any(1).nonzero()[0, 0])
+        kinds.update(k for k, m in (("NaN", chunk.isnan()), ("infinite", chunk.isinf())) if bool(m.any()))
+    return count, first, [k for k in ("NaN", "infinite") if k in kinds]
+
+
 def check_finite(name: str, what: str, t: Optional["Tensor"], row: str = "node") -> None:
     """Raises :class:`~revgnn.errors.ConfigError` when the float tensor ``t`` holds NaN or infinite
     entries, saying how many and the first ``row`` holding one."""
     if t is None or not t.is_floating_point() or t.numel() == 0:
         return
-    bad = ~t.isfinite()
-    if bool(bad.any()):
-        count = int(bad.sum())
-        first = int(bad.reshape(t.size(0), -1).any(1).nonzero()[0, 0]) if t.dim() else 0
-        kinds = ", ".join(k for k, m in (("NaN", t.isnan()), ("infinite", t.isinf())) if bool(m.any()))
+    count, first, kinds = nonfinite_entries(t)
+    if count:
         raise _error(
-            f"{name}: {what} holds {count} non-finite ({kinds}) value(s) of {t.numel()}, the first at "
-            f"{row} {first}: the input data are not finite, so training on them would diverge whatever "
-            f"the learning rate; fix or impute them before training"
+            f"{name}: {what} holds {count} non-finite ({', '.join(kinds)}) value(s) of {t.numel()}, the "
+            f"first at {row} {first}: the input data are not finite, so training on them would diverge "
+            f"whatever the learning rate; fix or impute them before training"
         )
 
 

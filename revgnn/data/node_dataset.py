@@ -8,7 +8,8 @@ from typing import Dict, List, Optional
 import torch
 from torch import Tensor
 
-from revgnn.data.random_parts import sort_by_destination
+from revgnn.data.checks import nonfinite_entries
+from revgnn.data.random_parts import destination_key, is_destination_sorted, sort_by_destination
 
 __all__ = ["NodeDataset"]
 
@@ -84,15 +85,13 @@ class NodeDataset:
         return None if self.edge_attr is None else self.edge_attr.size(1)
 
     def sorted_by_destination(self) -> "NodeDataset":
-        """Returns this data set with its edges sorted by (destination, source) (a no-op if already)."""
-        ei = self.edge_index
-        if ei.size(1) < 2:
+        """Returns this data set with its edges sorted by (destination, source), copies of an edge in
+        their order (a no-op if sorted already). The edge tensors are replaced one after the other, so
+        the sort holds one extra copy of one of them at a time (where nothing else refers to them)."""
+        if is_destination_sorted(destination_key(self.edge_index, self.num_nodes)):
             return self
-        key = ei[1] * self.num_nodes + ei[0]
-        if bool((key[1:] >= key[:-1]).all()):
-            return self
-        perm = sort_by_destination(ei, self.num_nodes)
-        self.edge_index = ei[:, perm].contiguous()
+        perm = sort_by_destination(self.edge_index, self.num_nodes)
+        self.edge_index = self.edge_index[:, perm].contiguous()
         if self.edge_attr is not None:
             self.edge_attr = self.edge_attr[perm].contiguous()
         return self
@@ -149,8 +148,8 @@ def validation_problems(ds: NodeDataset) -> List[str]:
                     f"{int(labels.min())}..{int(labels.max())}"
                 )
     for what, t in (("x", ds.x), ("edge_attr", ds.edge_attr), ("y", ds.y)):
-        if t is not None and t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            count = int((~torch.isfinite(t)).sum())
+        count = nonfinite_entries(t)[0] if t is not None and t.is_floating_point() and t.numel() else 0
+        if count:
             problems.append(f"{what} has {count} non-finite value(s) (NaN or inf)")
     return [p for p in problems if p is not None]
 
