@@ -408,7 +408,14 @@ def test_pipeline_memory(isolated, capsys):
     cached) report every stage with finite ratios to the graph's bytes."""
     from benchmarks import pipeline_memory as bench
 
-    argv = ["--scale", "0.001", "--override", "trainer.test_views=1", "--override", "model.hidden_channels=16"]
+    argv = [
+        "--scale",
+        "0.001",
+        "--override",
+        "trainer.test_views=1",
+        "--override",
+        "model.hidden_channels=16",
+    ]
     bench.main([*argv, "--out", "report.md"])
     report = (isolated / "report.md").read_text()
     found = tables(report)
