@@ -102,6 +102,12 @@ class Partition:
     def __init__(self, edge_index: Tensor, part: Tensor, num_parts: int):
         num_nodes = part.numel()
         self.num_parts = num_parts
+        self._edge_index = edge_index
+        if num_parts == 1:  # the whole graph (full-graph inference): its own ids, no copy of its edges
+            self.node_perm, self.edge_ids, self._local = torch.arange(num_nodes), None, None
+            self.node_ptr = torch.tensor([0, num_nodes])
+            self.edge_ptr = torch.tensor([0, edge_index.size(1)])
+            return
         # Grouping by part uses one boolean mask per part rather than a sort: K passes over a vector are
         # much cheaper than a stable sort of it on CPU, and keep ascending global order inside a part.
         node_groups = [torch.nonzero(part == k).view(-1) for k in range(num_parts)]
@@ -124,7 +130,7 @@ class Partition:
         torch.cumsum(torch.tensor([len(e) for e in edge_groups]), 0, out=self.edge_ptr[1:])
         # a part's edges in local ids are gathered when it is taken (__getitem__): a partition holds
         # E / K edge ids, not also 2 E / K local ids (and the gathers' temporaries) for every part at once
-        self._local, self._edge_index = local, edge_index
+        self._local = local
 
     def __len__(self) -> int:
         return self.num_parts
@@ -134,6 +140,8 @@ class Partition:
             raise IndexError(f"part {k} out of range [0, {self.num_parts})")
         n0, n1 = self.node_ptr[k].item(), self.node_ptr[k + 1].item()
         e0, e1 = self.edge_ptr[k].item(), self.edge_ptr[k + 1].item()
+        if self._local is None:  # one part: every edge, in order
+            return SubGraph(self.node_perm, self._edge_index, torch.arange(e1))
         ids = self.edge_ids[e0:e1]
         return SubGraph(self.node_perm[n0:n1], self._local[self._edge_index[:, ids]], ids)
 
@@ -141,7 +149,7 @@ class Partition:
         return (self[k] for k in range(self.num_parts))
 
     def __repr__(self) -> str:
-        return f"{self.__class__.__name__}(num_parts={self.num_parts}, kept_edges={self.edge_ids.numel()})"
+        return f"{self.__class__.__name__}(num_parts={self.num_parts}, kept_edges={int(self.edge_ptr[-1])})"
 
 
 def partition_graph(
