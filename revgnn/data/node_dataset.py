@@ -8,7 +8,8 @@ from typing import Dict, List, Optional
 import torch
 from torch import Tensor
 
-from revgnn.data.random_parts import sort_by_destination
+from revgnn.data.checks import describe, finite_problem, graph_problems, split_problems
+from revgnn.data.random_parts import destination_key, is_destination_sorted, sort_by_destination
 
 __all__ = ["NodeDataset"]
 
@@ -57,15 +58,16 @@ class NodeDataset:
         self.validate()
 
     def validate(self) -> None:
-        """Raises one :class:`ValueError` listing every problem found: ``edge_index`` not ``[2, E]``
-        integer ids in ``[0, N)`` (negative ids included), ``edge_attr`` rows other than ``E``, labels
-        not ``[N, num_classes]`` (multilabel) or ``[N, 1]`` classes in ``[0, num_classes)``
-        (multiclass), a split missing or holding ids outside ``[0, N)``, non-finite features. Run at
-        construction (one :math:`O(N F + E D)` pass), so bad data stops at load rather than training
-        on it (a negative id indexed from the end) or failing deep inside a kernel."""
+        """Raises one :class:`ValueError` listing every problem found (:mod:`revgnn.data.checks`):
+        ``edge_index`` not ``[2, E]`` integer ids in ``[0, N)`` (negative ids included), ``edge_attr``
+        rows other than ``E``, labels not ``[N, num_classes]`` (multilabel) or ``[N, 1]`` classes in
+        ``[0, num_classes)`` (multiclass), a split missing, holding ids outside ``[0, N)`` or twice,
+        splits that overlap, non-finite features. Run at construction (one :math:`O(N F + E D)` pass),
+        so bad data stops at load rather than training on it (a negative id indexed from the end) or
+        failing deep inside a kernel."""
         problems = validation_problems(self)
         if problems:
-            raise ValueError(f"{self.name}: the data set is not valid:\n  - " + "\n  - ".join(problems))
+            raise ValueError(describe(self.name, problems))
 
     @property
     def num_nodes(self) -> int:
@@ -84,15 +86,13 @@ class NodeDataset:
         return None if self.edge_attr is None else self.edge_attr.size(1)
 
     def sorted_by_destination(self) -> "NodeDataset":
-        """Returns this data set with its edges sorted by (destination, source) (a no-op if already)."""
-        ei = self.edge_index
-        if ei.size(1) < 2:
+        """Returns this data set with its edges sorted by (destination, source), copies of an edge in
+        their order (a no-op if sorted already). The edge tensors are replaced one after the other, so
+        the sort holds one extra copy of one of them at a time (where nothing else refers to them)."""
+        if is_destination_sorted(destination_key(self.edge_index, self.num_nodes)):
             return self
-        key = ei[1] * self.num_nodes + ei[0]
-        if bool((key[1:] >= key[:-1]).all()):
-            return self
-        perm = sort_by_destination(ei, self.num_nodes)
-        self.edge_index = ei[:, perm].contiguous()
+        perm = sort_by_destination(self.edge_index, self.num_nodes)
+        self.edge_index = self.edge_index[:, perm].contiguous()
         if self.edge_attr is not None:
             self.edge_attr = self.edge_attr[perm].contiguous()
         return self
@@ -108,51 +108,32 @@ class NodeDataset:
         )
 
 
-def _ids_problem(what: str, ids: Tensor, n: int) -> Optional[str]:
-    if ids.is_floating_point() or ids.dtype == torch.bool:
-        return f"{what} must hold integer node ids, got {ids.dtype}"
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= n):
-        low, high = int(ids.min()), int(ids.max())
-        return f"{what} holds node id {low if low < 0 else high}, outside [0, {n}) ({n} nodes)"
-    return None
-
-
 def validation_problems(ds: NodeDataset) -> List[str]:
-    """Every problem :meth:`NodeDataset.validate` reports, in order (an empty list: valid)."""
-    n, problems = ds.x.size(0), []
-    ei = ds.edge_index
-    if ei.dim() != 2 or ei.size(0) != 2:
-        problems.append(f"edge_index must be [2, E], got {list(ei.shape)}")
-    else:
-        problems.append(_ids_problem("edge_index", ei, n))
-        if ds.edge_attr is not None and ds.edge_attr.size(0) != ei.size(1):
-            problems.append(f"edge_attr has {ds.edge_attr.size(0)} rows for {ei.size(1)} edges")
-    if ds.y.size(0) != n:
-        problems.append(f"y has {ds.y.size(0)} rows for {n} nodes")
+    """Every problem :meth:`NodeDataset.validate` reports, in order (an empty list: valid): the
+    graph's (:func:`~revgnn.data.checks.graph_problems`), the labels' for the task, the split's
+    (:func:`~revgnn.data.checks.split_problems`)."""
+    n = ds.x.size(0)
+    problems = graph_problems(n, ds.edge_index, ds.edge_attr, ds.x, ds.y)
+    if ds.y.size(0) != n:  # reported with the graph's problems
+        pass
     elif ds.task == "multilabel" and (ds.y.dim() != 2 or ds.y.size(1) != ds.num_classes):
         problems.append(
             f"y must be [N, num_classes] = [{n}, {ds.num_classes}] (multilabel), got {list(ds.y.shape)}"
         )
     elif ds.task == "multiclass" and (ds.y.dim() != 2 or ds.y.size(1) != 1 or ds.y.is_floating_point()):
         problems.append(f"y must be [N, 1] integer classes (multiclass), got {list(ds.y.shape)} {ds.y.dtype}")
-    for key in ("train", "valid", "test"):
-        if key not in ds.split_idx:
-            problems.append(f"split_idx lacks {key!r}")
-            continue
-        idx = ds.split_idx[key]
-        problems.append(_ids_problem(f"split {key!r}", idx, n))
-        if ds.task == "multiclass" and ds.y.size(0) == n and idx.numel() and not idx.is_floating_point():
-            labels = ds.y.view(-1)[idx.clamp(0, max(n - 1, 0))] if n else ds.y.view(-1)
+    split = split_problems(ds.split_idx, n)
+    problems += split
+    if ds.task == "multiclass" and ds.y.size(0) == n and not split:
+        for key in ("train", "valid", "test"):
+            labels = ds.y.view(-1)[ds.split_idx[key]]
             if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= ds.num_classes):
                 problems.append(
                     f"split {key!r} has labels outside [0, {ds.num_classes}) (num_classes): "
                     f"{int(labels.min())}..{int(labels.max())}"
                 )
-    for what, t in (("x", ds.x), ("edge_attr", ds.edge_attr), ("y", ds.y)):
-        if t is not None and t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            count = int((~torch.isfinite(t)).sum())
-            problems.append(f"{what} has {count} non-finite value(s) (NaN or inf)")
-    return [p for p in problems if p is not None]
+    problem = finite_problem("y", ds.y)
+    return problems + ([problem] if problem else [])
 
 
 def species_one_hot(species: Tensor) -> tuple[Tensor, Tensor]:

@@ -44,6 +44,7 @@ __all__ = [
     "ogb_safe_globals",
     "DUPLICATE_EDGES",
     "duplicate_edge_copies",
+    "last_copies",
 ]
 
 log = logging.getLogger(__name__)
@@ -280,22 +281,30 @@ def load_ogb_dataset(name: str, root: str):
 
 
 def _proteins_features(path: str, data) -> Dict[str, Any]:
-    """Paper node features for ogbn-proteins, cached next to OGB's processed file."""
+    """Paper node features for ogbn-proteins, cached next to OGB's processed file. Takes OGB's edge
+    tensors out of ``data`` (see :class:`OgbnSpec`): the destination sort replaces them one at a time,
+    and a current cache is read only once OGB's copy is gone."""
     import torch
 
     from revgnn.data.node_dataset import species_one_hot, sum_edge_features
+    from revgnn.data.random_parts import sort_by_destination
 
     cache = osp.join(path, "processed", _FEATURE_CACHE)
+    num_nodes, num_edges = data.num_nodes, data.edge_index.size(1)
     if osp.exists(cache):
-        feats = torch.load(cache, weights_only=True)
-        if feats["x"].size(0) == data.num_nodes and feats["edge_index"].size(1) == data.edge_index.size(1):
-            return feats
+        cached = torch.load(cache, weights_only=True, mmap=True)  # its shapes; no data read yet
+        current = cached["x"].size(0) == num_nodes and cached["edge_index"].size(1) == num_edges
+        del cached
+        if current:
+            data.edge_index = data.edge_attr = None
+            return torch.load(cache, weights_only=True)
         log.warning("ogbn-proteins: stale feature cache %s (shape mismatch); rebuilding", cache)
-    num_nodes = data.num_nodes
     edge_index, edge_attr = data.edge_index, data.edge_attr.float()
-    key = edge_index[1] * num_nodes + edge_index[0]
-    perm = torch.sort(key, stable=True).indices  # copies of an edge keep the file's order
-    edge_index, edge_attr = edge_index[:, perm].contiguous(), edge_attr[perm].contiguous()
+    data.edge_index = data.edge_attr = None  # these names hold the only references now
+    perm = sort_by_destination(edge_index, num_nodes)  # copies of an edge keep the file's order
+    edge_index = edge_index[:, perm].contiguous()
+    edge_attr = edge_attr[perm].contiguous()
+    del perm
     one_hot, _ = species_one_hot(data.node_species)
     x = torch.cat([sum_edge_features(edge_index, edge_attr, num_nodes), one_hot], dim=1)
     feats = {"x": x, "edge_index": edge_index, "edge_attr": edge_attr}
@@ -332,7 +341,9 @@ class OgbnSpec:
     Attributes:
         prepare (Callable): ``(data set directory, OGB's Data) -> dict`` with ``x``, ``edge_index``,
             ``edge_attr`` (or :obj:`None`) and optionally ``species_channels``: the graph and features
-            the recipes train on.
+            the recipes train on. :func:`load_ogbn` hands it the only references to OGB's tensors, so
+            it may take them out of the ``Data`` (set them to :obj:`None`) to free each one as soon as
+            it is converted: at ogbn-proteins' size each copy of the graph is 3.8 GB.
         node_channels (int): Columns of the raw ``node-feat.csv.gz`` (0: the data set has none).
         edge_channels (int): Columns of the raw ``edge-feat.csv.gz`` (0: none).
     """
@@ -358,30 +369,48 @@ _TASKS = {"binary classification": "multilabel", "multiclass classification": "m
 DUPLICATE_EDGES = ("keep", "merge")
 
 
+def last_copies(edge_index, num_nodes: int):
+    """``[E]`` bool: :obj:`True` for the last copy of every distinct (source, destination) pair (so for
+    every edge when none repeats). Edges sorted by destination (a
+    :class:`~revgnn.data.node_dataset.NodeDataset`'s order) are compared with their neighbours in one
+    pass; others are sorted first."""
+    import torch
+
+    from revgnn.data.random_parts import destination_key, is_destination_sorted
+
+    key = destination_key(edge_index, num_nodes)
+    last = torch.ones_like(key, dtype=torch.bool)
+    if is_destination_sorted(key):
+        torch.ne(key[1:], key[:-1], out=last[:-1])
+        return last
+    key, perm = torch.sort(key, stable=True)  # copies of an edge keep their order
+    last[:-1] = key[1:] != key[:-1]
+    del key
+    mask = torch.zeros_like(last)
+    mask[perm[last]] = True
+    return mask
+
+
 def duplicate_edge_copies(edge_index, num_nodes: int):
     """``(count, last)``: how many edges repeat an earlier (source, destination) pair, and the ids of
     the last copy of every distinct pair, ascending (all ids when there is no repeat)."""
-    import torch
-
-    key = edge_index[0] * num_nodes + edge_index[1]
-    key, perm = torch.sort(key, stable=True)
-    last = torch.ones_like(key, dtype=torch.bool)
-    last[:-1] = key[1:] != key[:-1]
-    count = int(key.numel() - last.sum())
-    return count, torch.sort(perm[last]).values
+    mask = last_copies(edge_index, num_nodes)
+    return int(mask.numel() - mask.sum()), mask.nonzero().view(-1)
 
 
-def _handle_duplicates(name: str, graph: Dict[str, Any], num_nodes: int, mode: str) -> Dict[str, Any]:
-    """Reports the repeated edges of ``graph`` and, with ``mode="merge"``, keeps one copy of each."""
-    count, last = duplicate_edge_copies(graph["edge_index"], num_nodes)
-    edges = graph["edge_index"].size(1)
+def _handle_duplicates(ds: NodeDataset, mode: str) -> NodeDataset:
+    """Reports the repeated edges of ``ds`` (sorted by destination) and, with ``mode="merge"``,
+    keeps one copy of each."""
+    last = last_copies(ds.edge_index, ds.num_nodes)
+    edges = ds.num_edges
+    count = int(edges - last.sum())
     if not count:
-        log.info("%s: no duplicate edges among %d", name, edges)
-        return graph
+        log.info("%s: no duplicate edges among %d", ds.name, edges)
+        return ds
     log.warning(
         "%s: %d of %d edges repeat a (source, destination) pair (%d distinct pairs); "
         "data.duplicate_edges=%s: %s",
-        name,
+        ds.name,
         count,
         edges,
         edges - count,
@@ -390,14 +419,10 @@ def _handle_duplicates(name: str, graph: Dict[str, Any], num_nodes: int, mode: s
         if mode == "keep"
         else "one edge per pair, with the last copy's features (node features still sum every copy)",
     )
-    if mode == "keep":
-        return graph
-    attr = graph["edge_attr"]
-    return {
-        **graph,
-        "edge_index": graph["edge_index"][:, last],
-        "edge_attr": None if attr is None else attr[last],
-    }
+    if mode == "merge":
+        ds.edge_index = ds.edge_index[:, last]
+        ds.edge_attr = None if ds.edge_attr is None else ds.edge_attr[last]
+    return ds
 
 
 def load_ogbn(
@@ -428,6 +453,7 @@ def load_ogbn(
     """
     from revgnn.data.node_dataset import NodeDataset
     from revgnn.data.ordering import reorder
+    from revgnn.utils.memory import release_free_memory
 
     if name not in OGBN_SPECS:
         raise ValueError(
@@ -440,16 +466,24 @@ def load_ogbn(
         )
     path = check_layout(name, root, allow_download)
     dataset, split_idx = load_ogb_dataset(name, root)
-    data = dataset[0]
+    data = dataset[0]  # a shallow copy: with the data set gone it holds OGB's only references
     task = _TASKS[_meta(name)["task type"]]
-    graph = _handle_duplicates(name, OGBN_SPECS[name].prepare(path, data), data.num_nodes, duplicate_edges)
+    num_classes = dataset.num_tasks if task == "multilabel" else dataset.num_classes
+    del dataset
+    release_free_memory()  # what OGB's processing freed: the allocator would keep it resident
+    y = data.y.float() if task == "multilabel" else data.y.view(-1, 1).long()
+    graph = OGBN_SPECS[name].prepare(path, data)
+    del data
     ds = NodeDataset(
         name=name,
-        y=data.y.float() if task == "multilabel" else data.y.view(-1, 1).long(),
+        y=y,
         split_idx={k: v.view(-1).long() for k, v in split_idx.items()},
         task=task,
-        num_classes=dataset.num_tasks if task == "multilabel" else dataset.num_classes,
+        num_classes=num_classes,
         evaluator=name,
         **graph,
     )
-    return reorder(ds.sorted_by_destination(), node_order)
+    del graph  # the data set holds the only references: its sort replaces the edges one at a time
+    ds = _handle_duplicates(ds.sorted_by_destination(), duplicate_edges)
+    release_free_memory()  # OGB's copy and the sort's, likewise
+    return reorder(ds, node_order)

@@ -32,6 +32,8 @@ __all__ = [
     "SubGraph",
     "partition_graph",
     "sort_by_destination",
+    "destination_key",
+    "is_destination_sorted",
 ]
 
 #: How :func:`random_partition` assigns nodes to parts.
@@ -100,6 +102,12 @@ class Partition:
     def __init__(self, edge_index: Tensor, part: Tensor, num_parts: int):
         num_nodes = part.numel()
         self.num_parts = num_parts
+        self._edge_index = edge_index
+        if num_parts == 1:  # the whole graph (full-graph inference): its own ids, no copy of its edges
+            self.node_perm, self.edge_ids, self._local = torch.arange(num_nodes), None, None
+            self.node_ptr = torch.tensor([0, num_nodes])
+            self.edge_ptr = torch.tensor([0, edge_index.size(1)])
+            return
         # Grouping by part uses one boolean mask per part rather than a sort: K passes over a vector are
         # much cheaper than a stable sort of it on CPU, and keep ascending global order inside a part.
         node_groups = [torch.nonzero(part == k).view(-1) for k in range(num_parts)]
@@ -110,6 +118,8 @@ class Partition:
         for nodes in node_groups:
             local[nodes] = torch.arange(nodes.numel())
 
+        # part ids as int32 (num_parts <= num_nodes < 2^31): the two [E] gathers take half the memory
+        part = part.int() if num_nodes < 2**31 else part
         src_part = part[edge_index[0]]
         kept = torch.nonzero(src_part == part[edge_index[1]]).view(-1)
         kept_part = src_part[kept]
@@ -118,7 +128,9 @@ class Partition:
         self.edge_ids = torch.cat(edge_groups)
         self.edge_ptr = torch.zeros(num_parts + 1, dtype=torch.long)
         torch.cumsum(torch.tensor([len(e) for e in edge_groups]), 0, out=self.edge_ptr[1:])
-        self.local_edge_index = local[edge_index[:, self.edge_ids]]
+        # a part's edges in local ids are gathered when it is taken (__getitem__): a partition holds
+        # E / K edge ids, not also 2 E / K local ids (and the gathers' temporaries) for every part at once
+        self._local = local
 
     def __len__(self) -> int:
         return self.num_parts
@@ -128,13 +140,16 @@ class Partition:
             raise IndexError(f"part {k} out of range [0, {self.num_parts})")
         n0, n1 = self.node_ptr[k].item(), self.node_ptr[k + 1].item()
         e0, e1 = self.edge_ptr[k].item(), self.edge_ptr[k + 1].item()
-        return SubGraph(self.node_perm[n0:n1], self.local_edge_index[:, e0:e1], self.edge_ids[e0:e1])
+        if self._local is None:  # one part: every edge, in order
+            return SubGraph(self.node_perm, self._edge_index, torch.arange(e1))
+        ids = self.edge_ids[e0:e1]
+        return SubGraph(self.node_perm[n0:n1], self._local[self._edge_index[:, ids]], ids)
 
     def __iter__(self) -> Iterator[SubGraph]:
         return (self[k] for k in range(self.num_parts))
 
     def __repr__(self) -> str:
-        return f"{self.__class__.__name__}(num_parts={self.num_parts}, kept_edges={self.edge_ids.numel()})"
+        return f"{self.__class__.__name__}(num_parts={self.num_parts}, kept_edges={int(self.edge_ptr[-1])})"
 
 
 def partition_graph(
@@ -150,6 +165,17 @@ def partition_graph(
 
 
 def sort_by_destination(edge_index: Tensor, num_nodes: int) -> Tensor:
-    """Returns the permutation that sorts edges by (destination, source)."""
-    key = edge_index[1] * num_nodes + edge_index[0]
-    return torch.sort(key).indices
+    """Returns the permutation that sorts edges by (destination, source); copies of an edge keep
+    their order (a stable sort)."""
+    return torch.sort(destination_key(edge_index, num_nodes), stable=True).indices
+
+
+def destination_key(edge_index: Tensor, num_nodes: int) -> Tensor:
+    r"""``[E]`` sort key of every edge by (destination, source): :math:`j N + i` for the edge
+    :math:`i \to j`, so equal keys are copies of one edge."""
+    return (edge_index[1] * num_nodes).add_(edge_index[0])  # in place: one [E] temporary, not two
+
+
+def is_destination_sorted(key: Tensor) -> bool:
+    """Whether the keys of :func:`destination_key` are in order already."""
+    return key.numel() < 2 or bool((key[1:] >= key[:-1]).all())

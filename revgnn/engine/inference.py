@@ -116,8 +116,12 @@ def _predict(model, ds, views, num_views, device, autocast, shard) -> Tensor:
         for v, partition in enumerate(views):
             num_parts = len(partition)
             for k in range(num_parts):
-                if (v * num_parts + k) % world_size == rank and partition[k].num_nodes:
-                    out[partition[k].node_idx] += _forward(model, ds, partition[k], device, autocast)
+                if (v * num_parts + k) % world_size == rank:
+                    sub = partition[k]  # its local edges are gathered now (Partition.__getitem__)
+                    if sub.num_nodes:
+                        out[sub.node_idx] += _forward(model, ds, sub, device, autocast)
+                    del sub
+            del partition  # a drawn view goes before the next is drawn: one view's edges at a time
     except FloatingPointError as e:  # e.g. a DEQ solve that diverged, on this worker alone
         if world_size == 1:
             raise

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import os.path as osp
+from typing import Optional
 
 import numpy as np
 import torch
@@ -107,6 +108,7 @@ def write_fake_ogbn(
     avg_degree: int = 6,
     num_species: int = 8,
     seed: int = 0,
+    num_edges: Optional[int] = None,
 ) -> str:
     """Writes a random raw data set ``name`` (a key of :data:`revgnn.data.ogbn.OGBN_SPECS`) under
     ``root``; returns its directory.
@@ -117,7 +119,8 @@ def write_fake_ogbn(
     split is by species (ogbn-proteins) every node gets one of ``num_species`` NCBI-like taxonomy ids and
     train/valid/test never share one, as in the real data set; other splits are random thirds. Edges are
     distinct node pairs without self loops, each stored once (OGB adds the reverse direction where the
-    real data set has it), so the graph has no duplicate edges.
+    real data set has it), so the graph has no duplicate edges: ``num_edges`` of them (default:
+    ``num_nodes * avg_degree // 2``; e.g. ogbn-proteins' real 39,561,252 over 132,534 nodes).
     """
     from revgnn.data.ogbn import OGBN_SPECS, _meta
 
@@ -134,7 +137,8 @@ def write_fake_ogbn(
     os.makedirs(raw, exist_ok=True)
     os.makedirs(split, exist_ok=True)
 
-    src, dst = _distinct_pairs(rng, num_nodes, num_nodes * avg_degree // 2)
+    count = num_nodes * avg_degree // 2 if num_edges is None else num_edges
+    src, dst = _distinct_pairs(rng, num_nodes, count)
     num_edges = src.size
     _write(osp.join(raw, "edge.csv.gz"), np.stack([src, dst], 1))
     _write(osp.join(raw, "num-node-list.csv.gz"), [num_nodes])

@@ -451,3 +451,31 @@ def test_deq_train_record_reuse_and_jacobian(isolated, capsys):
     assert [r[0] for r in rows] == ["none", "jac_reg_weight=1"] and all(r[2] == "2" for r in rows)
     for r in rows:
         assert finite(float(r[5]), float(r[6])) and 1.0 <= number(r[7]) <= float(r[7].split(" of ")[1])
+
+
+@pytest.mark.slow  # starts child processes
+def test_pipeline_memory(isolated, capsys):
+    """The proteins recipe on a raw directory of 1/1000 of ogbn-proteins' size: both runs (first load,
+    cached) report every stage with finite ratios to the graph's bytes."""
+    from benchmarks import pipeline_memory as bench
+
+    argv = [
+        "--scale",
+        "0.001",
+        "--override",
+        "trainer.test_views=1",
+        "--override",
+        "model.hidden_channels=16",
+    ]
+    bench.main([*argv, "--out", "report.md"])
+    report = (isolated / "report.md").read_text()
+    found = tables(report)
+    assert len(found) == 2  # first load, cached
+    for header, rows in found:
+        stages = [r[0].strip() for r in rows]
+        for stage in ("OGB's loader", "features", "duplicate edges", "task", "evaluation", "final test"):
+            assert stage in stages, (stage, stages)
+        assert any(s.startswith("partition (x") for s in stages)
+        ratio = header.index("/ graph bytes")
+        assert all(finite(number(r[ratio])) and number(r[ratio]) > 0 for r in rows)
+    assert "python -m benchmarks.pipeline_memory " + " ".join(argv) in report
