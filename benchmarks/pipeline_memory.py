@@ -128,12 +128,12 @@ def child(args) -> None:
 
     from hydra import compose, initialize_config_module
 
-    import revgnn.config  # noqa: F401  (registers the schemas)
     import revgnn.data.node_dataset as node_dataset
     import revgnn.data.ogbn as ogbn
     import revgnn.data.random_parts as random_parts
     import revgnn.engine.loop as loop
     import revgnn.engine.tasks as tasks
+    from revgnn.config.store import register_configs
 
     probes = StageProbes()
     spec = ogbn.OGBN_SPECS[args.dataset]
@@ -163,6 +163,7 @@ def child(args) -> None:
     out = Path(tempfile.mkdtemp(prefix="revgnn_pipeline_"))
     overrides = [*RECIPES[args.dataset], f"data.root={args.root}", "trainer.epochs=1", *args.override]
     try:
+        register_configs()
         with initialize_config_module("revgnn.configs", version_base="1.3"):
             cfg = compose("train", overrides=overrides + [f"output_dir={out}", "logger.plot=false"])
         loop.train(cfg)

@@ -196,7 +196,10 @@ def _reordered(x, edge_index, edge_attr, y, out: int, method: str):
         edge_index=edge_index,
         edge_attr=edge_attr,
         y=y if multilabel else y.view(-1, 1),
-        split_idx={k: torch.zeros(0, dtype=torch.long) for k in ("train", "valid", "test")},
+        split_idx={  # every node in train (a data set has a train split); the order maps it
+            "train": torch.arange(x.size(0)),
+            **{k: torch.zeros(0, dtype=torch.long) for k in ("valid", "test")},
+        },
         task="multilabel" if multilabel else "multiclass",
         num_classes=out,
         evaluator="rocauc" if multilabel else "accuracy",

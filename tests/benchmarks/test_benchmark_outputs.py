@@ -23,6 +23,13 @@ def isolated(tmp_path, monkeypatch):
     env, threads = dict(os.environ), torch.get_num_threads()
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     monkeypatch.setenv("REVGNN_ALLOCATOR", "system")
+    # children run `python -m benchmarks.<name>` from tmp_path: the repository on their path, as
+    # importing benchmarks sets it (which a previous test's environment restore may have undone)
+    from benchmarks import REPO
+
+    path = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if str(REPO) not in path:
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(REPO), *path) if p))
     monkeypatch.chdir(tmp_path)
     yield tmp_path
     os.environ.clear()
