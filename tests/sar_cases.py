@@ -1,7 +1,8 @@
-"""The SAR test cases (``distributed/test_sar.py``, ``distributed/test_sar_kernels.py``): a small
-directed multigraph, its node assignments, and the float64 comparison of a model on SAR workers with
-the same model on the full graph in one process; FactoredGEN, a GENConv max fed factored edge features
-(the SAR kernels' case, also run through the Triton kernels)."""
+"""The SAR test cases (``distributed/test_sar*.py``): a small directed multigraph, its node
+assignments, and the float64 comparison of a model on SAR workers with the same model on the full
+graph in one process; FactoredGEN, a GENConv max fed factored edge features (the SAR kernels' case,
+also run through the Triton kernels); OpCounts (which path a SAR conv took) and edge_sized_saved
+(what it saved for backward)."""
 
 from __future__ import annotations
 
@@ -135,6 +136,91 @@ class FactoredGEN(torch.nn.Module):
         else:
             edges = F.linear(edge_attr, self.enc.weight, self.enc.bias)
         return self.conv(x, edge_index, edges)
+
+
+class _CountingOps:
+    """``ops`` (revgnn.nn.ops) with the calls of the operators named in ``calls`` counted there."""
+
+    def __init__(self, ops, calls):
+        self._ops, self._calls = ops, calls
+
+    def __getattr__(self, name):
+        fn, calls = getattr(self._ops, name), self._calls
+        if name not in calls:
+            return fn
+
+        def counted(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+
+        return counted
+
+
+class OpCounts:
+    """While active, counts the calls of the operators ``names`` made by the SAR modules ``modules``
+    (names in revgnn.distributed, e.g. ``"gen_aggr_sar"``, each calling them as ``ops.<name>``) and,
+    under ``"torch"``, the calls of the PyTorch SAR path (``convs.sequential_aggregate``): which path
+    a conv took, and how many shard calls it made. ``calls``: name -> count."""
+
+    def __init__(self, modules, names):
+        import importlib
+
+        self._modules = [importlib.import_module(f"revgnn.distributed.{m}") for m in modules]
+        self.calls = dict.fromkeys((*names, "torch"), 0)
+
+    def __enter__(self):
+        from revgnn.distributed import convs
+
+        calls, real_seq = self.calls, convs.sequential_aggregate
+        self._real = [(m, m.ops) for m in self._modules]
+
+        def seq(*args, **kwargs):
+            calls["torch"] += 1
+            return real_seq(*args, **kwargs)
+
+        for m, ops in self._real:
+            m.ops = _CountingOps(ops, calls)
+        convs.sequential_aggregate = seq
+        self._real_seq = real_seq
+        return self
+
+    def __exit__(self, *exc):
+        from revgnn.distributed import convs
+
+        for m, ops in self._real:
+            m.ops = ops
+        convs.sequential_aggregate = self._real_seq
+
+
+def edge_sized_saved(fn, graph, module, raw=None, self_loops=False):
+    """Runs ``fn().sum().backward()`` under saved_tensors_hooks (reversible blocks save in backward,
+    when they re-run their forward) and returns the shapes of the float tensors saved whose first dim
+    is an edge count: all local edges or one shard's (also those of ``graph.with_self_loops()`` with
+    ``self_loops``), unless that count is also a node count or a dim of ``module``'s parameters. The
+    caller's raw edge features ``raw`` (kept as an input, nothing new) are left out."""
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn().sum().backward()
+    sizes = set()
+    for g in (graph, graph.with_self_loops()) if self_loops else (graph,):
+        sizes |= {g.num_edges} | {b - a for a, b in (g.shard(q) for q in range(g.world_size))}
+    sizes -= {graph.num_local, *graph.num_needed, 0} | {d for p in module.parameters() for d in p.shape}
+    assert graph.num_edges in sizes or graph.num_edges == 0, (
+        "the local edge count is also a node or parameter size"
+    )
+    return [
+        tuple(t.shape)
+        for t in saved
+        if t.is_floating_point()
+        and t.dim()
+        and t.size(0) in sizes
+        and (raw is None or t.data_ptr() != raw.data_ptr())
+    ]
 
 
 class _Local:

@@ -13,7 +13,17 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import require_kernel
-from sar_cases import F_IN, N, check, compare_model, make_graph, make_parts, run_sar_case
+from sar_cases import (
+    F_IN,
+    N,
+    OpCounts,
+    check,
+    compare_model,
+    edge_sized_saved,
+    make_graph,
+    make_parts,
+    run_sar_case,
+)
 
 from revgnn.distributed.partition import build_partitions
 
@@ -77,64 +87,11 @@ def _call(model, x, edge_index, edge_attr):
     return model(x, edge_index)
 
 
-class _Counts:
-    """Counts the shard operators' calls and the PyTorch SAR path's (sequential_aggregate)."""
-
-    NAMES = ("aggregate", "aggregate_backward", "segment_max", "segment_max_backward")
-
-    def __init__(self):
-        from revgnn.distributed import aggregate_sar, convs
-
-        self.calls = dict.fromkeys(self.NAMES + ("torch",), 0)
-        real_ops, real_seq = aggregate_sar.ops, convs.sequential_aggregate
-        calls = self.calls
-
-        class Proxy:
-            def __getattr__(self, name):
-                fn = getattr(real_ops, name)
-                if name not in calls:
-                    return fn
-
-                def counted(*args):
-                    calls[name] += 1
-                    return fn(*args)
-
-                return counted
-
-        def seq(*args, **kwargs):
-            calls["torch"] += 1
-            return real_seq(*args, **kwargs)
-
-        aggregate_sar.ops, convs.sequential_aggregate = Proxy(), seq
-        self._restore = lambda: (
-            setattr(aggregate_sar, "ops", real_ops),
-            setattr(convs, "sequential_aggregate", real_seq),
-        )
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self._restore()
-
-
-def _edge_sized_saved(fn, graph, module):
-    """Shapes of the float tensors saved for backward during ``fn().sum().backward()`` (reversible
-    blocks save in backward, when they re-run their forward) whose first dim is an edge count (all
-    local edges or one shard's, with or without self loops) and not also a node or parameter size."""
-    saved = []
-
-    def pack(t):
-        saved.append(t)
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn().sum().backward()
-    sizes = set()
-    for g in (graph, graph.with_self_loops()):
-        sizes |= {g.num_edges} | {b - a for a, b in (g.shard(q) for q in range(g.world_size))}
-    sizes -= {graph.num_local, *graph.num_needed, 0} | {d for p in module.parameters() for d in p.shape}
-    return [tuple(t.shape) for t in saved if t.is_floating_point() and t.dim() and t.size(0) in sizes]
+def _counts():
+    """Counts the shard operators' calls and the PyTorch SAR path's."""
+    return OpCounts(
+        ("aggregate_sar",), ("aggregate", "aggregate_backward", "segment_max", "segment_max_backward")
+    )
 
 
 #: the graph of the allocation guard: E x C dwarfs N x C and the E-sized int64 arrays
@@ -195,13 +152,13 @@ def _worker(rank, world_size, kind):
     graph = SARGraph(parts[rank], timeout_s=60)
     errs, calls, bad = [], {}, {}
     for name, build in _cases():
-        with _Counts() as counts:
+        with _counts() as counts:
             errs += compare_model(name, build, False, graph, parts[rank], _call, _call)
         calls[name] = counts.calls
         torch.manual_seed(3)
         model = convert_to_sar(build())
         xl = x[graph.node_ids].clone().requires_grad_()
-        bad[name] = _edge_sized_saved(lambda: model(xl, graph), graph, model)
+        bad[name] = edge_sized_saved(lambda: model(xl, graph), graph, model, self_loops=True)
     torch.set_default_dtype(torch.float32)
     return errs, calls, bad, _largest_allocations(rank, world_size)
 

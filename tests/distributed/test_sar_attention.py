@@ -15,7 +15,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import require_kernel
-from sar_cases import F_EDGE, F_IN, N, check, compare_model, make_graph, make_parts, run_sar_case
+from sar_cases import (
+    F_EDGE,
+    F_IN,
+    N,
+    OpCounts,
+    check,
+    compare_model,
+    edge_sized_saved,
+    make_graph,
+    make_parts,
+    run_sar_case,
+)
 
 from revgnn.distributed.partition import build_partitions
 
@@ -131,68 +142,12 @@ def _call(model, x, edge_index, edge_attr):
     return model(x, edge_index) if edge_attr is None else model(x, edge_index, edge_attr)
 
 
-class _Counts:
-    """Counts the shard forms' operator calls and the PyTorch SAR path's (sequential_aggregate)."""
-
-    NAMES = ("gen_aggr", "gen_aggr_backward", "gat_attention", "gat_attention_backward")
-
-    def __init__(self):
-        from revgnn.distributed import convs, gat_sar, gen_aggr_sar
-
-        self.calls = dict.fromkeys(self.NAMES + ("torch",), 0)
-        real_ops, real_seq = gen_aggr_sar.ops, convs.sequential_aggregate
-        calls = self.calls
-
-        class Proxy:
-            def __getattr__(self, name):
-                fn = getattr(real_ops, name)
-                if name not in calls:
-                    return fn
-
-                def counted(*args):
-                    calls[name] += 1
-                    return fn(*args)
-
-                return counted
-
-        def seq(*args, **kwargs):
-            calls["torch"] += 1
-            return real_seq(*args, **kwargs)
-
-        gen_aggr_sar.ops = gat_sar.ops = Proxy()
-        convs.sequential_aggregate = seq
-        self._restore = lambda: (
-            setattr(gen_aggr_sar, "ops", real_ops),
-            setattr(gat_sar, "ops", real_ops),
-            setattr(convs, "sequential_aggregate", real_seq),
-        )
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self._restore()
-
-
-def _edge_sized_saved(fn, graph, module, raw):
-    """Shapes of the float tensors saved for backward during ``fn().sum().backward()`` whose first
-    dim is an edge count (all local edges or one shard's) and not also a node or parameter size,
-    other than the caller's raw edge features ``raw``."""
-    saved = []
-
-    def pack(t):
-        saved.append(t)
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn().sum().backward()
-    sizes = {graph.num_edges} | {b - a for a, b in (graph.shard(q) for q in range(graph.world_size))}
-    sizes -= {graph.num_local, *graph.num_needed, 0} | {d for p in module.parameters() for d in p.shape}
-    return [
-        tuple(t.shape)
-        for t in saved
-        if t.is_floating_point() and t.dim() and t.size(0) in sizes and t.data_ptr() != raw.data_ptr()
-    ]
+def _counts():
+    """Counts the shard forms' operator calls and the PyTorch SAR path's."""
+    return OpCounts(
+        ("gen_aggr_sar", "gat_sar"),
+        ("gen_aggr", "gen_aggr_backward", "gat_attention", "gat_attention_backward"),
+    )
 
 
 #: the graph of the allocation guard: E x C dwarfs N x C, the E-sized int64 arrays and E x D features
@@ -262,14 +217,14 @@ def _worker(rank, world_size, kind):
     graph = SARGraph(parts[rank], timeout_s=60)
     errs, calls, bad = [], {}, {}
     for name, build, uses_edges, _ in CASES:
-        with _Counts() as counts:
+        with _counts() as counts:
             errs += compare_model(name, build, uses_edges, graph, parts[rank], _call, _call)
         calls[name] = counts.calls
         torch.manual_seed(3)
         model = convert_to_sar(build())
         xl = x[graph.node_ids].clone().requires_grad_()
         raw = ea[graph.edge_ids].clone().requires_grad_()
-        bad[name] = _edge_sized_saved(
+        bad[name] = edge_sized_saved(
             lambda: _call(model, xl, graph, raw if uses_edges else None), graph, model, raw
         )
     torch.set_default_dtype(torch.float32)
@@ -314,27 +269,35 @@ def test_sar_attention_and_gen_aggregations_match_single_process(world_size, kin
     _check_all(run_sar_case(_worker, world_size, kind), world_size)
 
 
+def _one_part(cases):
+    """Each of ``cases`` (name, build, uses edge features, ...) compared with PyG on a single part
+    in this process, float64 (the errors checked); each case's operator and PyTorch-path counts."""
+    from revgnn.distributed.sar import SARGraph
+
+    def worker(rank, world_size, kind):
+        torch.set_default_dtype(torch.float64)
+        ei, _, ea = make_graph()
+        part = build_partitions(ei, N, 1, edge_attr=ea)[0]
+        graph = SARGraph(part)
+        errs, calls = [], {}
+        for name, build, uses_edges, *_ in cases:
+            with _counts() as counts:
+                errs += compare_model(name, build, uses_edges, graph, part, _call, _call)
+            calls[name] = counts.calls
+        return errs, calls
+
+    (result,) = run_sar_case(worker, 1, "metis")
+    check([type("R", (), {"rank": 0, "value": result.value[0]})])
+    return result.value[1]
+
+
 @pytest.mark.parametrize("kernels", ["1", "0"])
 def test_pytorch_implementations_take_the_same_shard_forms(monkeypatch, kernels):
     """With the C++ kernels off (``REVGNN_KERNELS=0``: the operators' chunked PyTorch implementations)
     the shard forms still run, and agree with PyG on one part."""
-    from revgnn.distributed.sar import SARGraph
-
     monkeypatch.setenv("REVGNN_KERNELS", kernels)
-    ei, x, ea = make_graph()
-    parts = build_partitions(ei, N, 1, edge_attr=ea)
-    graph = SARGraph(parts[0])
-    dtype = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    try:
-        errs = []
-        for name, build, uses_edges, _ in CASES[:2] + CASES[4:5] + CASES[9:11]:
-            with _Counts() as counts:
-                errs += compare_model(name, build, uses_edges, graph, parts[0], _call, _call)
-            assert counts.calls["torch"] == 0, (name, counts.calls)
-    finally:
-        torch.set_default_dtype(dtype)
-    check([type("R", (), {"rank": 0, "value": errs})])
+    for name, c in _one_part(CASES[:2] + CASES[4:5] + CASES[9:11]).items():
+        assert c["torch"] == 0, (name, c)
 
 
 def test_options_outside_the_shard_forms_take_the_pytorch_path():
@@ -347,48 +310,34 @@ def test_options_outside_the_shard_forms_take_the_pytorch_path():
     from revgnn.distributed.gen_aggr_sar import sar_gen_aggregate
     from revgnn.distributed.sar import SARGraph
 
+    cases = [
+        ("GEN-softmax-channels", lambda: _gen(SoftmaxAggregation(t=0.5, learn=True, channels=F_IN)), False),
+        ("GEN-softmax_sg", lambda: _gen("softmax_sg", t=0.5), False),
+        ("GAT-no-loops", lambda: GATConv(F_IN, 4, heads=2, add_self_loops=False), False),
+        ("GAT-relu", lambda: GATConv(F_IN, 4, heads=2, negative_slope=0.0), False),
+    ]
+    for name, c in _one_part(cases).items():
+        assert c["torch"] == 1, (name, c)
+        assert c["gen_aggr"] == c["gat_attention"] == 0, (name, c)
     ei, x, ea = make_graph()
-    parts = build_partitions(ei, N, 1, edge_attr=ea)
-    graph = SARGraph(parts[0])
-    dtype = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    try:
-        cases = [
-            (
-                "GEN-softmax-channels",
-                lambda: _gen(SoftmaxAggregation(t=0.5, learn=True, channels=F_IN)),
-                False,
-            ),
-            ("GEN-softmax_sg", lambda: _gen("softmax_sg", t=0.5), False),
-            ("GAT-no-loops", lambda: GATConv(F_IN, 4, heads=2, add_self_loops=False), False),
-            ("GAT-relu", lambda: GATConv(F_IN, 4, heads=2, negative_slope=0.0), False),
-        ]
-        errs = []
-        for name, build, uses_edges in cases:
-            with _Counts() as counts:
-                errs += compare_model(name, build, uses_edges, graph, parts[0], _call, _call)
-            assert counts.calls["torch"] == 1, (name, counts.calls)
-            assert counts.calls["gen_aggr"] == counts.calls["gat_attention"] == 0, (name, counts.calls)
-        xl = x[graph.node_ids]
-        with pytest.raises(ValueError, match="reduce must be one of"):
-            sar_gen_aggregate(graph, xl, reduce="max")
-        with pytest.raises(ValueError, match="temperature t is given for, and only for"):
-            sar_gen_aggregate(graph, xl, reduce="sum", t=1.0)
-        with pytest.raises(ValueError, match="local rows"):
-            sar_gen_aggregate(graph, xl[1:], reduce="mean")
-        with pytest.raises(ValueError, match="edge features must be"):
-            sar_gen_aggregate(graph, xl, torch.ones(3, F_IN), reduce="sum")
-        with pytest.raises(ValueError, match="3 channels, x has 8"):
-            sar_gen_aggregate(graph, xl, torch.ones(graph.num_edges, 3), reduce="sum")
-        xs = xl.view(-1, 2, 4)
-        a = xl[:, :2]
-        with pytest.raises(ValueError, match="negative_slope must be positive"):
-            sar_gat_attention(graph, xs, a, a, a, negative_slope=0.0)
-        with pytest.raises(ValueError, match="a_dst must be"):
-            sar_gat_attention(graph, xs, a, a[1:], a)
-    finally:
-        torch.set_default_dtype(dtype)
-    check([type("R", (), {"rank": 0, "value": errs})])
+    graph = SARGraph(build_partitions(ei, N, 1, edge_attr=ea)[0])
+    xl = x[graph.node_ids]
+    with pytest.raises(ValueError, match="reduce must be one of"):
+        sar_gen_aggregate(graph, xl, reduce="max")
+    with pytest.raises(ValueError, match="temperature t is given for, and only for"):
+        sar_gen_aggregate(graph, xl, reduce="sum", t=1.0)
+    with pytest.raises(ValueError, match="local rows"):
+        sar_gen_aggregate(graph, xl[1:], reduce="mean")
+    with pytest.raises(ValueError, match="edge features must be"):
+        sar_gen_aggregate(graph, xl, torch.ones(3, F_IN, dtype=x.dtype), reduce="sum")
+    with pytest.raises(ValueError, match="3 channels, x has 8"):
+        sar_gen_aggregate(graph, xl, torch.ones(graph.num_edges, 3, dtype=x.dtype), reduce="sum")
+    xs = xl.view(-1, 2, 4)
+    a = xl[:, :2]
+    with pytest.raises(ValueError, match="negative_slope must be positive"):
+        sar_gat_attention(graph, xs, a, a, a, negative_slope=0.0)
+    with pytest.raises(ValueError, match="a_dst must be"):
+        sar_gat_attention(graph, xs, a, a[1:], a)
 
 
 #: the cases run through Triton's interpreter (a softmax with factored edges and a negative
@@ -408,7 +357,7 @@ def _triton_worker(rank, world_size, kind):
     errs, calls = [], {}
     for name, build, uses_edges, _ in CASES:
         if name in TRITON_CASES:
-            with _Counts() as counts:
+            with _counts() as counts:
                 errs += compare_model(name, build, uses_edges, graph, parts[rank], _call, _call)
             calls[name] = counts.calls
     return errs, calls
