@@ -222,7 +222,7 @@ def test_unsorted_shards_and_weights_follow_the_edges():
     edge weights follow it; equal to PyG's sum with those weights."""
     from torch_geometric.utils import scatter
 
-    from revgnn.distributed.aggregate_sar import sar_aggregate
+    from revgnn.distributed.aggregate_sar import ShardSegments, sar_aggregate
     from revgnn.distributed.sar import SARGraph
 
     ei, x, _ = make_graph()
@@ -239,6 +239,6 @@ def test_unsorted_shards_and_weights_follow_the_edges():
     g = torch.randn(ref.shape, dtype=torch.float64)
     out.backward(g)
     ref.backward(g)
-    assert graph._aggregate_segments.shards[0].perm is not None  # the sorting path
+    assert ShardSegments.of(graph).shards[0].perm is not None  # the sorting path
     assert torch.allclose(out, ref, rtol=0, atol=1e-12 * ref.abs().max().item())
     assert torch.allclose(xl.grad, xr.grad, rtol=0, atol=1e-12 * xr.grad.abs().max().item())

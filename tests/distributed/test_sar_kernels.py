@@ -192,6 +192,7 @@ def test_unsorted_shards_and_raw_gradient():
     kernel sorts them once, and scatters the raw features' gradient back)."""
     require_kernel()
     from revgnn.distributed.convs import convert_to_sar
+    from revgnn.distributed.gen_max_sar import _ShardCSC
     from revgnn.distributed.sar import SARGraph
     from revgnn.nn import LinearEdgeFeatures
 
@@ -214,7 +215,7 @@ def test_unsorted_shards_and_raw_gradient():
     xl, el = x[nid].clone().requires_grad_(), ea[eid].clone().requires_grad_()
     out = sar.conv(xl, graph, LinearEdgeFeatures.from_linear(el, sar.enc))
     (out * w[nid]).sum().backward()
-    assert graph._gen_max_csc.shards[0][4] is not None  # the sorting path
+    assert _ShardCSC.of(graph).shards[0][4] is not None  # the sorting path
     assert rel_err(out, out_ref[nid]) <= 1e-12
     assert rel_err(xl.grad, xr.grad[nid]) <= 1e-12
     assert rel_err(el.grad, er.grad[eid]) <= 1e-12
