@@ -223,6 +223,75 @@ def edge_sized_saved(fn, graph, module, raw=None, self_loops=False):
     ]
 
 
+def check_shard_calls(where, c, fwd, world_size, recomputed=False):
+    """Operator counts ``c`` (:class:`OpCounts` ``calls``) of a conv run through the shard operator
+    ``fwd`` on ``world_size`` workers: no PyTorch-path call, and one ``fwd`` call per shard in the
+    forward ring and one ``fwd + "_backward"`` in the backward ring; with ``recomputed`` (reversible
+    blocks, whose forward runs again in backward) whole rings, more forward than backward ones."""
+    assert c["torch"] == 0, (where, c)
+    bwd = fwd + "_backward"
+    if recomputed:
+        assert c[fwd] > c[bwd] > 0, (where, c)
+        assert c[fwd] % world_size == 0 and c[bwd] % world_size == 0, (where, c)
+    else:
+        assert c[fwd] == world_size and c[bwd] == world_size, (where, c)
+
+
+#: the allocation guards' graph: E x C dwarfs N x C, the E-sized int64 arrays and E x D features
+BIG_N, BIG_E, BIG_C, BIG_D = 300, 30_000, 32, 2
+
+
+def big_graph(rank, world_size, edge_features=False):
+    """Worker ``rank``'s SARGraph of the allocation guards' random graph (``BIG_N`` nodes, ``BIG_E``
+    edges, random parts, ``BIG_D`` edge features with ``edge_features``) and its float32
+    ``[num_local, BIG_C]`` node features."""
+    from revgnn.distributed.partition import build_partitions
+    from revgnn.distributed.sar import SARGraph
+
+    g = torch.Generator().manual_seed(11)
+    ei = torch.randint(0, BIG_N, (2, BIG_E), generator=g)
+    parts = torch.randint(0, world_size, (BIG_N,), generator=g)
+    ea = torch.randn(BIG_E, BIG_D, generator=g, dtype=torch.float32) if edge_features else None
+    graph = SARGraph(build_partitions(ei, BIG_N, world_size, parts=parts, edge_attr=ea)[rank], timeout_s=60)
+    return graph, torch.randn(graph.num_local, BIG_C, generator=g, dtype=torch.float32)
+
+
+def largest_allocations(steps, graph, x):
+    """The largest single allocation (bytes) of each of ``steps`` (name -> ``step(x)``, a forward and
+    backward on ``graph``; run once before, so the shard caches are built as by any earlier layer);
+    the smallest and the largest shard's ``E_q x C`` bytes at ``x``'s channels and dtype; and the
+    largest allocation of the PyTorch SAR path (sequential_aggregate of a plain sum), which forms a
+    shard's messages and so shows that the measure sees them: ``(largest, shard_min, shard_max, old)``."""
+    from revgnn.distributed.sar import EdgeOp, sequential_aggregate
+    from revgnn.utils.memory import LargestAllocation
+
+    out = {}
+    for name, step in steps.items():
+        step(x.clone().requires_grad_())
+        xl = x.clone().requires_grad_()
+        with LargestAllocation() as largest:
+            step(xl)
+        out[name] = largest.bytes
+    edges = [b - a for a, b in (graph.shard(q) for q in range(graph.world_size))]
+
+    class Sum(EdgeOp):
+        linear = True
+
+    xl = x.clone().requires_grad_()
+    with LargestAllocation() as old:
+        sequential_aggregate(Sum(), graph, xl).sum().backward()
+    row = x.size(1) * x.element_size()
+    return out, min(edges) * row, max(edges) * row, old.bytes
+
+
+def check_allocations(rank, largest, shard_min, shard_max, old):
+    """:func:`largest_allocations`' result: the old path's messages are seen (at least the largest
+    shard's ``E_q x C``), and no shard form allocates a quarter of the smallest shard's."""
+    assert old >= shard_max, (rank, old, shard_max)
+    for name, size in largest.items():
+        assert size < shard_min / 4, (rank, name, size, shard_min)
+
+
 class _Local:
     """A worker's result as run_workers returns one, for a run in this process."""
 

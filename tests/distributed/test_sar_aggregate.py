@@ -14,12 +14,17 @@ import pytest
 import torch
 from conftest import require_kernel
 from sar_cases import (
+    BIG_C,
     F_IN,
     N,
     OpCounts,
+    big_graph,
     check,
+    check_allocations,
+    check_shard_calls,
     compare_model,
     edge_sized_saved,
+    largest_allocations,
     make_graph,
     make_parts,
     run_sar_case,
@@ -94,27 +99,14 @@ def _counts():
     )
 
 
-#: the graph of the allocation guard: E x C dwarfs N x C and the E-sized int64 arrays
-BIG_N, BIG_E, BIG_C = 300, 30_000, 32
-
-
 def _largest_allocations(rank, world_size):
-    """Per conv, the largest single allocation (bytes) of a float32 forward + backward on the big
-    graph (the shard caches built beforehand, as by any earlier layer), next to the smallest shard's
-    E_q x C x 4 bytes; and the same for the old PyTorch path (sequential_aggregate), which shows the
-    measure sees a shard's messages."""
+    """:func:`largest_allocations` of a float32 forward + backward of each conv on the big graph."""
     from torch_geometric.nn import GCNConv, GINConv, SAGEConv
 
     from revgnn.distributed.convs import convert_to_sar
-    from revgnn.distributed.sar import EdgeOp, SARGraph, sequential_aggregate
     from revgnn.nn import GroupAddRev, make_block
-    from revgnn.utils.memory import LargestAllocation
 
-    g = torch.Generator().manual_seed(11)
-    ei = torch.randint(0, BIG_N, (2, BIG_E), generator=g)
-    parts = torch.randint(0, world_size, (BIG_N,), generator=g)
-    graph = SARGraph(build_partitions(ei, BIG_N, world_size, parts=parts)[rank], timeout_s=60)
-    x = torch.randn(graph.num_local, BIG_C, generator=g, dtype=torch.float32)
+    graph, x = big_graph(rank, world_size)
     torch.manual_seed(0)
     convs = {
         "SAGE-mean": SAGEConv(BIG_C, BIG_C, aggr="mean"),
@@ -123,23 +115,11 @@ def _largest_allocations(rank, world_size):
         "GCN": GCNConv(BIG_C, BIG_C),
         "GroupAddRev-SAGE-max": GroupAddRev(make_block("sage", BIG_C // 2, aggr="max"), num_groups=2),
     }
-    out = {}
-    for name, conv in convs.items():
-        conv = convert_to_sar(conv.float())
-        conv(x.clone().requires_grad_(), graph).sum().backward()  # builds the per-shard caches
-        xl = x.clone().requires_grad_()
-        with LargestAllocation() as largest:
-            conv(xl, graph).sum().backward()
-        out[name] = largest.bytes
-    edges = [b - a for a, b in (graph.shard(q) for q in range(world_size))]
 
-    class Sum(EdgeOp):
-        linear = True
+    def step(conv):
+        return lambda xl: conv(xl, graph).sum().backward()
 
-    xl = x.clone().requires_grad_()
-    with LargestAllocation() as old:
-        sequential_aggregate(Sum(), graph, xl).sum().backward()
-    return out, min(edges) * BIG_C * 4, max(edges) * BIG_C * 4, old.bytes
+    return largest_allocations({name: step(convert_to_sar(c.float())) for name, c in convs.items()}, graph, x)
 
 
 def _worker(rank, world_size, kind):
@@ -168,19 +148,10 @@ def _check_all(results, world_size):
     for r in results:
         _, calls, bad, (largest, shard_min, shard_max, old) = r.value
         for name, c in calls.items():
-            assert c["torch"] == 0, (r.rank, name, c)
             fwd = "segment_max" if "max" in name else "aggregate"
-            if name.startswith("RevStack"):  # the blocks also run in the recompute of backward
-                assert c[fwd] > c[fwd + "_backward"] > 0, (r.rank, name, c)
-                assert c[fwd] % world_size == 0 and c[fwd + "_backward"] % world_size == 0, (r.rank, name, c)
-            else:  # one call per shard in the forward ring and in the backward ring
-                assert c[fwd] == world_size and c[fwd + "_backward"] == world_size, (r.rank, name, c)
+            check_shard_calls((r.rank, name), c, fwd, world_size, recomputed=name.startswith("RevStack"))
         assert not any(bad.values()), (r.rank, bad)
-        # the old path forms a shard's E_q x C messages, and the measure sees them ...
-        assert old >= shard_max, (r.rank, old, shard_max)
-        # ... the shard operators nothing close to it (only O(N C) and E-sized int64 arrays)
-        for name, size in largest.items():
-            assert size < shard_min / 4, (r.rank, name, size, shard_min)
+        check_allocations(r.rank, largest, shard_min, shard_max, old)
 
 
 @pytest.mark.parametrize(

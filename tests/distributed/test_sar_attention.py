@@ -16,13 +16,19 @@ import torch
 import torch.nn.functional as F
 from conftest import require_kernel
 from sar_cases import (
+    BIG_C,
+    BIG_D,
     F_EDGE,
     F_IN,
     N,
     OpCounts,
+    big_graph,
     check,
+    check_allocations,
+    check_shard_calls,
     compare_model,
     edge_sized_saved,
+    largest_allocations,
     make_graph,
     make_parts,
     run_sar_case,
@@ -150,28 +156,15 @@ def _counts():
     )
 
 
-#: the graph of the allocation guard: E x C dwarfs N x C, the E-sized int64 arrays and E x D features
-BIG_N, BIG_E, BIG_C, BIG_D = 300, 30_000, 32, 2
-
-
 def _largest_allocations(rank, world_size):
-    """Per conv, the largest single allocation (bytes) of a float32 forward + backward on the big
-    graph (shard caches built beforehand), next to the smallest shard's E_q x C x 4 bytes, and the
-    old PyTorch path's (sequential_aggregate), which shows that the measure sees a shard's messages."""
+    """:func:`largest_allocations` of a float32 forward + backward of each conv on the big graph."""
     from torch_geometric.nn import GATConv, GENConv
 
     from revgnn.distributed.convs import convert_to_sar
-    from revgnn.distributed.sar import EdgeOp, SARGraph, sequential_aggregate
     from revgnn.nn import GroupAddRev, LinearEdgeFeatures, make_block
-    from revgnn.utils.memory import LargestAllocation
 
-    g = torch.Generator().manual_seed(11)
-    ei = torch.randint(0, BIG_N, (2, BIG_E), generator=g)
-    parts = torch.randint(0, world_size, (BIG_N,), generator=g)
-    ea = torch.randn(BIG_E, BIG_D, generator=g)
-    graph = SARGraph(build_partitions(ei, BIG_N, world_size, parts=parts, edge_attr=ea)[rank], timeout_s=60)
-    x = torch.randn(graph.num_local, BIG_C, generator=g, dtype=torch.float32)
-    raw = graph.edge_attr.float()
+    graph, x = big_graph(rank, world_size, edge_features=True)
+    raw = graph.edge_attr
     torch.manual_seed(0)
     enc = torch.nn.Linear(BIG_D, BIG_C)
     convs = {
@@ -183,28 +176,16 @@ def _largest_allocations(rank, world_size):
             False,
         ),
     }
-    out = {}
-    for name, (conv, encoded) in convs.items():
-        conv = convert_to_sar(conv.float())
 
-        def step(xl):
+    def step(conv, encoded):
+        def run(xl):
             edges = LinearEdgeFeatures.from_linear(raw, enc) if encoded else raw
             conv(xl, graph, edges).sum().backward()
 
-        step(x.clone().requires_grad_())  # builds the per-shard caches
-        xl = x.clone().requires_grad_()
-        with LargestAllocation() as largest:
-            step(xl)
-        out[name] = largest.bytes
-    edges = [b - a for a, b in (graph.shard(q) for q in range(world_size))]
+        return run
 
-    class Sum(EdgeOp):
-        linear = True
-
-    xl = x.clone().requires_grad_()
-    with LargestAllocation() as old:
-        sequential_aggregate(Sum(), graph, xl).sum().backward()
-    return out, min(edges) * BIG_C * 4, max(edges) * BIG_C * 4, old.bytes
+    steps = {name: step(convert_to_sar(conv.float()), encoded) for name, (conv, encoded) in convs.items()}
+    return largest_allocations(steps, graph, x)
 
 
 def _worker(rank, world_size, kind):
@@ -237,21 +218,12 @@ def _check_all(results, world_size):
     for r in results:
         _, calls, bad, (largest, shard_min, shard_max, old) = r.value
         for name, c in calls.items():
-            assert c["torch"] == 0, (r.rank, name, c)
             fwd = "gen_aggr" if forms[name] == "gen" else "gat_attention"
-            if name.startswith("RevStack"):  # the blocks also run in the recompute of backward
-                assert c[fwd] > c[fwd + "_backward"] > 0, (r.rank, name, c)
-                assert c[fwd] % world_size == 0 and c[fwd + "_backward"] % world_size == 0, (r.rank, name, c)
-            else:  # one call per shard in the forward ring and in the backward ring
-                assert c[fwd] == world_size and c[fwd + "_backward"] == world_size, (r.rank, name, c)
+            check_shard_calls((r.rank, name), c, fwd, world_size, recomputed=name.startswith("RevStack"))
         # (a dense edge term is the caller's [E, C] tensor: the shard form keeps that input, nothing new)
         assert not any(v for name, v in bad.items() if "dense" not in name), (r.rank, bad)
         assert all(shape[1] == F_IN for shape in bad["GEN-mean-dense"]), (r.rank, bad)
-        # the old path forms a shard's E_q x C messages, and the measure sees them ...
-        assert old >= shard_max, (r.rank, old, shard_max)
-        # ... the shard forms nothing close to it (only O(N C), E-sized int64 and E x d arrays)
-        for name, size in largest.items():
-            assert size < shard_min / 4, (r.rank, name, size, shard_min)
+        check_allocations(r.rank, largest, shard_min, shard_max, old)
 
 
 @pytest.mark.parametrize(
