@@ -26,6 +26,11 @@ def make_graph(seed: int = 0):
     return ei, x, ea
 
 
+#: (world size, node assignment) of the SAR equality tests; at "empty" rank 1 owns no node, so the
+#: shards from and to it are empty
+WORLDS = [(1, "metis"), (2, "metis"), (3, "unbalanced"), (3, "empty")]
+
+
 def make_parts(world_size: int, kind: str) -> torch.Tensor:
     """Node assignments: 'metis', 'random', 'unbalanced' (30/12/6 split)
     or 'empty' (part 1 owns no node, so every shard from it is empty)."""

@@ -20,6 +20,7 @@ from sar_cases import (
     BIG_D,
     F_EDGE,
     F_IN,
+    WORLDS,
     N,
     OpCounts,
     big_graph,
@@ -226,15 +227,7 @@ def _check_all(results, world_size):
         check_allocations(r.rank, largest, shard_min, shard_max, old)
 
 
-@pytest.mark.parametrize(
-    "world_size,kind",
-    [
-        (1, "metis"),
-        (2, "metis"),
-        (3, "unbalanced"),
-        (3, "empty"),  # rank 1 owns no node: empty shards both ways
-    ],
-)
+@pytest.mark.parametrize("world_size,kind", WORLDS)
 def test_sar_attention_and_gen_aggregations_match_single_process(world_size, kind):
     require_kernel("gen_aggr")
     require_kernel("gat_attention")

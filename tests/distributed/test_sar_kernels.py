@@ -17,6 +17,7 @@ from conftest import rel_err, require_kernel
 from sar_cases import (
     F_EDGE,
     F_IN,
+    WORLDS,
     FactoredGEN,
     N,
     OpCounts,
@@ -173,15 +174,7 @@ def _check_all(results, world_size):
         assert fallback_ok, r.rank
 
 
-@pytest.mark.parametrize(
-    "world_size,kind",
-    [
-        (1, "metis"),
-        (2, "metis"),
-        (3, "unbalanced"),
-        (2, "empty"),  # rank 1 owns no node: empty shards both ways
-    ],
-)
+@pytest.mark.parametrize("world_size,kind", WORLDS[:3] + [(2, "empty")])  # "empty" on 2 workers
 def test_sar_gen_max_kernel_matches_single_process(world_size, kind):
     require_kernel()
     _check_all(run_sar_case(_worker, world_size, kind), world_size)
