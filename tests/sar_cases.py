@@ -48,6 +48,21 @@ def make_parts(world_size: int, kind: str) -> torch.Tensor:
     return partition_nodes(ei, N, world_size, method=kind, seed=0)
 
 
+def worker_graph(rank: int, world_size: int, kind: str, timeout_s: float = 60, node_x: bool = False):
+    """Worker ``rank``'s part of :func:`make_graph`'s graph split by ``make_parts(world_size, kind)``,
+    edge features included (and the node features as ``node_data["x"]`` with ``node_x``):
+    ``(SARGraph, part, x, edge_attr)``, the last two the full graph's."""
+    from revgnn.distributed.partition import build_partitions
+    from revgnn.distributed.sar import SARGraph
+
+    ei, x, ea = make_graph()
+    node_data = {"x": x} if node_x else None
+    parts = build_partitions(
+        ei, N, world_size, parts=make_parts(world_size, kind), edge_attr=ea, node_data=node_data
+    )
+    return SARGraph(parts[rank], timeout_s=timeout_s), parts[rank], x, ea
+
+
 def compare_model(name, build, uses_edges, graph, part, forward_ref, forward_sar, out_dim_seed=7):
     """Runs the reference on the full graph and SAR on the local part;
     returns a list of (name, what, rel err)."""

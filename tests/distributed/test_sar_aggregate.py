@@ -27,8 +27,8 @@ from sar_cases import (
     edge_sized_saved,
     largest_allocations,
     make_graph,
-    make_parts,
     run_sar_case,
+    worker_graph,
 )
 
 from revgnn.distributed.partition import build_partitions
@@ -126,15 +126,12 @@ def _largest_allocations(rank, world_size):
 def _worker(rank, world_size, kind):
     torch.set_default_dtype(torch.float64)
     from revgnn.distributed.convs import convert_to_sar
-    from revgnn.distributed.sar import SARGraph
 
-    ei, x, ea = make_graph()
-    parts = build_partitions(ei, N, world_size, parts=make_parts(world_size, kind), edge_attr=ea)
-    graph = SARGraph(parts[rank], timeout_s=60)
+    graph, part, x, _ = worker_graph(rank, world_size, kind)
     errs, calls, bad = [], {}, {}
     for name, build in _cases():
         with _counts() as counts:
-            errs += compare_model(name, build, False, graph, parts[rank], _call, _call)
+            errs += compare_model(name, build, False, graph, part, _call, _call)
         calls[name] = counts.calls
         torch.manual_seed(3)
         model = convert_to_sar(build())

@@ -21,7 +21,6 @@ from sar_cases import (
     F_EDGE,
     F_IN,
     WORLDS,
-    N,
     OpCounts,
     big_graph,
     check,
@@ -30,12 +29,9 @@ from sar_cases import (
     compare_model,
     edge_sized_saved,
     largest_allocations,
-    make_graph,
-    make_parts,
     run_sar_case,
+    worker_graph,
 )
-
-from revgnn.distributed.partition import build_partitions
 
 
 class EncodedEdges(torch.nn.Module):
@@ -192,15 +188,12 @@ def _largest_allocations(rank, world_size):
 def _worker(rank, world_size, kind):
     torch.set_default_dtype(torch.float64)
     from revgnn.distributed.convs import convert_to_sar
-    from revgnn.distributed.sar import SARGraph
 
-    ei, x, ea = make_graph()
-    parts = build_partitions(ei, N, world_size, parts=make_parts(world_size, kind), edge_attr=ea)
-    graph = SARGraph(parts[rank], timeout_s=60)
+    graph, part, x, ea = worker_graph(rank, world_size, kind)
     errs, calls, bad = [], {}, {}
     for name, build, uses_edges, _ in CASES:
         with _counts() as counts:
-            errs += compare_model(name, build, uses_edges, graph, parts[rank], _call, _call)
+            errs += compare_model(name, build, uses_edges, graph, part, _call, _call)
         calls[name] = counts.calls
         torch.manual_seed(3)
         model = convert_to_sar(build())
@@ -237,13 +230,10 @@ def test_sar_attention_and_gen_aggregations_match_single_process(world_size, kin
 def _one_part(cases):
     """Each of ``cases`` (name, build, uses edge features, ...) compared with PyG on a single part
     in this process, float64 (the errors checked); each case's operator and PyTorch-path counts."""
-    from revgnn.distributed.sar import SARGraph
 
     def worker(rank, world_size, kind):
         torch.set_default_dtype(torch.float64)
-        ei, _, ea = make_graph()
-        part = build_partitions(ei, N, 1, edge_attr=ea)[0]
-        graph = SARGraph(part)
+        graph, part, _, _ = worker_graph(rank, world_size, kind)
         errs, calls = [], {}
         for name, build, uses_edges, *_ in cases:
             with _counts() as counts:
@@ -273,7 +263,6 @@ def test_options_outside_the_shard_forms_take_the_pytorch_path():
 
     from revgnn.distributed.gat_sar import sar_gat_attention
     from revgnn.distributed.gen_aggr_sar import sar_gen_aggregate
-    from revgnn.distributed.sar import SARGraph
 
     cases = [
         ("GEN-softmax-channels", lambda: _gen(SoftmaxAggregation(t=0.5, learn=True, channels=F_IN)), False),
@@ -284,8 +273,7 @@ def test_options_outside_the_shard_forms_take_the_pytorch_path():
     for name, c in _one_part(cases).items():
         assert c["torch"] == 1, (name, c)
         assert c["gen_aggr"] == c["gat_attention"] == 0, (name, c)
-    ei, x, ea = make_graph()
-    graph = SARGraph(build_partitions(ei, N, 1, edge_attr=ea)[0])
+    graph, _, x, _ = worker_graph(0, 1, "metis")
     xl = x[graph.node_ids]
     with pytest.raises(ValueError, match="reduce must be one of"):
         sar_gen_aggregate(graph, xl, reduce="max")
@@ -311,19 +299,16 @@ TRITON_CASES = ("GEN-mean-lin_edge", "GEN-softmax-negative_t", "GAT-edges", "GAT
 
 
 def _triton_worker(rank, world_size, kind):
-    from revgnn.distributed.sar import SARGraph
     from revgnn.nn import triton_kernels as tk
 
     assert tk.INTERPRETED  # TRITON_INTERPRET=1 reached this fresh process before Triton's import
     torch.set_default_dtype(torch.float64)
-    ei, _, ea = make_graph()
-    parts = build_partitions(ei, N, world_size, parts=make_parts(world_size, kind), edge_attr=ea)
-    graph = SARGraph(parts[rank], timeout_s=120)
+    graph, part, _, _ = worker_graph(rank, world_size, kind, timeout_s=120)
     errs, calls = [], {}
     for name, build, uses_edges, _ in CASES:
         if name in TRITON_CASES:
             with _counts() as counts:
-                errs += compare_model(name, build, uses_edges, graph, parts[rank], _call, _call)
+                errs += compare_model(name, build, uses_edges, graph, part, _call, _call)
             calls[name] = counts.calls
     return errs, calls
 

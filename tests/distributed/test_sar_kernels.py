@@ -25,8 +25,8 @@ from sar_cases import (
     compare_model,
     edge_sized_saved,
     make_graph,
-    make_parts,
     run_sar_case,
+    worker_graph,
 )
 
 from revgnn.distributed.partition import build_partitions
@@ -129,17 +129,11 @@ def _fallback_is_todays_path(graph):
 
 def _worker(rank, world_size, kind):
     torch.set_default_dtype(torch.float64)
-    from revgnn.distributed.sar import SARGraph
-
-    ei, x, ea = make_graph()
-    parts = build_partitions(
-        ei, N, world_size, parts=make_parts(world_size, kind), edge_attr=ea, node_data={"x": x}
-    )
-    graph = SARGraph(parts[rank], timeout_s=60)
+    graph, part, x, _ = worker_graph(rank, world_size, kind, node_x=True)
     errs, calls = [], {}
     for name, build, uses_edges in _conv_cases() + _model_cases():
         with _counts() as counts:
-            errs += compare_model(name, build, uses_edges, graph, parts[rank], _call, _call)
+            errs += compare_model(name, build, uses_edges, graph, part, _call, _call)
         c = counts.calls
         calls[name] = (c["gen_max_shard"], c["gen_max_shard_backward"], c["torch"])
 
