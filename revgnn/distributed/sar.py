@@ -56,7 +56,7 @@ blocks) in the same order; transfers are tagged by a per-graph call counter.
 from __future__ import annotations
 
 import copy
-from typing import Callable, List, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -64,8 +64,6 @@ from torch import Tensor
 
 from .comm import all_gather_object_checked, post_transfer
 from .part_files import PartitionMismatchError
-
-_T = TypeVar("_T")
 
 __all__ = ["SARGraph", "EdgeOp", "sequential_aggregate", "SOFTMAX_EPS"]
 
@@ -236,7 +234,7 @@ class SARGraph:
             raise ValueError(f"shard {q}: source index outside the {rows} fetched rows")
         return src, dst, perm, rows
 
-    def cached(self, name: str, build: Callable[["SARGraph"], _T]) -> _T:
+    def cached(self, name: str, build: Callable[["SARGraph"], Any]) -> Any:
         """``build(self)`` (a fused kernel's per-shard layouts), kept on this graph under ``name`` and
         built again once :attr:`src` is another tensor (:meth:`to` moves it; a :meth:`with_self_loops`
         view is a graph of its own, with its own entries)."""
