@@ -11,52 +11,10 @@ run) is in :mod:`revgnn.cli`. The library below this layer (models, blocks, solv
 Hydra; this package is where the Hydra boundary starts.
 """
 
-from revgnn.config.data_options import DATA_CONFIGS, data_schema, data_schemas
-from revgnn.config.schema import (
-    AdamConfig,
-    BackendConfig,
-    Device,
-    DistBackend,
-    LoggerConfig,
-    ModelConfig,
-    PartitionMode,
-    Precision,
-    TrainConfig,
-    TrainerConfig,
-    check_keys,
-    check_ranges,
-    ranged,
-)
-from revgnn.config.store import (
-    builtin_model_names,
-    import_modules,
-    register_configs,
-    register_data_dir,
-    store_data_schema,
-    store_model_config,
-)
+# each name is listed once, in its home module's __all__
+from revgnn.config import data_options, schema, store
+from revgnn.config.data_options import *  # noqa: F403
+from revgnn.config.schema import *  # noqa: F403
+from revgnn.config.store import *  # noqa: F403
 
-__all__ = [
-    "TrainConfig",
-    "TrainerConfig",
-    "LoggerConfig",
-    "BackendConfig",
-    "ModelConfig",
-    "AdamConfig",
-    "Device",
-    "Precision",
-    "DistBackend",
-    "PartitionMode",
-    "ranged",
-    "check_keys",
-    "check_ranges",
-    "DATA_CONFIGS",
-    "data_schema",
-    "data_schemas",
-    "register_configs",
-    "store_model_config",
-    "builtin_model_names",
-    "register_data_dir",
-    "store_data_schema",
-    "import_modules",
-]
+__all__ = [*schema.__all__, *data_options.__all__, *store.__all__]

@@ -36,6 +36,7 @@
 #include <ATen/TensorIterator.h>  // at::internal::GRAIN_SIZE
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -83,6 +84,22 @@ inline T hsum(const V& v) {  // lanes in order: a fixed function of the lane cou
   return s;
 }
 
+// exp(r)'s Taylor polynomial of degree D, sum_{k <= D} r^k / k!, by Horner's rule; each coefficient
+// 1 / k! is a double quotient (k! exact for D <= 18) rounded once to T, unrolled to constants.
+template <typename T, int D, typename V>
+inline V exp_taylor(V r) {
+  constexpr auto c = [] {
+    std::array<T, D + 1> inv{};
+    double f = 1;  // k!
+    for (int k = 0; k <= D; ++k, f *= k) inv[k] = T(1.0 / f);
+    return inv;
+  }();
+  V p = splat<V>(c[D]);
+#pragma GCC unroll 16
+  for (int k = D - 1; k >= 0; --k) p = p * r + c[k];
+  return p;
+}
+
 // exp(x) for x <= 0 (the softmax's arguments, all relative to a running or saved maximum; the
 // formula holds for x > 0 below the overflow threshold too), lane-wise: x = n ln2 + r with
 // |r| <= ln2 / 2 (Cody-Waite: ln2 split in a head exact in n * head and a tail), exp(r) by its
@@ -103,32 +120,7 @@ inline V vexp(V x) {
   x = x < lo ? splat<V>(lo) : x;  // NaN stays
   const V n = (x * log2e + round) - round;  // round to nearest
   const V r = (x - n * ln2_hi) - n * ln2_lo;
-  V p;
-  if constexpr (single) {
-    p = splat<V>(T(1.0 / 5040));
-    p = p * r + T(1.0 / 720);
-    p = p * r + T(1.0 / 120);
-    p = p * r + T(1.0 / 24);
-    p = p * r + T(1.0 / 6);
-    p = p * r + T(0.5);
-    p = p * r + T(1);
-    p = p * r + T(1);
-  } else {
-    p = splat<V>(T(1.0 / 6227020800.0));
-    p = p * r + T(1.0 / 479001600.0);
-    p = p * r + T(1.0 / 39916800.0);
-    p = p * r + T(1.0 / 3628800.0);
-    p = p * r + T(1.0 / 362880.0);
-    p = p * r + T(1.0 / 40320.0);
-    p = p * r + T(1.0 / 5040.0);
-    p = p * r + T(1.0 / 720.0);
-    p = p * r + T(1.0 / 120.0);
-    p = p * r + T(1.0 / 24.0);
-    p = p * r + T(1.0 / 6.0);
-    p = p * r + T(0.5);
-    p = p * r + T(1);
-    p = p * r + T(1);
-  }
+  const V p = exp_taylor<T, single ? 7 : 13>(r);
   const I k = __builtin_convertvector(n, I);  // NaN lanes: any value, p is NaN there
   const I k1 = k >> 1, k2 = k - k1;           // each factor 2^k1, 2^k2 a normal number
   const I b = I{} + bias;

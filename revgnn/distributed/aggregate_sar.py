@@ -79,7 +79,6 @@ class ShardSegments:
     tensor it was built from: :meth:`SARGraph.with_self_loops` views are graphs of their own)."""
 
     def __init__(self, graph: SARGraph):
-        self.src_ref = graph.src
         n = graph.num_local
         self.shards: List[Shard] = []
         self._weights: Dict[Tuple[torch.dtype, torch.device], Tuple[Tensor, List[Tensor]]] = {}
@@ -100,11 +99,7 @@ class ShardSegments:
 
     @staticmethod
     def of(graph: SARGraph) -> "ShardSegments":
-        cached = getattr(graph, "_aggregate_segments", None)
-        if cached is None or cached.src_ref is not graph.src:
-            cached = ShardSegments(graph)
-            graph._aggregate_segments = cached
-        return cached
+        return graph.cached("_aggregate_segments", ShardSegments)
 
     def weights(self, weight: Optional[Tensor], dtype: torch.dtype) -> List[Optional[Tensor]]:
         """``weight`` (the graph's local edge order) per shard in destination order, in ``dtype``;

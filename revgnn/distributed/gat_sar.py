@@ -74,7 +74,6 @@ class _GatShards:
 
     def __init__(self, graph: SARGraph):
         segs = ShardSegments.of(graph)
-        self.src_ref = graph.src
         n = graph.num_local
         self.layouts: List[_Layout] = []
         for q, s in enumerate(segs.shards):
@@ -89,11 +88,7 @@ class _GatShards:
 
     @staticmethod
     def of(graph: SARGraph) -> "_GatShards":
-        cached = getattr(graph, "_gat_shards", None)
-        if cached is None or cached.src_ref is not graph.src:
-            cached = _GatShards(graph)
-            graph._gat_shards = cached
-        return cached
+        return graph.cached("_gat_shards", _GatShards)
 
 
 def _masked_loop(like: Tensor) -> float:

@@ -73,7 +73,6 @@ class _ShardCSC:
     sorting permutation."""
 
     def __init__(self, graph: SARGraph):
-        self.src_ref = graph.src  # the cache is valid for these tensors only
         n = graph.num_local
         self.shards: List[Tuple[int, int, Tensor, Tensor, Optional[Tensor]]] = []
         for q in range(graph.world_size):
@@ -85,11 +84,7 @@ class _ShardCSC:
 
     @staticmethod
     def of(graph: SARGraph) -> "_ShardCSC":
-        cached = getattr(graph, "_gen_max_csc", None)
-        if cached is None or cached.src_ref is not graph.src:
-            cached = _ShardCSC(graph)
-            graph._gen_max_csc = cached
-        return cached
+        return graph.cached("_gen_max_csc", _ShardCSC)
 
 
 def _shard_attr(attr: Optional[Tensor], a: int, b: int, perm: Optional[Tensor]) -> Optional[Tensor]:

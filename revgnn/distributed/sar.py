@@ -56,7 +56,7 @@ blocks) in the same order; transfers are tagged by a per-graph call counter.
 from __future__ import annotations
 
 import copy
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -233,6 +233,16 @@ class SARGraph:
         if src.numel() and (int(src.min()) < 0 or int(src.max()) >= rows):
             raise ValueError(f"shard {q}: source index outside the {rows} fetched rows")
         return src, dst, perm, rows
+
+    def cached(self, name: str, build: Callable[["SARGraph"], Any]) -> Any:
+        """``build(self)`` (a fused kernel's per-shard layouts), kept on this graph under ``name`` and
+        built again once :attr:`src` is another tensor (:meth:`to` moves it; a :meth:`with_self_loops`
+        view is a graph of its own, with its own entries)."""
+        entry = getattr(self, name, None)
+        if entry is None or entry[0] is not self.src:
+            entry = (self.src, build(self))
+            setattr(self, name, entry)
+        return entry[1]
 
     def local_range(self) -> Tuple[int, int]:
         return int(self.offsets[self.rank]), int(self.offsets[self.rank + 1])

@@ -13,7 +13,23 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import require_kernel
-from sar_cases import F_IN, N, check, compare_model, make_graph, make_parts, run_sar_case
+from sar_cases import (
+    BIG_C,
+    F_IN,
+    WORLDS,
+    N,
+    OpCounts,
+    big_graph,
+    check,
+    check_allocations,
+    check_shard_calls,
+    compare_model,
+    edge_sized_saved,
+    largest_allocations,
+    make_graph,
+    run_sar_case,
+    worker_graph,
+)
 
 from revgnn.distributed.partition import build_partitions
 
@@ -77,87 +93,21 @@ def _call(model, x, edge_index, edge_attr):
     return model(x, edge_index)
 
 
-class _Counts:
-    """Counts the shard operators' calls and the PyTorch SAR path's (sequential_aggregate)."""
-
-    NAMES = ("aggregate", "aggregate_backward", "segment_max", "segment_max_backward")
-
-    def __init__(self):
-        from revgnn.distributed import aggregate_sar, convs
-
-        self.calls = dict.fromkeys(self.NAMES + ("torch",), 0)
-        real_ops, real_seq = aggregate_sar.ops, convs.sequential_aggregate
-        calls = self.calls
-
-        class Proxy:
-            def __getattr__(self, name):
-                fn = getattr(real_ops, name)
-                if name not in calls:
-                    return fn
-
-                def counted(*args):
-                    calls[name] += 1
-                    return fn(*args)
-
-                return counted
-
-        def seq(*args, **kwargs):
-            calls["torch"] += 1
-            return real_seq(*args, **kwargs)
-
-        aggregate_sar.ops, convs.sequential_aggregate = Proxy(), seq
-        self._restore = lambda: (
-            setattr(aggregate_sar, "ops", real_ops),
-            setattr(convs, "sequential_aggregate", real_seq),
-        )
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self._restore()
-
-
-def _edge_sized_saved(fn, graph, module):
-    """Shapes of the float tensors saved for backward during ``fn().sum().backward()`` (reversible
-    blocks save in backward, when they re-run their forward) whose first dim is an edge count (all
-    local edges or one shard's, with or without self loops) and not also a node or parameter size."""
-    saved = []
-
-    def pack(t):
-        saved.append(t)
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn().sum().backward()
-    sizes = set()
-    for g in (graph, graph.with_self_loops()):
-        sizes |= {g.num_edges} | {b - a for a, b in (g.shard(q) for q in range(g.world_size))}
-    sizes -= {graph.num_local, *graph.num_needed, 0} | {d for p in module.parameters() for d in p.shape}
-    return [tuple(t.shape) for t in saved if t.is_floating_point() and t.dim() and t.size(0) in sizes]
-
-
-#: the graph of the allocation guard: E x C dwarfs N x C and the E-sized int64 arrays
-BIG_N, BIG_E, BIG_C = 300, 30_000, 32
+def _counts():
+    """Counts the shard operators' calls and the PyTorch SAR path's."""
+    return OpCounts(
+        ("aggregate_sar",), ("aggregate", "aggregate_backward", "segment_max", "segment_max_backward")
+    )
 
 
 def _largest_allocations(rank, world_size):
-    """Per conv, the largest single allocation (bytes) of a float32 forward + backward on the big
-    graph (the shard caches built beforehand, as by any earlier layer), next to the smallest shard's
-    E_q x C x 4 bytes; and the same for the old PyTorch path (sequential_aggregate), which shows the
-    measure sees a shard's messages."""
+    """:func:`largest_allocations` of a float32 forward + backward of each conv on the big graph."""
     from torch_geometric.nn import GCNConv, GINConv, SAGEConv
 
     from revgnn.distributed.convs import convert_to_sar
-    from revgnn.distributed.sar import EdgeOp, SARGraph, sequential_aggregate
     from revgnn.nn import GroupAddRev, make_block
-    from revgnn.utils.memory import LargestAllocation
 
-    g = torch.Generator().manual_seed(11)
-    ei = torch.randint(0, BIG_N, (2, BIG_E), generator=g)
-    parts = torch.randint(0, world_size, (BIG_N,), generator=g)
-    graph = SARGraph(build_partitions(ei, BIG_N, world_size, parts=parts)[rank], timeout_s=60)
-    x = torch.randn(graph.num_local, BIG_C, generator=g, dtype=torch.float32)
+    graph, x = big_graph(rank, world_size)
     torch.manual_seed(0)
     convs = {
         "SAGE-mean": SAGEConv(BIG_C, BIG_C, aggr="mean"),
@@ -166,42 +116,27 @@ def _largest_allocations(rank, world_size):
         "GCN": GCNConv(BIG_C, BIG_C),
         "GroupAddRev-SAGE-max": GroupAddRev(make_block("sage", BIG_C // 2, aggr="max"), num_groups=2),
     }
-    out = {}
-    for name, conv in convs.items():
-        conv = convert_to_sar(conv.float())
-        conv(x.clone().requires_grad_(), graph).sum().backward()  # builds the per-shard caches
-        xl = x.clone().requires_grad_()
-        with LargestAllocation() as largest:
-            conv(xl, graph).sum().backward()
-        out[name] = largest.bytes
-    edges = [b - a for a, b in (graph.shard(q) for q in range(world_size))]
 
-    class Sum(EdgeOp):
-        linear = True
+    def step(conv):
+        return lambda xl: conv(xl, graph).sum().backward()
 
-    xl = x.clone().requires_grad_()
-    with LargestAllocation() as old:
-        sequential_aggregate(Sum(), graph, xl).sum().backward()
-    return out, min(edges) * BIG_C * 4, max(edges) * BIG_C * 4, old.bytes
+    return largest_allocations({name: step(convert_to_sar(c.float())) for name, c in convs.items()}, graph, x)
 
 
 def _worker(rank, world_size, kind):
     torch.set_default_dtype(torch.float64)
     from revgnn.distributed.convs import convert_to_sar
-    from revgnn.distributed.sar import SARGraph
 
-    ei, x, ea = make_graph()
-    parts = build_partitions(ei, N, world_size, parts=make_parts(world_size, kind), edge_attr=ea)
-    graph = SARGraph(parts[rank], timeout_s=60)
+    graph, part, x, _ = worker_graph(rank, world_size, kind)
     errs, calls, bad = [], {}, {}
     for name, build in _cases():
-        with _Counts() as counts:
-            errs += compare_model(name, build, False, graph, parts[rank], _call, _call)
+        with _counts() as counts:
+            errs += compare_model(name, build, False, graph, part, _call, _call)
         calls[name] = counts.calls
         torch.manual_seed(3)
         model = convert_to_sar(build())
         xl = x[graph.node_ids].clone().requires_grad_()
-        bad[name] = _edge_sized_saved(lambda: model(xl, graph), graph, model)
+        bad[name] = edge_sized_saved(lambda: model(xl, graph), graph, model, self_loops=True)
     torch.set_default_dtype(torch.float32)
     return errs, calls, bad, _largest_allocations(rank, world_size)
 
@@ -211,30 +146,13 @@ def _check_all(results, world_size):
     for r in results:
         _, calls, bad, (largest, shard_min, shard_max, old) = r.value
         for name, c in calls.items():
-            assert c["torch"] == 0, (r.rank, name, c)
             fwd = "segment_max" if "max" in name else "aggregate"
-            if name.startswith("RevStack"):  # the blocks also run in the recompute of backward
-                assert c[fwd] > c[fwd + "_backward"] > 0, (r.rank, name, c)
-                assert c[fwd] % world_size == 0 and c[fwd + "_backward"] % world_size == 0, (r.rank, name, c)
-            else:  # one call per shard in the forward ring and in the backward ring
-                assert c[fwd] == world_size and c[fwd + "_backward"] == world_size, (r.rank, name, c)
+            check_shard_calls((r.rank, name), c, fwd, world_size, recomputed=name.startswith("RevStack"))
         assert not any(bad.values()), (r.rank, bad)
-        # the old path forms a shard's E_q x C messages, and the measure sees them ...
-        assert old >= shard_max, (r.rank, old, shard_max)
-        # ... the shard operators nothing close to it (only O(N C) and E-sized int64 arrays)
-        for name, size in largest.items():
-            assert size < shard_min / 4, (r.rank, name, size, shard_min)
+        check_allocations(r.rank, largest, shard_min, shard_max, old)
 
 
-@pytest.mark.parametrize(
-    "world_size,kind",
-    [
-        (1, "metis"),
-        (2, "metis"),
-        (3, "unbalanced"),
-        (3, "empty"),  # rank 1 owns no node: empty shards both ways
-    ],
-)
+@pytest.mark.parametrize("world_size,kind", WORLDS)
 def test_sar_aggregations_match_single_process(world_size, kind):
     require_kernel("aggregate")
     require_kernel("segment_max")
@@ -265,7 +183,7 @@ def test_unsorted_shards_and_weights_follow_the_edges():
     edge weights follow it; equal to PyG's sum with those weights."""
     from torch_geometric.utils import scatter
 
-    from revgnn.distributed.aggregate_sar import sar_aggregate
+    from revgnn.distributed.aggregate_sar import ShardSegments, sar_aggregate
     from revgnn.distributed.sar import SARGraph
 
     ei, x, _ = make_graph()
@@ -282,6 +200,6 @@ def test_unsorted_shards_and_weights_follow_the_edges():
     g = torch.randn(ref.shape, dtype=torch.float64)
     out.backward(g)
     ref.backward(g)
-    assert graph._aggregate_segments.shards[0].perm is not None  # the sorting path
+    assert ShardSegments.of(graph).shards[0].perm is not None  # the sorting path
     assert torch.allclose(out, ref, rtol=0, atol=1e-12 * ref.abs().max().item())
     assert torch.allclose(xl.grad, xr.grad, rtol=0, atol=1e-12 * xr.grad.abs().max().item())

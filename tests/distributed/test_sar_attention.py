@@ -15,9 +15,23 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import require_kernel
-from sar_cases import F_EDGE, F_IN, N, check, compare_model, make_graph, make_parts, run_sar_case
-
-from revgnn.distributed.partition import build_partitions
+from sar_cases import (
+    BIG_C,
+    BIG_D,
+    F_EDGE,
+    F_IN,
+    WORLDS,
+    OpCounts,
+    big_graph,
+    check,
+    check_allocations,
+    check_shard_calls,
+    compare_model,
+    edge_sized_saved,
+    largest_allocations,
+    run_sar_case,
+    worker_graph,
+)
 
 
 class EncodedEdges(torch.nn.Module):
@@ -131,92 +145,23 @@ def _call(model, x, edge_index, edge_attr):
     return model(x, edge_index) if edge_attr is None else model(x, edge_index, edge_attr)
 
 
-class _Counts:
-    """Counts the shard forms' operator calls and the PyTorch SAR path's (sequential_aggregate)."""
-
-    NAMES = ("gen_aggr", "gen_aggr_backward", "gat_attention", "gat_attention_backward")
-
-    def __init__(self):
-        from revgnn.distributed import convs, gat_sar, gen_aggr_sar
-
-        self.calls = dict.fromkeys(self.NAMES + ("torch",), 0)
-        real_ops, real_seq = gen_aggr_sar.ops, convs.sequential_aggregate
-        calls = self.calls
-
-        class Proxy:
-            def __getattr__(self, name):
-                fn = getattr(real_ops, name)
-                if name not in calls:
-                    return fn
-
-                def counted(*args):
-                    calls[name] += 1
-                    return fn(*args)
-
-                return counted
-
-        def seq(*args, **kwargs):
-            calls["torch"] += 1
-            return real_seq(*args, **kwargs)
-
-        gen_aggr_sar.ops = gat_sar.ops = Proxy()
-        convs.sequential_aggregate = seq
-        self._restore = lambda: (
-            setattr(gen_aggr_sar, "ops", real_ops),
-            setattr(gat_sar, "ops", real_ops),
-            setattr(convs, "sequential_aggregate", real_seq),
-        )
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self._restore()
-
-
-def _edge_sized_saved(fn, graph, module, raw):
-    """Shapes of the float tensors saved for backward during ``fn().sum().backward()`` whose first
-    dim is an edge count (all local edges or one shard's) and not also a node or parameter size,
-    other than the caller's raw edge features ``raw``."""
-    saved = []
-
-    def pack(t):
-        saved.append(t)
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn().sum().backward()
-    sizes = {graph.num_edges} | {b - a for a, b in (graph.shard(q) for q in range(graph.world_size))}
-    sizes -= {graph.num_local, *graph.num_needed, 0} | {d for p in module.parameters() for d in p.shape}
-    return [
-        tuple(t.shape)
-        for t in saved
-        if t.is_floating_point() and t.dim() and t.size(0) in sizes and t.data_ptr() != raw.data_ptr()
-    ]
-
-
-#: the graph of the allocation guard: E x C dwarfs N x C, the E-sized int64 arrays and E x D features
-BIG_N, BIG_E, BIG_C, BIG_D = 300, 30_000, 32, 2
+def _counts():
+    """Counts the shard forms' operator calls and the PyTorch SAR path's."""
+    return OpCounts(
+        ("gen_aggr_sar", "gat_sar"),
+        ("gen_aggr", "gen_aggr_backward", "gat_attention", "gat_attention_backward"),
+    )
 
 
 def _largest_allocations(rank, world_size):
-    """Per conv, the largest single allocation (bytes) of a float32 forward + backward on the big
-    graph (shard caches built beforehand), next to the smallest shard's E_q x C x 4 bytes, and the
-    old PyTorch path's (sequential_aggregate), which shows that the measure sees a shard's messages."""
+    """:func:`largest_allocations` of a float32 forward + backward of each conv on the big graph."""
     from torch_geometric.nn import GATConv, GENConv
 
     from revgnn.distributed.convs import convert_to_sar
-    from revgnn.distributed.sar import EdgeOp, SARGraph, sequential_aggregate
     from revgnn.nn import GroupAddRev, LinearEdgeFeatures, make_block
-    from revgnn.utils.memory import LargestAllocation
 
-    g = torch.Generator().manual_seed(11)
-    ei = torch.randint(0, BIG_N, (2, BIG_E), generator=g)
-    parts = torch.randint(0, world_size, (BIG_N,), generator=g)
-    ea = torch.randn(BIG_E, BIG_D, generator=g)
-    graph = SARGraph(build_partitions(ei, BIG_N, world_size, parts=parts, edge_attr=ea)[rank], timeout_s=60)
-    x = torch.randn(graph.num_local, BIG_C, generator=g, dtype=torch.float32)
-    raw = graph.edge_attr.float()
+    graph, x = big_graph(rank, world_size, edge_features=True)
+    raw = graph.edge_attr
     torch.manual_seed(0)
     enc = torch.nn.Linear(BIG_D, BIG_C)
     convs = {
@@ -228,48 +173,33 @@ def _largest_allocations(rank, world_size):
             False,
         ),
     }
-    out = {}
-    for name, (conv, encoded) in convs.items():
-        conv = convert_to_sar(conv.float())
 
-        def step(xl):
+    def step(conv, encoded):
+        def run(xl):
             edges = LinearEdgeFeatures.from_linear(raw, enc) if encoded else raw
             conv(xl, graph, edges).sum().backward()
 
-        step(x.clone().requires_grad_())  # builds the per-shard caches
-        xl = x.clone().requires_grad_()
-        with LargestAllocation() as largest:
-            step(xl)
-        out[name] = largest.bytes
-    edges = [b - a for a, b in (graph.shard(q) for q in range(world_size))]
+        return run
 
-    class Sum(EdgeOp):
-        linear = True
-
-    xl = x.clone().requires_grad_()
-    with LargestAllocation() as old:
-        sequential_aggregate(Sum(), graph, xl).sum().backward()
-    return out, min(edges) * BIG_C * 4, max(edges) * BIG_C * 4, old.bytes
+    steps = {name: step(convert_to_sar(conv.float()), encoded) for name, (conv, encoded) in convs.items()}
+    return largest_allocations(steps, graph, x)
 
 
 def _worker(rank, world_size, kind):
     torch.set_default_dtype(torch.float64)
     from revgnn.distributed.convs import convert_to_sar
-    from revgnn.distributed.sar import SARGraph
 
-    ei, x, ea = make_graph()
-    parts = build_partitions(ei, N, world_size, parts=make_parts(world_size, kind), edge_attr=ea)
-    graph = SARGraph(parts[rank], timeout_s=60)
+    graph, part, x, ea = worker_graph(rank, world_size, kind)
     errs, calls, bad = [], {}, {}
     for name, build, uses_edges, _ in CASES:
-        with _Counts() as counts:
-            errs += compare_model(name, build, uses_edges, graph, parts[rank], _call, _call)
+        with _counts() as counts:
+            errs += compare_model(name, build, uses_edges, graph, part, _call, _call)
         calls[name] = counts.calls
         torch.manual_seed(3)
         model = convert_to_sar(build())
         xl = x[graph.node_ids].clone().requires_grad_()
         raw = ea[graph.edge_ids].clone().requires_grad_()
-        bad[name] = _edge_sized_saved(
+        bad[name] = edge_sized_saved(
             lambda: _call(model, xl, graph, raw if uses_edges else None), graph, model, raw
         )
     torch.set_default_dtype(torch.float32)
@@ -282,59 +212,47 @@ def _check_all(results, world_size):
     for r in results:
         _, calls, bad, (largest, shard_min, shard_max, old) = r.value
         for name, c in calls.items():
-            assert c["torch"] == 0, (r.rank, name, c)
             fwd = "gen_aggr" if forms[name] == "gen" else "gat_attention"
-            if name.startswith("RevStack"):  # the blocks also run in the recompute of backward
-                assert c[fwd] > c[fwd + "_backward"] > 0, (r.rank, name, c)
-                assert c[fwd] % world_size == 0 and c[fwd + "_backward"] % world_size == 0, (r.rank, name, c)
-            else:  # one call per shard in the forward ring and in the backward ring
-                assert c[fwd] == world_size and c[fwd + "_backward"] == world_size, (r.rank, name, c)
+            check_shard_calls((r.rank, name), c, fwd, world_size, recomputed=name.startswith("RevStack"))
         # (a dense edge term is the caller's [E, C] tensor: the shard form keeps that input, nothing new)
         assert not any(v for name, v in bad.items() if "dense" not in name), (r.rank, bad)
         assert all(shape[1] == F_IN for shape in bad["GEN-mean-dense"]), (r.rank, bad)
-        # the old path forms a shard's E_q x C messages, and the measure sees them ...
-        assert old >= shard_max, (r.rank, old, shard_max)
-        # ... the shard forms nothing close to it (only O(N C), E-sized int64 and E x d arrays)
-        for name, size in largest.items():
-            assert size < shard_min / 4, (r.rank, name, size, shard_min)
+        check_allocations(r.rank, largest, shard_min, shard_max, old)
 
 
-@pytest.mark.parametrize(
-    "world_size,kind",
-    [
-        (1, "metis"),
-        (2, "metis"),
-        (3, "unbalanced"),
-        (3, "empty"),  # rank 1 owns no node: empty shards both ways
-    ],
-)
+@pytest.mark.parametrize("world_size,kind", WORLDS)
 def test_sar_attention_and_gen_aggregations_match_single_process(world_size, kind):
     require_kernel("gen_aggr")
     require_kernel("gat_attention")
     _check_all(run_sar_case(_worker, world_size, kind), world_size)
 
 
+def _one_part(cases):
+    """Each of ``cases`` (name, build, uses edge features, ...) compared with PyG on a single part
+    in this process, float64 (the errors checked); each case's operator and PyTorch-path counts."""
+
+    def worker(rank, world_size, kind):
+        torch.set_default_dtype(torch.float64)
+        graph, part, _, _ = worker_graph(rank, world_size, kind)
+        errs, calls = [], {}
+        for name, build, uses_edges, *_ in cases:
+            with _counts() as counts:
+                errs += compare_model(name, build, uses_edges, graph, part, _call, _call)
+            calls[name] = counts.calls
+        return errs, calls
+
+    (result,) = run_sar_case(worker, 1, "metis")
+    check([type("R", (), {"rank": 0, "value": result.value[0]})])
+    return result.value[1]
+
+
 @pytest.mark.parametrize("kernels", ["1", "0"])
 def test_pytorch_implementations_take_the_same_shard_forms(monkeypatch, kernels):
     """With the C++ kernels off (``REVGNN_KERNELS=0``: the operators' chunked PyTorch implementations)
     the shard forms still run, and agree with PyG on one part."""
-    from revgnn.distributed.sar import SARGraph
-
     monkeypatch.setenv("REVGNN_KERNELS", kernels)
-    ei, x, ea = make_graph()
-    parts = build_partitions(ei, N, 1, edge_attr=ea)
-    graph = SARGraph(parts[0])
-    dtype = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    try:
-        errs = []
-        for name, build, uses_edges, _ in CASES[:2] + CASES[4:5] + CASES[9:11]:
-            with _Counts() as counts:
-                errs += compare_model(name, build, uses_edges, graph, parts[0], _call, _call)
-            assert counts.calls["torch"] == 0, (name, counts.calls)
-    finally:
-        torch.set_default_dtype(dtype)
-    check([type("R", (), {"rank": 0, "value": errs})])
+    for name, c in _one_part(CASES[:2] + CASES[4:5] + CASES[9:11]).items():
+        assert c["torch"] == 0, (name, c)
 
 
 def test_options_outside_the_shard_forms_take_the_pytorch_path():
@@ -345,50 +263,34 @@ def test_options_outside_the_shard_forms_take_the_pytorch_path():
 
     from revgnn.distributed.gat_sar import sar_gat_attention
     from revgnn.distributed.gen_aggr_sar import sar_gen_aggregate
-    from revgnn.distributed.sar import SARGraph
 
-    ei, x, ea = make_graph()
-    parts = build_partitions(ei, N, 1, edge_attr=ea)
-    graph = SARGraph(parts[0])
-    dtype = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    try:
-        cases = [
-            (
-                "GEN-softmax-channels",
-                lambda: _gen(SoftmaxAggregation(t=0.5, learn=True, channels=F_IN)),
-                False,
-            ),
-            ("GEN-softmax_sg", lambda: _gen("softmax_sg", t=0.5), False),
-            ("GAT-no-loops", lambda: GATConv(F_IN, 4, heads=2, add_self_loops=False), False),
-            ("GAT-relu", lambda: GATConv(F_IN, 4, heads=2, negative_slope=0.0), False),
-        ]
-        errs = []
-        for name, build, uses_edges in cases:
-            with _Counts() as counts:
-                errs += compare_model(name, build, uses_edges, graph, parts[0], _call, _call)
-            assert counts.calls["torch"] == 1, (name, counts.calls)
-            assert counts.calls["gen_aggr"] == counts.calls["gat_attention"] == 0, (name, counts.calls)
-        xl = x[graph.node_ids]
-        with pytest.raises(ValueError, match="reduce must be one of"):
-            sar_gen_aggregate(graph, xl, reduce="max")
-        with pytest.raises(ValueError, match="temperature t is given for, and only for"):
-            sar_gen_aggregate(graph, xl, reduce="sum", t=1.0)
-        with pytest.raises(ValueError, match="local rows"):
-            sar_gen_aggregate(graph, xl[1:], reduce="mean")
-        with pytest.raises(ValueError, match="edge features must be"):
-            sar_gen_aggregate(graph, xl, torch.ones(3, F_IN), reduce="sum")
-        with pytest.raises(ValueError, match="3 channels, x has 8"):
-            sar_gen_aggregate(graph, xl, torch.ones(graph.num_edges, 3), reduce="sum")
-        xs = xl.view(-1, 2, 4)
-        a = xl[:, :2]
-        with pytest.raises(ValueError, match="negative_slope must be positive"):
-            sar_gat_attention(graph, xs, a, a, a, negative_slope=0.0)
-        with pytest.raises(ValueError, match="a_dst must be"):
-            sar_gat_attention(graph, xs, a, a[1:], a)
-    finally:
-        torch.set_default_dtype(dtype)
-    check([type("R", (), {"rank": 0, "value": errs})])
+    cases = [
+        ("GEN-softmax-channels", lambda: _gen(SoftmaxAggregation(t=0.5, learn=True, channels=F_IN)), False),
+        ("GEN-softmax_sg", lambda: _gen("softmax_sg", t=0.5), False),
+        ("GAT-no-loops", lambda: GATConv(F_IN, 4, heads=2, add_self_loops=False), False),
+        ("GAT-relu", lambda: GATConv(F_IN, 4, heads=2, negative_slope=0.0), False),
+    ]
+    for name, c in _one_part(cases).items():
+        assert c["torch"] == 1, (name, c)
+        assert c["gen_aggr"] == c["gat_attention"] == 0, (name, c)
+    graph, _, x, _ = worker_graph(0, 1, "metis")
+    xl = x[graph.node_ids]
+    with pytest.raises(ValueError, match="reduce must be one of"):
+        sar_gen_aggregate(graph, xl, reduce="max")
+    with pytest.raises(ValueError, match="temperature t is given for, and only for"):
+        sar_gen_aggregate(graph, xl, reduce="sum", t=1.0)
+    with pytest.raises(ValueError, match="local rows"):
+        sar_gen_aggregate(graph, xl[1:], reduce="mean")
+    with pytest.raises(ValueError, match="edge features must be"):
+        sar_gen_aggregate(graph, xl, torch.ones(3, F_IN, dtype=x.dtype), reduce="sum")
+    with pytest.raises(ValueError, match="3 channels, x has 8"):
+        sar_gen_aggregate(graph, xl, torch.ones(graph.num_edges, 3, dtype=x.dtype), reduce="sum")
+    xs = xl.view(-1, 2, 4)
+    a = xl[:, :2]
+    with pytest.raises(ValueError, match="negative_slope must be positive"):
+        sar_gat_attention(graph, xs, a, a, a, negative_slope=0.0)
+    with pytest.raises(ValueError, match="a_dst must be"):
+        sar_gat_attention(graph, xs, a, a[1:], a)
 
 
 #: the cases run through Triton's interpreter (a softmax with factored edges and a negative
@@ -397,19 +299,16 @@ TRITON_CASES = ("GEN-mean-lin_edge", "GEN-softmax-negative_t", "GAT-edges", "GAT
 
 
 def _triton_worker(rank, world_size, kind):
-    from revgnn.distributed.sar import SARGraph
     from revgnn.nn import triton_kernels as tk
 
     assert tk.INTERPRETED  # TRITON_INTERPRET=1 reached this fresh process before Triton's import
     torch.set_default_dtype(torch.float64)
-    ei, _, ea = make_graph()
-    parts = build_partitions(ei, N, world_size, parts=make_parts(world_size, kind), edge_attr=ea)
-    graph = SARGraph(parts[rank], timeout_s=120)
+    graph, part, _, _ = worker_graph(rank, world_size, kind, timeout_s=120)
     errs, calls = [], {}
     for name, build, uses_edges, _ in CASES:
         if name in TRITON_CASES:
-            with _Counts() as counts:
-                errs += compare_model(name, build, uses_edges, graph, parts[rank], _call, _call)
+            with _counts() as counts:
+                errs += compare_model(name, build, uses_edges, graph, part, _call, _call)
             calls[name] = counts.calls
     return errs, calls
 

@@ -14,7 +14,20 @@ import os
 import pytest
 import torch
 from conftest import rel_err, require_kernel
-from sar_cases import F_EDGE, F_IN, FactoredGEN, N, check, compare_model, make_graph, make_parts, run_sar_case
+from sar_cases import (
+    F_EDGE,
+    F_IN,
+    WORLDS,
+    FactoredGEN,
+    N,
+    OpCounts,
+    check,
+    compare_model,
+    edge_sized_saved,
+    make_graph,
+    run_sar_case,
+    worker_graph,
+)
 
 from revgnn.distributed.partition import build_partitions
 
@@ -76,71 +89,9 @@ def _call(model, x, edge_index, edge_attr):
     return model(x, edge_index) if edge_attr is None else model(x, edge_index, edge_attr)
 
 
-class _Counts:
+def _counts():
     """Counts the kernel's shard calls (the shard operators) and the PyTorch SAR path's calls."""
-
-    def __init__(self):
-        from revgnn.distributed import convs, gen_max_sar
-
-        self.kernel = self.backward = self.torch = 0
-        real_ops, real_seq = gen_max_sar.ops, convs.sequential_aggregate
-        counts = self
-
-        class Proxy:
-            def gen_max_shard(self, *args):
-                counts.kernel += 1
-                return real_ops.gen_max_shard(*args)
-
-            def gen_max_shard_backward(self, *args):
-                counts.backward += 1
-                return real_ops.gen_max_shard_backward(*args)
-
-            def __getattr__(self, name):
-                return getattr(real_ops, name)
-
-        def seq(*args, **kwargs):
-            counts.torch += 1
-            return real_seq(*args, **kwargs)
-
-        gen_max_sar.ops, convs.sequential_aggregate = Proxy(), seq
-        self._restore = lambda: (
-            setattr(gen_max_sar, "ops", real_ops),
-            setattr(convs, "sequential_aggregate", real_seq),
-        )
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self._restore()
-
-
-def _edge_sized_saved(fn, graph, raw, module):
-    """Runs ``fn().sum().backward()`` under saved_tensors_hooks (reversible
-    blocks save in backward, when they re-run their forward with grad);
-    returns the shapes of saved
-    float tensors with an edge-sized first dim (all local edges, or one
-    shard's, unless that count is also a node count or a parameter's dim),
-    other than ``raw`` itself."""
-    saved = []
-
-    def pack(t):
-        saved.append(t)
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn().sum().backward()
-    ambiguous = {graph.num_local, *graph.num_needed, 0} | {d for p in module.parameters() for d in p.shape}
-    sizes = (
-        {graph.num_edges} | {b - a for a, b in (graph.shard(q) for q in range(graph.world_size))}
-    ) - ambiguous
-    assert graph.num_edges in sizes or graph.num_edges == 0
-    bad = [
-        tuple(t.shape)
-        for t in saved
-        if t.is_floating_point() and t.dim() and t.size(0) in sizes and t.data_ptr() != raw.data_ptr()
-    ]
-    return bad
+    return OpCounts(("gen_max_sar",), ("gen_max_shard", "gen_max_shard_backward"))
 
 
 def _fallback_is_todays_path(graph):
@@ -162,11 +113,11 @@ def _fallback_is_todays_path(graph):
         for factored in (True, False):
             xx, rr = x_loc.clone().requires_grad_(), raw.clone().requires_grad_()
             edges = LinearEdgeFeatures.from_linear(rr, model.enc)
-            with _Counts() as counts:
+            with _counts() as counts:
                 out = model.conv(xx, graph, edges if factored else edges.materialize())
             (out * w).sum().backward()
             results.append([out.detach(), xx.grad, rr.grad] + [p.grad.clone() for p in model.parameters()])
-            assert counts.kernel == 0 and counts.torch == 1
+            assert counts.calls["gen_max_shard"] == 0 and counts.calls["torch"] == 1
             model.zero_grad()
     finally:
         if before is None:
@@ -178,18 +129,13 @@ def _fallback_is_todays_path(graph):
 
 def _worker(rank, world_size, kind):
     torch.set_default_dtype(torch.float64)
-    from revgnn.distributed.sar import SARGraph
-
-    ei, x, ea = make_graph()
-    parts = build_partitions(
-        ei, N, world_size, parts=make_parts(world_size, kind), edge_attr=ea, node_data={"x": x}
-    )
-    graph = SARGraph(parts[rank], timeout_s=60)
+    graph, part, x, _ = worker_graph(rank, world_size, kind, node_x=True)
     errs, calls = [], {}
     for name, build, uses_edges in _conv_cases() + _model_cases():
-        with _Counts() as counts:
-            errs += compare_model(name, build, uses_edges, graph, parts[rank], _call, _call)
-        calls[name] = (counts.kernel, counts.backward, counts.torch)
+        with _counts() as counts:
+            errs += compare_model(name, build, uses_edges, graph, part, _call, _call)
+        c = counts.calls
+        calls[name] = (c["gen_max_shard"], c["gen_max_shard_backward"], c["torch"])
 
     # no edge-sized float tensor saved, on this worker's shards
     from revgnn.distributed.convs import convert_to_sar
@@ -201,10 +147,10 @@ def _worker(rank, world_size, kind):
     raw = graph.edge_attr.clone().requires_grad_()
     xl = x[graph.node_ids].clone().requires_grad_()
     bad = {}
-    bad["conv"] = _edge_sized_saved(
-        lambda: conv.conv(xl, graph, LinearEdgeFeatures.from_linear(raw, conv.enc)), graph, raw, conv
+    bad["conv"] = edge_sized_saved(
+        lambda: conv.conv(xl, graph, LinearEdgeFeatures.from_linear(raw, conv.enc)), graph, conv, raw
     )
-    bad["model"] = _edge_sized_saved(lambda: model(xl, graph, raw), graph, raw, model)
+    bad["model"] = edge_sized_saved(lambda: model(xl, graph, raw), graph, model, raw)
     return errs, calls, bad, _fallback_is_todays_path(graph)
 
 
@@ -222,15 +168,7 @@ def _check_all(results, world_size):
         assert fallback_ok, r.rank
 
 
-@pytest.mark.parametrize(
-    "world_size,kind",
-    [
-        (1, "metis"),
-        (2, "metis"),
-        (3, "unbalanced"),
-        (2, "empty"),  # rank 1 owns no node: empty shards both ways
-    ],
-)
+@pytest.mark.parametrize("world_size,kind", WORLDS[:3] + [(2, "empty")])  # "empty" on 2 workers
 def test_sar_gen_max_kernel_matches_single_process(world_size, kind):
     require_kernel()
     _check_all(run_sar_case(_worker, world_size, kind), world_size)
@@ -241,6 +179,7 @@ def test_unsorted_shards_and_raw_gradient():
     kernel sorts them once, and scatters the raw features' gradient back)."""
     require_kernel()
     from revgnn.distributed.convs import convert_to_sar
+    from revgnn.distributed.gen_max_sar import _ShardCSC
     from revgnn.distributed.sar import SARGraph
     from revgnn.nn import LinearEdgeFeatures
 
@@ -263,7 +202,7 @@ def test_unsorted_shards_and_raw_gradient():
     xl, el = x[nid].clone().requires_grad_(), ea[eid].clone().requires_grad_()
     out = sar.conv(xl, graph, LinearEdgeFeatures.from_linear(el, sar.enc))
     (out * w[nid]).sum().backward()
-    assert graph._gen_max_csc.shards[0][4] is not None  # the sorting path
+    assert _ShardCSC.of(graph).shards[0][4] is not None  # the sorting path
     assert rel_err(out, out_ref[nid]) <= 1e-12
     assert rel_err(xl.grad, xr.grad[nid]) <= 1e-12
     assert rel_err(el.grad, er.grad[eid]) <= 1e-12
