@@ -26,16 +26,13 @@ import pickle
 import shutil
 import types
 import zipfile
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from revgnn.cli.quoting import hydra_override
 from revgnn.errors import ConfigError
-
-if TYPE_CHECKING:
-    from revgnn.engine.run import Run
 
 __all__ = [
     "atomic_save",
@@ -269,10 +266,11 @@ def atomic_write_text(text: str, path: str) -> None:
     os.replace(tmp, path)
 
 
-def save_checkpoint(path: str, run: "Run", rng: List[Dict[str, Any]]) -> None:
-    """Writes the checkpoint of ``run`` to ``path`` atomically: the model and optimiser state (with the
-    flat buffer's parameter layout, or None), every worker's RNG state (``rng``, by rank), the loop state
-    (``run.state``), the backend's identity and the resolved config."""
+def save_checkpoint(path: str, run: Any, rng: List[Dict[str, Any]]) -> None:
+    """Writes the checkpoint of ``run`` (a :class:`~revgnn.engine.run.Run`) to ``path`` atomically: the
+    model and optimiser state (with the flat buffer's parameter layout, or None), every worker's RNG
+    state (``rng``, by rank), the loop state (``run.state``), the backend's identity and the resolved
+    config."""
     state = run.state
     # keep_vars: the parameters themselves rather than a detached alias of each (20k tensor objects at
     # 1001 layers); atomic_save writes them detached, so the file is the same.
@@ -296,7 +294,7 @@ def save_checkpoint(path: str, run: "Run", rng: List[Dict[str, Any]]) -> None:
     )
 
 
-def restore(ckpt: Dict[str, Any], run: "Run") -> Dict[str, Any]:
+def restore(ckpt: Dict[str, Any], run: Any) -> Dict[str, Any]:
     """Loads ``ckpt`` (read from ``run.cfg.ckpt_path`` by :func:`load_checkpoint`) into the run's model,
     optimiser and this worker's RNG; returns the loop state's fields (``epoch``, ``step``, ``partial``,
     ``history``, ``best``, ``closing_best``: :class:`~revgnn.engine.run.RunState`'s). Refuses a
