@@ -31,6 +31,7 @@ __all__ = [
     "median_after",
     "child_env",
     "run_child",
+    "write_report",
     "ChildFailed",
     "markdown_table",
     "with_pyg_group_add_rev",
@@ -206,3 +207,15 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence[object]], alig
         return "|" + "|".join(f" {c} " if str(c) else " " for c in cells) + "|"
 
     return [line(header), "|" + "|".join(rule) + "|", *(line(row) for row in rows)]
+
+
+def write_report(report: str, out: str) -> None:
+    """Prints a benchmark's report and writes it to ``out`` (its folder made as needed)."""
+    from pathlib import Path
+
+    print()
+    print(report)
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(report)
+    print(f"written to {path}")

@@ -36,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import ChildFailed, child_env, markdown_table, run_child
+from benchmarks.common import ChildFailed, child_env, markdown_table, run_child, write_report
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -315,12 +315,7 @@ def main(argv=None) -> None:
             "",
         ]
     )
-    print()
-    print(report)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(report)
-    print(f"written to {out}")
+    write_report(report, args.out)
 
 
 if __name__ == "__main__":
