@@ -298,62 +298,19 @@ def test_kernel_refuses_bad_indices():
     with pytest.raises(RuntimeError, match="reduce must be"):
         kernel.forward(x, ptr, src, None, None, None, None, 1e-7, "max")
     out, top, denom = kernel.forward(x, ptr, src, None, None, None, None, 1e-7, "sum")
-    args = (out, top, denom, x, ptr, src, dst)
     good_sptr, good_perm = torch.tensor([0, 1, 2, 2]), torch.tensor([1, 0])
-    gx = kernel.backward(
-        out,
-        *args,
-        good_sptr,
-        good_perm,
-        None,
-        None,
-        None,
-        None,
-        1e-7,
-        "sum",
-        True,
-        False,
-        False,
-        False,
-        False,
-    )[0]
+
+    def backward(perm):  # the gradient of x alone, "sum", no edge features, for a source ordering
+        flags = (True, False, False, False, False)
+        args = (out, out, top, denom, x, ptr, src, dst, good_sptr, perm, None, None, None, None)
+        return kernel.backward(*args, 1e-7, "sum", *flags)[0]
+
+    gx = backward(good_perm)
     assert torch.equal(gx, torch.stack([out[1], out[0], torch.zeros(2)]) * (x > 0))  # grad = out here
     with pytest.raises(RuntimeError, match="do not list the edges by their source"):
-        kernel.backward(
-            out,
-            *args,
-            good_sptr,
-            torch.tensor([0, 1]),
-            None,
-            None,
-            None,
-            None,
-            1e-7,
-            "sum",
-            True,
-            False,
-            False,
-            False,
-            False,
-        )
+        backward(torch.tensor([0, 1]))
     with pytest.raises(RuntimeError, match="src_perm holds values outside"):
-        kernel.backward(
-            out,
-            *args,
-            good_sptr,
-            torch.tensor([0, 2]),
-            None,
-            None,
-            None,
-            None,
-            1e-7,
-            "sum",
-            True,
-            False,
-            False,
-            False,
-            False,
-        )
+        backward(torch.tensor([0, 2]))
 
 
 # ------------------------------------------------------------------ no E x C tensor (issue #33)
