@@ -105,6 +105,13 @@ def record_launches(tk, dtypes, channels, smoke=False):
                 for attr, w, bb in gat_terms:
                     for p in (0.0, 0.3):
                         tk.gat_attention_forward(xp, hv, hv, hv, ptr, src, attr, w, bb, 0.2, p, 7)
+                        if p > 0:  # a SAR shard's dropout ids
+                            ids = (torch.arange(e), torch.arange(n))
+                            tk.gat_attention_forward(xp, hv, hv, hv, ptr, src, attr, w, bb, 0.2, p, 7, *ids)
+                            tk.gat_attention_backward(
+                                xp, xp, hv, hv, xp, hv, hv, hv, ptr, src, attr, w, bb, 0.2, p, 7, ptr, src,
+                                perm, True, *ids,
+                            )  # fmt: skip
                         tk.gat_attention_backward(
                             xp,
                             xp,

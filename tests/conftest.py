@@ -7,6 +7,7 @@ directory on ``sys.path`` for every test below it, wherever it is started from. 
 :data:`REPO`, never from the working directory or a test file's place.
 """
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -95,6 +96,93 @@ class CLIRun(subprocess.CompletedProcess):
     def output(self) -> str:
         """stdout then stderr, stripped: all the user sees of the run."""
         return (self.stdout + self.stderr).strip()
+
+
+@contextlib.contextmanager
+def keyed_gat_dropout(edge_index, num_nodes: int, heads: int, p: float, seed):
+    """While active, ``torch.nn.functional.dropout`` (what PyG's ``GATConv`` calls on its attention
+    coefficients) applies the fused operator's mask instead (:func:`revgnn.nn.ops.attention_keep`
+    of ``seed``, rate ``p``): PyG's edges are the graph's without self loops, in order (id: the
+    column in ``edge_index``), then node i's loop (id E + i). On a destination-sorted graph the
+    columns are the positions the operator keys by; a SAR shard keys by them (its ``edge_ids``) on
+    any graph. Yields the list of the shapes it was called with."""
+    from unittest import mock
+
+    from torch_geometric import EdgeIndex
+
+    from revgnn.nn import ops
+
+    ei = edge_index.as_tensor() if isinstance(edge_index, EdgeIndex) else edge_index
+    ids = torch.cat([(ei[0] != ei[1]).nonzero().flatten(), ei.size(1) + torch.arange(num_nodes)])
+    keep = ops.attention_keep(seed, ids, heads, p)
+    calls = []
+
+    def dropout(alpha, p=0.5, training=True):
+        calls.append(tuple(alpha.shape))
+        return alpha * (keep.to(alpha.dtype) / (1 - p)) if training else alpha
+
+    with mock.patch.object(torch.nn.functional, "dropout", dropout):
+        yield calls
+
+
+def gat_with_keyed_dropout(conv, x, edge_index, edge_attr, seed):
+    """PyG's ``GATConv`` (``conv``, in training mode) with the fused operator's attention-dropout
+    mask (:func:`keyed_gat_dropout`)."""
+    from torch_geometric import EdgeIndex
+
+    ei = edge_index.as_tensor() if isinstance(edge_index, EdgeIndex) else edge_index
+    n, heads = x.size(0), conv.heads
+    with keyed_gat_dropout(ei, n, heads, conv.dropout, seed) as calls:
+        out = conv(x, ei, edge_attr=edge_attr)
+    assert len(calls) == 1 and calls[0][1] == heads, calls
+    return out
+
+
+def gat_operator_case(dtype=torch.float64, seed: int = 0):
+    """Inputs of ``torch.ops.revgnn.gat_attention`` on a small destination-sorted multigraph (self
+    loops, duplicates, an isolated node; 3 heads, raw edge features with a bias), as a dict of its
+    keyword arguments without ``negative_slope``, ``p``, ``seed``; plus ``"key"``, a permutation of
+    the edges' positions (ids a SAR shard might pass: ``edge_key``) and ``"loop_key"`` ids past them."""
+    g = torch.Generator().manual_seed(seed)
+    n, e, heads, c, d = 20, 90, 3, 4, 2
+    src = torch.randint(0, n - 1, (e,), generator=g)
+    dst = torch.randint(0, n - 1, (e,), generator=g)
+    src[:3], dst[:3] = torch.tensor([2, 2, 5]), torch.tensor([2, 2, 5])  # loops, a duplicate
+    order = torch.sort(dst * n + src, stable=True).indices
+    src, dst = src[order], dst[order]
+    ptr = torch.zeros(n + 1, dtype=torch.long)
+    ptr[1:] = torch.cumsum(torch.bincount(dst, minlength=n), 0)
+    perm = torch.sort(src, stable=True).indices
+    rowptr = torch.zeros(n + 1, dtype=torch.long)
+    rowptr[1:] = torch.cumsum(torch.bincount(src, minlength=n), 0)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype)
+
+    case = dict(
+        xp=rand(n, heads, c), a_src=rand(n, heads), a_dst=rand(n, heads), loop=rand(n, heads),
+        ptr=ptr, src=src, attr=rand(e, d), edge_w=rand(heads, d), edge_b=rand(heads),
+        rowptr=rowptr, col=dst[perm].contiguous(), perm=perm,
+    )  # fmt: skip
+    case["key"] = torch.randperm(e, generator=g) * 7 + 1000
+    case["loop_key"] = torch.randperm(n, generator=g) + 5000
+    return case
+
+
+def gat_operator_run(case, p, edge_key=None, loop_key=None):
+    """``gat_attention`` of :func:`conftest.gat_operator_case` ``case`` (seed 11, slope 0.2) and its
+    backward of a fixed weighting: the output and the gradients of every float input."""
+    from revgnn.nn import ops
+
+    names = ("xp", "a_src", "a_dst", "loop", "attr", "edge_w", "edge_b")
+    inputs = {k: v.clone().requires_grad_() if k in names else v for k, v in case.items()}
+    out, _, _ = ops.gat_attention(
+        inputs["xp"], inputs["a_src"], inputs["a_dst"], inputs["loop"], inputs["ptr"], inputs["src"],
+        inputs["attr"], inputs["edge_w"], inputs["edge_b"], 0.2, p, torch.tensor(11), inputs["rowptr"],
+        inputs["col"], inputs["perm"], edge_key, loop_key,
+    )  # fmt: skip
+    (out * torch.linspace(-1, 2, out.numel(), dtype=out.dtype).view_as(out)).sum().backward()
+    return [out.detach()] + [inputs[k].grad for k in names]
 
 
 def run_cli(*args, cwd=None, env=None, unset=(), timeout=300, expect=0) -> CLIRun:

@@ -8,6 +8,8 @@
 // with the edges j -> j of the graph left out (PyG's GATConv removes them and adds one loop per
 // node) and kappa the attention-dropout scale drawn from a counter-based hash of (seed, edge id,
 // head): the same integer hash as revgnn.nn.ops.attention_keep, so both draw the identical mask.
+// An edge's id is its position e in the destination order and node i's loop's is E + i, unless
+// the caller passes edge_key [E] / loop_key [N] (SAR shards: the ids of the whole graph).
 // Forward is an online softmax per destination and head (running maximum, denominator and
 // weighted sum); it keeps only out, M, D (O(N C)). Backward recomputes every per-edge quantity:
 //
@@ -60,6 +62,8 @@ struct Gat {
   T slope;
   bool edges;  // an edge term (attr given; not attr's pointer, which is null for an empty tensor)
   bool dropout;
+  const int64_t* edge_key;  // [E] the edges' dropout ids, or nullptr: their positions e
+  const int64_t* loop_key;  // [N] the self loops' dropout ids, or nullptr: E + i
   uint32_t key;       // mix32(seed)
   uint32_t threshold; // 24-bit drop threshold
   T scale;            // 1 / (1 - p)
@@ -70,9 +74,20 @@ struct Gat {
   }
 
   inline T kappa(int64_t id, int64_t h) const {
-    if (!dropout) return T(1);
     const uint32_t x = mix32(mix32(key ^ static_cast<uint32_t>(id)) ^ static_cast<uint32_t>(h));
     return (x >> 8) >= threshold ? scale : T(0);
+  }
+
+  // the dropout scale of edge e (destination order), head h
+  inline T kappa_edge(int64_t e, int64_t h) const {
+    if (!dropout) return T(1);
+    return kappa(edge_key != nullptr ? edge_key[e] : e, h);
+  }
+
+  // the dropout scale of node i's self loop, head h
+  inline T kappa_loop(int64_t i, int64_t h) const {
+    if (!dropout) return T(1);
+    return kappa(loop_key != nullptr ? loop_key[i] : E + i, h);
   }
 
   inline T logit(int64_t e, int64_t j, int64_t i, int64_t h) const {
@@ -107,13 +122,13 @@ void forward_impl(const Gat<T>& g, T* __restrict out, T* __restrict top, T* __re
         // the self loop starts the online softmax: every node has one, so D >= 1
         T m = g.leaky(g.a_src[i * H + h] + g.a_dst[i * H + h] + g.loop[i * H + h]);
         T dsum = T(1);
-        const T k0 = g.kappa(g.E + i, h);
+        const T k0 = g.kappa_loop(i, h);
         for (int64_t c = 0; c < C; ++c) acc[c] = k0 * xi[c];
         for (int64_t e = g.ptr[i]; e < g.ptr[i + 1]; ++e) {
           const int64_t j = g.src[e];
           if (j == i) continue;
           const T s = g.leaky(g.logit(e, j, i, h));
-          const T k = g.kappa(e, h);
+          const T k = g.kappa_edge(e, h);
           const T* __restrict xj = g.xp + (j * H + h) * C;
           if (s > m) {  // a new maximum: rescale what is summed so far
             const T r = std::exp(m - s);
@@ -136,11 +151,20 @@ void forward_impl(const Gat<T>& g, T* __restrict out, T* __restrict top, T* __re
   });
 }
 
+// The optional dropout ids: a contiguous int64 [n], or nullptr where absent.
+const int64_t* key_ptr(const c10::optional<torch::Tensor>& key, int64_t n, const char* what) {
+  if (!key.has_value() || !key->defined()) return nullptr;
+  TORCH_CHECK(key->scalar_type() == torch::kLong && key->is_contiguous() && key->dim() == 1 && key->numel() == n,
+              "gat_attention: ", what, " must be a contiguous int64 vector");
+  return key->data_ptr<int64_t>();
+}
+
 template <typename T>
 Gat<T> make(const torch::Tensor& xp, const torch::Tensor& a_src, const torch::Tensor& a_dst,
             const torch::Tensor& loop, const torch::Tensor& ptr, const torch::Tensor& src,
             const c10::optional<torch::Tensor>& attr, const c10::optional<torch::Tensor>& edge_w,
-            const c10::optional<torch::Tensor>& edge_b, double slope, double p, int64_t seed) {
+            const c10::optional<torch::Tensor>& edge_b, double slope, double p, int64_t seed,
+            const c10::optional<torch::Tensor>& edge_key, const c10::optional<torch::Tensor>& loop_key) {
   TORCH_CHECK(xp.dim() == 3 && xp.is_contiguous(), "gat_attention: xp must be a contiguous [N, H, C]");
   TORCH_CHECK(p >= 0.0 && p < 1.0, "gat_attention: attention dropout must be in [0, 1), got ", p);
   Gat<T> g;
@@ -177,6 +201,8 @@ Gat<T> make(const torch::Tensor& xp, const torch::Tensor& a_src, const torch::Te
     g.w = edge_w->data_ptr<T>();
     if (edge_b.has_value() && edge_b->defined()) g.b = edge_b->data_ptr<T>();
   }
+  g.edge_key = key_ptr(edge_key, g.E, "edge_key [E]");
+  g.loop_key = key_ptr(loop_key, g.N, "loop_key [N]");
   g.slope = static_cast<T>(slope);
   g.dropout = p > 0.0;
   g.key = mix32(static_cast<uint32_t>(static_cast<uint64_t>(seed) & 0xFFFFFFFFull));
@@ -196,7 +222,8 @@ void check_ids(const torch::Tensor& ids, int64_t n, const char* what) {
 std::vector<torch::Tensor> forward(torch::Tensor xp, torch::Tensor a_src, torch::Tensor a_dst,
                                    torch::Tensor loop, torch::Tensor ptr, torch::Tensor src,
                                    c10::optional<torch::Tensor> attr, c10::optional<torch::Tensor> edge_w,
-                                   c10::optional<torch::Tensor> edge_b, double slope, double p, int64_t seed) {
+                                   c10::optional<torch::Tensor> edge_b, double slope, double p, int64_t seed,
+                                   c10::optional<torch::Tensor> edge_key, c10::optional<torch::Tensor> loop_key) {
   check_ids(src, xp.size(0), "src");
   check_ids(ptr, src.numel() + 1, "ptr");
   TORCH_CHECK(ptr.numel() == xp.size(0) + 1 && (ptr.numel() == 0 || (ptr[0].item<int64_t>() == 0 &&
@@ -205,7 +232,8 @@ std::vector<torch::Tensor> forward(torch::Tensor xp, torch::Tensor a_src, torch:
   auto top = torch::empty_like(a_src);
   auto den = torch::empty_like(a_src);
   AT_DISPATCH_FLOATING_TYPES(xp.scalar_type(), "gat_attention_forward", [&] {
-    auto g = make<scalar_t>(xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b, slope, p, seed);
+    auto g = make<scalar_t>(xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b, slope, p, seed, edge_key,
+                            loop_key);
     forward_impl<scalar_t>(g, out.data_ptr<scalar_t>(), top.data_ptr<scalar_t>(), den.data_ptr<scalar_t>());
   });
   return {out, top, den};
@@ -221,10 +249,9 @@ void backward_impl(const Gat<T>& g, const T* __restrict grad, const T* __restric
   const bool edges = g.edges;
   std::vector<T> pw(edges ? N * H * d : 0), pb(edges ? N * H : 0);  // per-node partial w, b gradients
 
-  // dL/dz of edge e (j -> i), head h, and the coefficient kappa alpha (recomputed).
-  auto edge_grad = [&](int64_t id, int64_t j, int64_t i, int64_t h, T z, T& ka) -> T {
+  // dL/dz of an edge j -> i of dropout scale k, head h, and the coefficient kappa alpha (recomputed).
+  auto edge_grad = [&](T k, int64_t j, int64_t i, int64_t h, T z, T& ka) -> T {
     const T alpha = std::exp(g.leaky(z) - top[i * H + h]) / den[i * H + h];
-    const T k = g.kappa(id, h);
     ka = k * alpha;
     const T q = k * g.dot(grad + (i * H + h) * C, g.xp + (j * H + h) * C);
     const T ds = alpha * (q - go[i * H + h]);
@@ -240,7 +267,7 @@ void backward_impl(const Gat<T>& g, const T* __restrict grad, const T* __restric
       for (int64_t h = 0; h < H; ++h) {
         T ka;
         const T z0 = g.a_src[i * H + h] + g.a_dst[i * H + h] + g.loop[i * H + h];
-        const T dz0 = edge_grad(g.E + i, i, i, h, z0, ka);
+        const T dz0 = edge_grad(g.kappa_loop(i, h), i, i, h, z0, ka);
         g_loop[i * H + h] = dz0;
         g_src[i * H + h] = dz0;  // pass B adds the out-edges
         T acc = dz0;
@@ -251,7 +278,7 @@ void backward_impl(const Gat<T>& g, const T* __restrict grad, const T* __restric
         for (int64_t e = g.ptr[i]; e < g.ptr[i + 1]; ++e) {
           const int64_t j = g.src[e];
           if (j == i) continue;
-          const T dz = edge_grad(e, j, i, h, g.logit(e, j, i, h), ka);
+          const T dz = edge_grad(g.kappa_edge(e, h), j, i, h, g.logit(e, j, i, h), ka);
           acc += dz;
           if (edges) {
             const T* __restrict ar = g.attr + e * d;
@@ -291,7 +318,7 @@ void backward_impl(const Gat<T>& g, const T* __restrict grad, const T* __restric
         T* __restrict gx = g_xp + (j * H + h) * C;
         T ka;
         const T z0 = g.a_src[j * H + h] + g.a_dst[j * H + h] + g.loop[j * H + h];
-        edge_grad(g.E + j, j, j, h, z0, ka);
+        edge_grad(g.kappa_loop(j, h), j, j, h, z0, ka);
         const T* __restrict gj = grad + (j * H + h) * C;
         for (int64_t c = 0; c < C; ++c) gx[c] = ka * gj[c];
         T acc = g_src[j * H + h];
@@ -299,7 +326,7 @@ void backward_impl(const Gat<T>& g, const T* __restrict grad, const T* __restric
           const int64_t i = col[k];
           if (i == j) continue;
           const int64_t e = perm[k];
-          acc += edge_grad(e, j, i, h, g.logit(e, j, i, h), ka);
+          acc += edge_grad(g.kappa_edge(e, h), j, i, h, g.logit(e, j, i, h), ka);
           const T* __restrict gi = grad + (i * H + h) * C;
           for (int64_t c = 0; c < C; ++c) gx[c] += ka * gi[c];
         }
@@ -314,7 +341,8 @@ std::vector<torch::Tensor> backward(torch::Tensor grad, torch::Tensor out, torch
                                     torch::Tensor ptr, torch::Tensor src, c10::optional<torch::Tensor> attr,
                                     c10::optional<torch::Tensor> edge_w, c10::optional<torch::Tensor> edge_b,
                                     double slope, double p, int64_t seed, torch::Tensor rowptr, torch::Tensor col,
-                                    torch::Tensor perm, bool need_attr) {
+                                    torch::Tensor perm, bool need_attr, c10::optional<torch::Tensor> edge_key,
+                                    c10::optional<torch::Tensor> loop_key) {
   TORCH_CHECK(grad.is_contiguous() && grad.sizes() == xp.sizes(), "gat_attention: grad must be like xp");
   TORCH_CHECK(out.is_contiguous() && top.is_contiguous() && den.is_contiguous(), "gat_attention: saved outputs");
   TORCH_CHECK(rowptr.numel() == xp.size(0) + 1 && col.numel() == src.numel() && perm.numel() == src.numel(),
@@ -336,7 +364,8 @@ std::vector<torch::Tensor> backward(torch::Tensor grad, torch::Tensor out, torch
   const bool has_b = edges && edge_b.has_value() && edge_b->defined();
   auto g_b = has_b ? torch::empty_like(*edge_b) : xp.new_empty({0});
   AT_DISPATCH_FLOATING_TYPES(xp.scalar_type(), "gat_attention_backward", [&] {
-    auto g = make<scalar_t>(xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b, slope, p, seed);
+    auto g = make<scalar_t>(xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b, slope, p, seed, edge_key,
+                            loop_key);
     backward_impl<scalar_t>(g, grad.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), top.data_ptr<scalar_t>(),
                             den.data_ptr<scalar_t>(), rowptr.data_ptr<int64_t>(), col.data_ptr<int64_t>(),
                             perm.data_ptr<int64_t>(), g_xp.data_ptr<scalar_t>(), g_src.data_ptr<scalar_t>(),

@@ -1007,21 +1007,36 @@ def attention_keep(seed: Tensor, edge: Tensor, heads: int, p: float) -> Tensor:
     r"""The attention-dropout keep mask ``[len(edge), heads]`` (bool) of the given edge ids, drawn
     from a counter-based hash of ``(seed, edge, head)``, so the same mask is recomputed wherever it
     is needed (forward, backward, the reversible recompute) without being stored. Edge ids are the
-    positions in the destination-sorted order; node ``i``'s self loop is ``E + i``. The C++ kernel
-    draws the identical mask."""
+    positions in the destination-sorted order and node ``i``'s self loop is ``E + i``, unless
+    :func:`gat_attention` is given ``edge_key`` / ``loop_key`` (a SAR shard: the whole graph's ids).
+    Only the low 32 bits of an id count. The C++ and Triton kernels draw the identical mask."""
     key = _mix32(seed.to(torch.int64).reshape(()) & _M32)
     x = _mix32(key ^ (edge.to(torch.int64).view(-1, 1) & _M32))
     x = _mix32(x ^ torch.arange(heads, dtype=torch.int64, device=edge.device))
     return (x >> 8) >= dropout_threshold(p)
 
 
-def _gat_scale(seed, first, count, heads, p, like):
-    """The dropout scale (:math:`1 / (1 - p)` kept, 0 dropped) of the edge ids ``first .. first + count
-    - 1`` in ``like``'s dtype (None: no dropout)."""
+def _gat_scale(seed, first, count, heads, p, like, key=None, offset=0):
+    """The dropout scale (:math:`1 / (1 - p)` kept, 0 dropped) in ``like``'s dtype (None: no dropout)
+    of the edges (or self loops) ``first .. first + count - 1``: their ids ``key[first : first +
+    count]``, or without ``key`` ``offset + first ..`` (the default ids of :func:`attention_keep`)."""
     if p == 0.0:
         return None
-    edge = torch.arange(first, first + count, device=like.device)
+    if key is not None:
+        edge = key[first : first + count]
+    else:
+        edge = torch.arange(offset + first, offset + first + count, device=like.device)
     return attention_keep(seed, edge, heads, p).to(like.dtype) * (1.0 / (1.0 - p))
+
+
+def _check_keys(name: str, edge_key: Optional[Tensor], loop_key: Optional[Tensor], e: int, n: int) -> None:
+    """Refuses dropout ids that are not int64 vectors of one id per edge (``edge_key``) or node
+    (``loop_key``)."""
+    for what, key, size in (("edge_key", edge_key, e), ("loop_key", loop_key, n)):
+        if key is not None and (key.dtype != torch.int64 or key.dim() != 1 or key.numel() != size):
+            raise ValueError(
+                f"{name}: {what} must be an int64 vector of {size} ids, got {key.dtype} {list(key.shape)}"
+            )
 
 
 def _gat_logits(a_src, a_dst, src, dst, attr, edge_w, edge_b):
@@ -1043,7 +1058,9 @@ def _gat_chunks(ptr, src, attr):
         yield part.start, s, d, a, (s == d).view(-1, 1)
 
 
-def _gat_attention_torch(xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b, slope, p, seed):
+def _gat_attention_torch(
+    xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b, slope, p, seed, edge_key, loop_key
+):
     n, heads, _ = xp.shape
     e = src.numel()
     leaky = torch.nn.functional.leaky_relu
@@ -1056,20 +1073,21 @@ def _gat_attention_torch(xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b,
         top.scatter_reduce_(0, d.view(-1, 1).expand_as(logit), logit, "amax")
     w_loop = (s_loop - top).exp()
     den = w_loop.clone()
-    keep = _gat_scale(seed, e, n, heads, p, xp)
+    keep = _gat_scale(seed, 0, n, heads, p, xp, loop_key, offset=e)
     acc = (w_loop if keep is None else w_loop * keep).unsqueeze(-1) * xp
     for start, s, d, a, self_edge in _gat_chunks(ptr, src, attr):
         logit = leaky(_gat_logits(a_src, a_dst, s, d, a, edge_w, edge_b), slope)
         w = (logit - top.index_select(0, d)).exp().masked_fill(self_edge, 0.0)
         den.index_add_(0, d, w)
-        keep = _gat_scale(seed, start, s.numel(), heads, p, xp)
+        keep = _gat_scale(seed, start, s.numel(), heads, p, xp, edge_key)
         acc.index_add_(0, d, (w if keep is None else w * keep).unsqueeze(-1) * xp.index_select(0, s))
     return acc / den.unsqueeze(-1), top, den
 
 
 def _gat_attention_backward_torch(
-    grad, out, top, den, xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b, slope, p, seed, need_attr
-):
+    grad, out, top, den, xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b, slope, p, seed, need_attr,
+    edge_key, loop_key,
+):  # fmt: skip
     r"""Per edge (recomputed, chunk by chunk) :math:`\partial L / \partial s_{ijh} = \alpha_{ijh}
     (\kappa_{ijh} \langle g_{ih}, x'_{jh} \rangle - \langle g_{ih}, o_{ih} \rangle)` with the dropout
     scale :math:`\kappa`, through the LeakyReLU to the logits' terms; :math:`\partial L / \partial
@@ -1086,7 +1104,7 @@ def _gat_attention_backward_torch(
 
     z_loop = a_src + a_dst + loop
     alpha = (leaky(z_loop, slope) - top).exp() / den
-    keep = _gat_scale(seed, e, n, heads, p, xp)
+    keep = _gat_scale(seed, 0, n, heads, p, xp, loop_key, offset=e)
     ka = alpha if keep is None else alpha * keep
     q = (grad * xp).sum(-1)
     dz_loop = through(z_loop, alpha, q if keep is None else q * keep, g_out)
@@ -1100,7 +1118,7 @@ def _gat_attention_backward_torch(
         alpha = ((leaky(z, slope) - top.index_select(0, d)).exp() / den.index_select(0, d)).masked_fill(
             self_edge, 0.0
         )
-        keep = _gat_scale(seed, start, s.numel(), heads, p, xp)
+        keep = _gat_scale(seed, start, s.numel(), heads, p, xp, edge_key)
         g_d = grad.index_select(0, d)
         q = (g_d * xp.index_select(0, s)).sum(-1)
         dz = through(z, alpha, q if keep is None else q * keep, g_out.index_select(0, d))
@@ -1134,6 +1152,8 @@ def gat_attention(
     rowptr: Tensor,
     col: Tensor,
     perm: Tensor,
+    edge_key: Optional[Tensor] = None,
+    loop_key: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     r"""``(out, max, den)``: GAT's attention over destination-sorted edges (``ptr`` ``[N + 1]``,
     ``src`` ``[E]``) plus one self loop per node, with the edges ``j -> j`` of ``src`` left out
@@ -1152,23 +1172,32 @@ def gat_attention(
     ``p``; 1 where ``p = 0``). ``rowptr`` ``[N + 1]``, ``col`` ``[E]``, ``perm`` ``[E]`` are the same
     edges sorted by source (the pointer over sources, each edge's destination and its position in
     the destination order: :func:`revgnn.nn.graph_input.source_order`), by which the C++ backward
-    sums the sources' gradients per source."""
+    sums the sources' gradients per source. ``edge_key`` ``[E]`` and ``loop_key`` ``[N]`` (int64,
+    optional) are the ids the mask is drawn for, in place of the edges' positions and ``E + i``: a
+    SAR shard passes its edges' ids in the whole graph and so draws the mask the one-process
+    operator draws for them."""
+    _check_keys("gat_attention", edge_key, loop_key, src.numel(), xp.size(0))
     kernel = select("gat_attention", xp, a_src, a_dst, loop, attr, edge_w, edge_b, num_edges=src.numel())
     if kernel is not None:
         dropout_threshold(p)  # refuses p outside [0, 1), as the PyTorch path does
         return tuple(
             kernel.forward(
-                xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b, negative_slope, p, int(seed)
+                xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b, negative_slope, p, int(seed),
+                edge_key, loop_key,
             )
-        )
+        )  # fmt: skip
     with _in_dtype(xp):
         return _gat_attention_torch(
-            xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b, negative_slope, p, seed
-        )
+            xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b, negative_slope, p, seed,
+            edge_key, loop_key,
+        )  # fmt: skip
 
 
 @gat_attention.register_fake
-def _(xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b, negative_slope, p, seed, rowptr, col, perm):
+def _(
+    xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b, negative_slope, p, seed, rowptr, col, perm,
+    edge_key=None, loop_key=None,
+):  # fmt: skip
     return torch.empty_like(xp), torch.empty_like(a_src), torch.empty_like(a_src)
 
 
@@ -1194,22 +1223,25 @@ def gat_attention_backward(
     col: Tensor,
     perm: Tensor,
     need_attr: bool,
+    edge_key: Optional[Tensor] = None,
+    loop_key: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The gradients of :func:`gat_attention`'s ``out`` for ``xp``, ``a_src``, ``a_dst``, ``loop``,
     ``attr``, ``edge_w``, ``edge_b`` (an empty tensor where that input is absent, and for ``attr``
     where not asked for)."""
+    _check_keys("gat_attention_backward", edge_key, loop_key, src.numel(), xp.size(0))
     kernel = select("gat_attention", xp, a_src, a_dst, loop, attr, edge_w, edge_b, num_edges=src.numel())
     if kernel is not None:
         return tuple(
             kernel.backward(
                 grad, out, top, den, xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b,
-                negative_slope, p, int(seed), rowptr, col, perm, need_attr,
+                negative_slope, p, int(seed), rowptr, col, perm, need_attr, edge_key, loop_key,
             )
         )  # fmt: skip
     with _in_dtype(xp):
         grads = _gat_attention_backward_torch(
             grad, out, top, den, xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b,
-            negative_slope, p, seed, need_attr,
+            negative_slope, p, seed, need_attr, edge_key, loop_key,
         )  # fmt: skip
     return tuple(_or_empty(g, xp) for g in grads)
 
@@ -1234,6 +1266,8 @@ def _(
     seed,
     *order,
     need_attr,
+    edge_key=None,
+    loop_key=None,
 ):
     def like(t, present=True):
         return torch.empty_like(t) if t is not None and present else xp.new_empty(0)
@@ -1251,28 +1285,29 @@ def _(
 
 
 def _gat_attention_setup(ctx, inputs, output):
-    xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b, slope, p, seed, rowptr, col, perm = inputs
+    xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b, slope, p, seed, rowptr, col, perm, *keys = inputs
     out, top, den = output
     ctx.slope, ctx.p = slope, p
     ctx.save_for_backward(
-        xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b, seed, rowptr, col, perm, out, top, den
+        xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b, seed, rowptr, col, perm, out, top, den, *keys
     )
 
 
 def _gat_attention_grad(ctx, grad_out, _grad_top, _grad_den):
-    xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b, seed, rowptr, col, perm, out, top, den = (
+    xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b, seed, rowptr, col, perm, out, top, den, *keys = (
         ctx.saved_tensors
     )
     need = ctx.needs_input_grad
     grads = gat_attention_backward(
         grad_out.contiguous(), out, top, den, xp, a_src, a_dst, loop, ptr, src, attr, edge_w, edge_b,
-        ctx.slope, ctx.p, seed, rowptr, col, perm, need[6],
+        ctx.slope, ctx.p, seed, rowptr, col, perm, need[6], *keys,
     )  # fmt: skip
     present = (True, True, True, True, attr is not None, attr is not None, edge_b is not None)
     g_xp, g_src, g_dst, g_loop, g_attr, g_w, g_b = (
         g if wanted and here else None for g, wanted, here in zip(grads, need[:4] + need[6:9], present)
     )
-    return g_xp, g_src, g_dst, g_loop, None, None, g_attr, g_w, g_b, None, None, None, None, None, None
+    nones = (None,) * (len(need) - 9)  # ptr .. perm and the dropout ids
+    return (g_xp, g_src, g_dst, g_loop, None, None, g_attr, g_w, g_b, *nones)
 
 
 gat_attention.register_autograd(_gat_attention_grad, setup_context=_gat_attention_setup)

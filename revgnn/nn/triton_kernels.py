@@ -1409,6 +1409,8 @@ def gen_aggr_backward(
 # recomputes each edge's dL/dz and writes it to an [E, H] buffer (E x H, no channels), from which
 # the edge-feature, w and b gradients are two small matrix products; pass B per (source, head)
 # walks the source order (rowptr, col, perm) for the a_src and xp gradients: gathers, no atomics.
+# The dropout ids are the edges' positions and E + i for the loops, or the optional edge_key [E] /
+# loop_key [N] (KEYS / LOOP_KEYS), as in the C++ kernel.
 
 if AVAILABLE:
 
@@ -1436,6 +1438,22 @@ if AVAILABLE:
             return tl.where(ids >= 0, 1.0 + 0.0 * scale, 0.0 * scale)
 
     @triton.jit
+    def _gat_edge_ids(ekey_ptr, e, em, KEYS: tl.constexpr):
+        """The dropout ids of the edges ``e`` (destination order, int64 block): ``edge_key[e]`` or ``e``."""
+        if KEYS:
+            return tl.load(ekey_ptr + e, mask=em, other=0).to(tl.int64)
+        else:
+            return e
+
+    @triton.jit
+    def _gat_loop_ids(lkey_ptr, one, E, LOOP_KEYS: tl.constexpr):
+        """The dropout ids of the self loops of nodes ``one`` ([1] block): ``loop_key[i]`` or ``E + i``."""
+        if LOOP_KEYS:
+            return tl.load(lkey_ptr + one).to(tl.int64)
+        else:
+            return E + one
+
+    @triton.jit
     def _gat_logit(
         asrc_ptr, adst_ptr, attr_ptr, w_ptr, b_ptr, j, i, e, valid, h, H, d,
         EDGES: tl.constexpr, HAS_BIAS: tl.constexpr, ACC: tl.constexpr, BD: tl.constexpr,
@@ -1457,9 +1475,9 @@ if AVAILABLE:
     @triton.jit
     def _gat_fwd_kernel(
         xp_ptr, asrc_ptr, adst_ptr, loop_ptr, ptr_ptr, src_ptr, attr_ptr, w_ptr, b_ptr, par_ptr,
-        out_ptr, top_ptr, den_ptr, key, threshold, E, H, C, d,
-        EDGES: tl.constexpr, HAS_BIAS: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr,
-        BE: tl.constexpr, BC: tl.constexpr, BD: tl.constexpr,
+        out_ptr, top_ptr, den_ptr, ekey_ptr, lkey_ptr, key, threshold, E, H, C, d,
+        EDGES: tl.constexpr, HAS_BIAS: tl.constexpr, DROPOUT: tl.constexpr, KEYS: tl.constexpr,
+        LOOP_KEYS: tl.constexpr, ACC: tl.constexpr, BE: tl.constexpr, BC: tl.constexpr, BD: tl.constexpr,
     ):  # fmt: skip
         i = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1).to(tl.int64)
@@ -1472,7 +1490,8 @@ if AVAILABLE:
         z0 += tl.load(loop_ptr + one * H + h).to(ACC)
         m = tl.max(tl.where(z0 > 0, z0, z0 * slope), axis=0)  # the self loop starts the softmax
         dsum = 1.0 + 0.0 * m
-        k0 = tl.sum(_gat_kappa(key, E + one, h, threshold, scale, DROPOUT), axis=0)
+        ids0 = _gat_loop_ids(lkey_ptr, one, E, LOOP_KEYS)
+        k0 = tl.sum(_gat_kappa(key, ids0, h, threshold, scale, DROPOUT), axis=0)
         acc = k0 * tl.load(xp_ptr + (i * H + h) * C + c, mask=cm, other=0.0).to(ACC)
         e0 = tl.load(ptr_ptr + i)
         e1 = tl.load(ptr_ptr + i + 1)
@@ -1489,7 +1508,8 @@ if AVAILABLE:
             mnew = tl.maximum(m, tl.max(sc, axis=0))
             r = tl.exp(m - mnew)
             pe = tl.where(valid, tl.exp(sc - mnew), 0.0)
-            kp = _gat_kappa(key, e, h, threshold, scale, DROPOUT) * pe
+            ids = _gat_edge_ids(ekey_ptr, e, em, KEYS)
+            kp = _gat_kappa(key, ids, h, threshold, scale, DROPOUT) * pe
             xv = tl.load(
                 xp_ptr + (j[:, None] * H + h) * C + c[None, :], mask=valid[:, None] & cm[None, :], other=0.0
             )
@@ -1503,9 +1523,10 @@ if AVAILABLE:
     @triton.jit
     def _gat_bwd_dst_kernel(
         g_ptr, out_ptr, top_ptr, den_ptr, xp_ptr, asrc_ptr, adst_ptr, loop_ptr, ptr_ptr, src_ptr,
-        attr_ptr, w_ptr, b_ptr, par_ptr, dz_ptr, gdst_ptr, gloop_ptr, key, threshold, E, H, C, d,
-        EDGES: tl.constexpr, HAS_BIAS: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr,
-        BE: tl.constexpr, BC: tl.constexpr, BD: tl.constexpr,
+        attr_ptr, w_ptr, b_ptr, par_ptr, dz_ptr, gdst_ptr, gloop_ptr, ekey_ptr, lkey_ptr, key, threshold,
+        E, H, C, d,
+        EDGES: tl.constexpr, HAS_BIAS: tl.constexpr, DROPOUT: tl.constexpr, KEYS: tl.constexpr,
+        LOOP_KEYS: tl.constexpr, ACC: tl.constexpr, BE: tl.constexpr, BC: tl.constexpr, BD: tl.constexpr,
     ):  # fmt: skip
         """Pass A, per (destination i, head h): dL/dz of each in-edge into dz [E, H], and the
         a_dst and self-loop gradients."""
@@ -1523,7 +1544,7 @@ if AVAILABLE:
         z0 = tl.load(asrc_ptr + one * H + h).to(ACC) + tl.load(adst_ptr + one * H + h).to(ACC)
         z0 += tl.load(loop_ptr + one * H + h).to(ACC)
         a0 = tl.exp(tl.where(z0 > 0, z0, z0 * slope) - mx) / dn
-        q0 = _gat_kappa(key, E + one, h, threshold, scale, DROPOUT)
+        q0 = _gat_kappa(key, _gat_loop_ids(lkey_ptr, one, E, LOOP_KEYS), h, threshold, scale, DROPOUT)
         q0 = q0 * tl.sum(gi * tl.load(xp_ptr + (i * H + h) * C + c, mask=cm, other=0.0).to(ACC), axis=0)
         ds0 = a0 * (q0 - go)
         dz0 = tl.sum(tl.where(z0 > 0, ds0, ds0 * slope), axis=0)
@@ -1544,7 +1565,8 @@ if AVAILABLE:
             xv = tl.load(
                 xp_ptr + (j[:, None] * H + h) * C + c[None, :], mask=valid[:, None] & cm[None, :], other=0.0
             )
-            q = _gat_kappa(key, e, h, threshold, scale, DROPOUT) * tl.sum(gi[None, :] * xv.to(ACC), axis=1)
+            ids = _gat_edge_ids(ekey_ptr, e, em, KEYS)
+            q = _gat_kappa(key, ids, h, threshold, scale, DROPOUT) * tl.sum(gi[None, :] * xv.to(ACC), axis=1)
             ds = alpha * (q - go)
             dz = tl.where(valid, tl.where(z > 0, ds, ds * slope), 0.0)
             accd += tl.sum(dz, axis=0)
@@ -1554,9 +1576,10 @@ if AVAILABLE:
     @triton.jit
     def _gat_bwd_src_kernel(
         g_ptr, top_ptr, den_ptr, xp_ptr, asrc_ptr, adst_ptr, loop_ptr, attr_ptr, w_ptr, b_ptr, par_ptr,
-        rowptr_ptr, col_ptr, perm_ptr, dz_ptr, gloop_ptr, gxp_ptr, gsrc_ptr, key, threshold, E, H, C, d,
-        EDGES: tl.constexpr, HAS_BIAS: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr,
-        BE: tl.constexpr, BC: tl.constexpr, BD: tl.constexpr,
+        rowptr_ptr, col_ptr, perm_ptr, dz_ptr, gloop_ptr, gxp_ptr, gsrc_ptr, ekey_ptr, lkey_ptr, key,
+        threshold, E, H, C, d,
+        EDGES: tl.constexpr, HAS_BIAS: tl.constexpr, DROPOUT: tl.constexpr, KEYS: tl.constexpr,
+        LOOP_KEYS: tl.constexpr, ACC: tl.constexpr, BE: tl.constexpr, BC: tl.constexpr, BD: tl.constexpr,
     ):  # fmt: skip
         """Pass B, per (source j, head h), over j's out-edges in source order: the a_src and xp
         gradients (the self loop's terms first)."""
@@ -1571,7 +1594,8 @@ if AVAILABLE:
         z0 += tl.load(loop_ptr + one * H + h).to(ACC)
         a0 = tl.exp(tl.where(z0 > 0, z0, z0 * slope) - tl.load(top_ptr + one * H + h).to(ACC))
         a0 = a0 / tl.load(den_ptr + one * H + h).to(ACC)
-        ka0 = tl.sum(_gat_kappa(key, E + one, h, threshold, scale, DROPOUT) * a0, axis=0)
+        ids0 = _gat_loop_ids(lkey_ptr, one, E, LOOP_KEYS)
+        ka0 = tl.sum(_gat_kappa(key, ids0, h, threshold, scale, DROPOUT) * a0, axis=0)
         gx = ka0 * tl.load(g_ptr + (j * H + h) * C + c, mask=cm, other=0.0).to(ACC)
         accs = tl.load(gloop_ptr + j * H + h).to(ACC)
         o0 = tl.load(rowptr_ptr + j)
@@ -1590,7 +1614,8 @@ if AVAILABLE:
             mx = tl.load(top_ptr + i * H + h, mask=valid, other=0.0).to(ACC)
             dn = tl.load(den_ptr + i * H + h, mask=valid, other=1.0).to(ACC)
             alpha = tl.where(valid, tl.exp(tl.where(z > 0, z, z * slope) - mx) / dn, 0.0)
-            ka = _gat_kappa(key, e, h, threshold, scale, DROPOUT) * alpha
+            ids = _gat_edge_ids(ekey_ptr, e, valid, KEYS)
+            ka = _gat_kappa(key, ids, h, threshold, scale, DROPOUT) * alpha
             gv = tl.load(
                 g_ptr + (i[:, None] * H + h) * C + c[None, :], mask=valid[:, None] & cm[None, :], other=0.0
             )
@@ -1599,9 +1624,10 @@ if AVAILABLE:
         tl.store(gsrc_ptr + j * H + h, accs.to(gsrc_ptr.dtype.element_ty))
 
 
-def _gat_setup(xp, attr, edge_w, edge_b, slope: float, p: float, seed: int):
+def _gat_setup(xp, attr, edge_w, edge_b, slope: float, p: float, seed: int, edge_key=None, loop_key=None):
     """Shared launch arguments: (edges?, bias?, dropout?, key, threshold, params tensor [slope,
-    scale] in xp's dtype (float scalars would reach the kernel as float32), constexprs)."""
+    scale] in xp's dtype (float scalars would reach the kernel as float32), the dropout ids or
+    stand-ins, constexprs)."""
     _require(xp)
     if xp.dim() != 3 or not xp.is_contiguous():
         raise ValueError("gat_attention: xp must be a contiguous [N, H, C]")
@@ -1619,25 +1645,32 @@ def _gat_setup(xp, attr, edge_w, edge_b, slope: float, p: float, seed: int):
     d = attr.size(1) if edges else 0
     acc, _ = _acc(xp.dtype)
     meta = dict(
-        EDGES=edges, HAS_BIAS=edges and edge_b is not None, DROPOUT=p > 0, ACC=acc, BE=16,
-        BC=_pow2(xp.size(2), 2), BD=_pow2(d, 2),
+        EDGES=edges, HAS_BIAS=edges and edge_b is not None, DROPOUT=p > 0,
+        KEYS=p > 0 and edge_key is not None, LOOP_KEYS=p > 0 and loop_key is not None,
+        ACC=acc, BE=16, BC=_pow2(xp.size(2), 2), BD=_pow2(d, 2),
     )  # fmt: skip
+    # (their sizes and dtype are checked by revgnn.nn.ops.gat_attention, the caller)
+    if any(t is not None and not t.is_contiguous() for t in (edge_key, loop_key)):
+        raise ValueError("gat_attention: edge_key and loop_key must be contiguous")
     dummy = lambda t: t if t is not None else xp  # noqa: E731
-    return (dummy(attr), dummy(edge_w), dummy(edge_b), par), key, threshold, d, meta
+    keys = (dummy(edge_key), dummy(loop_key))
+    return (dummy(attr), dummy(edge_w), dummy(edge_b), par), key, threshold, d, keys, meta
 
 
 def gat_attention_forward(
     xp: Tensor, a_src: Tensor, a_dst: Tensor, loop: Tensor, ptr: Tensor, src: Tensor,
     attr: Optional[Tensor], edge_w: Optional[Tensor], edge_b: Optional[Tensor],
-    slope: float, p: float, seed: int,
+    slope: float, p: float, seed: int, edge_key: Optional[Tensor] = None, loop_key: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     """``(out [N, H, C], max [N, H], den [N, H])``, as ``kernels.load("gat_attention").forward``."""
-    (attr_, w_, b_, par), key, threshold, d, meta = _gat_setup(xp, attr, edge_w, edge_b, slope, p, seed)
+    (attr_, w_, b_, par), key, threshold, d, ids, meta = _gat_setup(
+        xp, attr, edge_w, edge_b, slope, p, seed, edge_key, loop_key
+    )
     n, heads, c = xp.shape
     out, top, den = torch.empty_like(xp), torch.empty_like(a_src), torch.empty_like(a_src)
     if n > 0:
         _launch(_gat_fwd_kernel)[(n, heads)](
-            xp, a_src, a_dst, loop, ptr, src, attr_, w_, b_, par, out, top, den, key, threshold,
+            xp, a_src, a_dst, loop, ptr, src, attr_, w_, b_, par, out, top, den, *ids, key, threshold,
             src.numel(), heads, c, d, **meta,
         )  # fmt: skip
     return out, top, den
@@ -1647,11 +1680,13 @@ def gat_attention_backward(
     grad: Tensor, out: Tensor, top: Tensor, den: Tensor, xp: Tensor, a_src: Tensor, a_dst: Tensor,
     loop: Tensor, ptr: Tensor, src: Tensor, attr: Optional[Tensor], edge_w: Optional[Tensor],
     edge_b: Optional[Tensor], slope: float, p: float, seed: int, rowptr: Tensor, col: Tensor,
-    perm: Tensor, need_attr: bool,
+    perm: Tensor, need_attr: bool, edge_key: Optional[Tensor] = None, loop_key: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     """``(xp, a_src, a_dst, loop, attr, edge_w, edge_b)`` gradients (empty where the input is
     absent, or attr's not asked for), as ``kernels.load("gat_attention").backward``."""
-    (attr_, w_, b_, par), key, threshold, d, meta = _gat_setup(xp, attr, edge_w, edge_b, slope, p, seed)
+    (attr_, w_, b_, par), key, threshold, d, ids, meta = _gat_setup(
+        xp, attr, edge_w, edge_b, slope, p, seed, edge_key, loop_key
+    )
     n, heads, c = xp.shape
     e = src.numel()
     _, acc_dtype = _acc(xp.dtype)
@@ -1659,7 +1694,7 @@ def gat_attention_backward(
     g_dst, g_loop = torch.empty_like(a_dst), torch.empty((n, heads), dtype=acc_dtype, device=xp.device)
     g_xp, g_src = torch.empty_like(xp), torch.empty_like(a_src)
     if n > 0:
-        common = (key, threshold, e, heads, c, d)
+        common = (*ids, key, threshold, e, heads, c, d)
         _launch(_gat_bwd_dst_kernel)[(n, heads)](
             grad, out, top, den, xp, a_src, a_dst, loop, ptr, src, attr_, w_, b_, par, dz, g_dst,
             g_loop, *common, **meta,

@@ -4,7 +4,7 @@ and forms no E x C tensor, forward or backward, alone or inside GroupAddRev."""
 
 import pytest
 import torch
-from conftest import rel_err
+from conftest import gat_operator_case, gat_operator_run, gat_with_keyed_dropout, rel_err
 from torch_geometric import EdgeIndex
 
 from revgnn.nn import GATBlock, GroupAddRev, LinearEdgeFeatures, Shared, ops
@@ -119,26 +119,6 @@ def test_attention_keep_is_a_fair_counter_based_mask():
             ops.attention_keep(seed, edge, 2, p)
 
 
-def pyg_with_mask(conv, x, ei_sorted, edge_attr, seed, monkeypatch):
-    """PyG's GATConv on destination-sorted edges with its dropout replaced by the fused operator's
-    mask: PyG's edges are the graph's without self loops, in order, then node i's loop (id E + i)."""
-    ei = ei_sorted.as_tensor()
-    n, e, heads, p = x.size(0), ei.size(1), conv.heads, conv.dropout
-    ids = torch.cat([(ei[0] != ei[1]).nonzero().flatten(), e + torch.arange(n)])
-    scale = ops.attention_keep(seed, ids, heads, p).to(x.dtype) / (1 - p)
-    calls = []
-
-    def dropout(alpha, p=0.5, training=True):
-        calls.append(alpha.shape)
-        return alpha * scale if training else alpha
-
-    with monkeypatch.context() as m:
-        m.setattr(torch.nn.functional, "dropout", dropout)
-        out = conv(x, ei, edge_attr=edge_attr)
-    assert calls == [(ids.numel(), heads)]
-    return out
-
-
 @pytest.mark.parametrize("chunk", [2**16, 16])
 def test_attention_dropout_equals_pyg_with_the_same_mask(impl, chunk, monkeypatch):
     monkeypatch.setattr(ops, "CHUNK_EDGES", chunk)
@@ -154,7 +134,7 @@ def test_attention_dropout_equals_pyg_with_the_same_mask(impl, chunk, monkeypatc
 
     def reference(xx, rr):
         torch.manual_seed(7)
-        return pyg_with_mask(block.conv, xx, ei, rr, gat_module.draw_seed(), monkeypatch)
+        return gat_with_keyed_dropout(block.conv, xx, ei, rr, gat_module.draw_seed())
 
     (o1, g1), (o2, g2) = run(fused, x, raw, params), run(reference, x, raw, params)
     assert rel_err(o1, o2) <= 1e-12
@@ -331,3 +311,32 @@ def test_source_order_of_both_sorted_forms():
     assert source_order(sorted_ei, n)[2].data_ptr() == perm.data_ptr()  # cached with the graph
     with pytest.raises(TypeError, match="source_order takes the graph sort_edges returns"):
         source_order(ei, n)
+
+
+def test_dropout_ids_replace_the_positions(impl):
+    """``edge_key`` / ``loop_key`` are the ids the dropout mask is drawn for: the default ids
+    (positions, E + i) passed explicitly give bitwise the result without them; other ids give the
+    result of the mask of those ids (the PyTorch reference of attention_keep's scale, float64, to
+    1e-12); without dropout the ids change nothing; ids of the wrong size or dtype are refused."""
+    case = gat_operator_case()
+    e, n = case["src"].numel(), case["xp"].size(0)
+    plain = gat_operator_run(case, 0.4)
+    default = gat_operator_run(case, 0.4, torch.arange(e), e + torch.arange(n))
+    for a, b in zip(plain, default):
+        assert torch.equal(a, b)
+    keyed = gat_operator_run(case, 0.4, case["key"], case["loop_key"])
+    assert rel_err(keyed[0], plain[0]) > 1e-3  # another mask
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("REVGNN_KERNELS", "0")  # the chunked PyTorch implementation, as the reference
+        m.setattr(ops, "CHUNK_EDGES", 16)
+        reference = gat_operator_run(case, 0.4, case["key"], case["loop_key"])
+    for a, b in zip(keyed, reference):
+        assert rel_err(a, b) <= 1e-12
+    no_dropout = gat_operator_run(case, 0.0, case["key"], case["loop_key"])
+    for a, b in zip(no_dropout, gat_operator_run(case, 0.0)):
+        assert torch.equal(a, b)
+    for bad in (case["key"][1:], case["key"].int()):
+        with pytest.raises(ValueError, match="edge_key must be an int64 vector"):
+            gat_operator_run(case, 0.4, bad, None)
+    with pytest.raises(ValueError, match="loop_key must be an int64 vector"):
+        gat_operator_run(case, 0.4, None, case["loop_key"][:-1])

@@ -944,6 +944,27 @@ def test_gat_attention_matches_cpp(monkeypatch, p, edges, dtype):
             assert rel(a, r) <= 4 * rel(b, r) + 1e-6
 
 
+def test_gat_attention_dropout_ids_match_cpp(monkeypatch):
+    """The Triton GAT kernels draw the dropout mask of the ids passed (``edge_key``, ``loop_key``:
+    a SAR shard's global ids) as the C++ kernel does: float64 outputs and gradients to rounding."""
+    from conftest import gat_operator_case, gat_operator_run
+
+    cpp("gat_attention")
+    case = gat_operator_case()
+    calls = []
+    for name in ("gat_attention_forward", "gat_attention_backward"):
+        fn = getattr(tk, name)
+        monkeypatch.setattr(tk, name, lambda *a, _fn=fn, _name=name: calls.append(_name) or _fn(*a))
+    monkeypatch.setenv("REVGNN_KERNELS", "triton")
+    tri = gat_operator_run(case, 0.4, case["key"], case["loop_key"])
+    assert calls == ["gat_attention_forward", "gat_attention_backward"]
+    monkeypatch.setenv("REVGNN_KERNELS", "1")
+    ref = gat_operator_run(case, 0.4, case["key"], case["loop_key"])
+    assert ((ref[0] - gat_operator_run(case, 0.4)[0]).abs().max() > 1e-3).item()  # the ids change the mask
+    for a, b in zip(tri, ref):
+        assert ((a - b).abs().max() / b.abs().max()).item() <= 1e-12
+
+
 @pytest.mark.parametrize("kind", ["sage_mean", "sage_max", "gin", "gcn"])
 def test_sar_aggregation_shards_take_the_triton_kernels(monkeypatch, kind):
     """SAR's SAGE, GIN and GCN shards (revgnn.distributed.aggregate_sar) reach the Triton
