@@ -14,15 +14,20 @@ RTOL = 1e-9
 N, E, F_IN, F_EDGE = 48, 260, 8, 6
 
 
-def make_graph(seed: int = 0):
+def make_graph(seed: int = 0, dst_sorted: bool = False):
     """Small directed multigraph with self loops, duplicate edges and one
-    node without incoming edges."""
+    node without incoming edges; with ``dst_sorted`` its edges (and their
+    features) in destination order, so that an edge's column is its position
+    in that order (what the fused GAT attention keys its dropout mask by)."""
     g = torch.Generator().manual_seed(seed)
     ei = torch.randint(0, N, (2, E), generator=g)
     ei[1][ei[1] == N - 1] = 0  # node N-1: no incoming edges
     ei[:, :4] = torch.tensor([[3, 3, 5, 7], [3, 3, 9, 7]])  # loops, dups
     x = torch.randn(N, F_IN, generator=g, dtype=torch.float64)
     ea = torch.randn(E, F_EDGE, generator=g, dtype=torch.float64)
+    if dst_sorted:
+        perm = torch.sort(ei[1] * N + ei[0], stable=True).indices
+        ei, ea = ei[:, perm], ea[perm]
     return ei, x, ea
 
 
@@ -48,14 +53,22 @@ def make_parts(world_size: int, kind: str) -> torch.Tensor:
     return partition_nodes(ei, N, world_size, method=kind, seed=0)
 
 
-def worker_graph(rank: int, world_size: int, kind: str, timeout_s: float = 60, node_x: bool = False):
-    """Worker ``rank``'s part of :func:`make_graph`'s graph split by ``make_parts(world_size, kind)``,
-    edge features included (and the node features as ``node_data["x"]`` with ``node_x``):
-    ``(SARGraph, part, x, edge_attr)``, the last two the full graph's."""
+def worker_graph(
+    rank: int,
+    world_size: int,
+    kind: str,
+    timeout_s: float = 60,
+    node_x: bool = False,
+    dst_sorted: bool = False,
+):
+    """Worker ``rank``'s part of :func:`make_graph`'s graph (``dst_sorted`` passed on) split by
+    ``make_parts(world_size, kind)``, edge features included (and the node features as
+    ``node_data["x"]`` with ``node_x``): ``(SARGraph, part, x, edge_attr)``, the last two the full
+    graph's."""
     from revgnn.distributed.partition import build_partitions
     from revgnn.distributed.sar import SARGraph
 
-    ei, x, ea = make_graph()
+    ei, x, ea = make_graph(dst_sorted=dst_sorted)
     node_data = {"x": x} if node_x else None
     parts = build_partitions(
         ei, N, world_size, parts=make_parts(world_size, kind), edge_attr=ea, node_data=node_data
@@ -63,14 +76,16 @@ def worker_graph(rank: int, world_size: int, kind: str, timeout_s: float = 60, n
     return SARGraph(parts[rank], timeout_s=timeout_s), parts[rank], x, ea
 
 
-def compare_model(name, build, uses_edges, graph, part, forward_ref, forward_sar, out_dim_seed=7):
-    """Runs the reference on the full graph and SAR on the local part;
-    returns a list of (name, what, rel err)."""
+def compare_model(
+    name, build, uses_edges, graph, part, forward_ref, forward_sar, out_dim_seed=7, dst_sorted=False
+):
+    """Runs the reference on the full graph (:func:`make_graph` with ``dst_sorted``) and SAR on the
+    local part; returns a list of (name, what, rel err)."""
     import torch.distributed as dist
 
     from revgnn.distributed.comm import all_reduce_gradients
 
-    ei, x_full, ea_full = make_graph()
+    ei, x_full, ea_full = make_graph(dst_sorted=dst_sorted)
     torch.manual_seed(1234)
     ref = build().double()
     torch.manual_seed(1234)

@@ -29,7 +29,7 @@ from torch_geometric.nn.aggr import MaxAggregation, MeanAggregation, SoftmaxAggr
 from torch_geometric.nn.conv import MessagePassing
 
 from revgnn.nn.edge_features import LinearEdgeFeatures
-from revgnn.nn.gat import edge_logit_term, self_loop_term
+from revgnn.nn.gat import draw_seed, edge_logit_term, self_loop_term
 from revgnn.nn.gen_max import fused_reduce
 from revgnn.nn.norm_act import sequential_forward
 
@@ -255,14 +255,16 @@ class _GATMessage(EdgeOp):
 class SARGATConv(GATConv):
     r""":class:`torch_geometric.nn.GATConv` that also runs on a
     :class:`~revgnn.distributed.sar.SARGraph`, with online softmax and
-    attention rematerialisation (attention dropout must be 0 in training).
+    attention rematerialisation.
 
     With PyG's self loops (``fill_value='mean'`` where edge features are used) and a positive
     ``negative_slope`` the attention runs through the fused operator shard by shard
     (:mod:`revgnn.distributed.gat_sar`), without an :math:`E \times` heads :math:`\times C` tensor,
     edge features (a tensor or a :class:`~revgnn.nn.edge_features.LinearEdgeFeatures`) kept
-    factored; otherwise through the PyTorch path of
-    :func:`~revgnn.distributed.sar.sequential_aggregate`."""
+    factored, attention dropout drawn as :func:`revgnn.nn.gat.gat_conv` draws it in one process
+    (one seed per call from torch's generator, the mask keyed by the edges' global ids);
+    otherwise through the PyTorch path of :func:`~revgnn.distributed.sar.sequential_aggregate`,
+    which takes no attention dropout in training."""
 
     #: :func:`revgnn.nn.gat.gat_conv` passes factored edge features through.
     takes_factored_edges = True
@@ -277,12 +279,8 @@ class SARGATConv(GATConv):
             raise NotImplementedError(
                 "return_attention_weights would materialise an E x heads tensor, which SAR exists to avoid"
             )
-        if self.training and self.dropout > 0:
-            raise NotImplementedError(
-                "GATConv attention dropout is not supported under SAR "
-                "(set dropout=0; node dropout outside the conv is fine)"
-            )
         graph = edge_index
+        p = self.dropout if self.training else 0.0
         H, C = self.heads, self.out_channels
         res = self.res(x) if self.res is not None else None
         if self.lin is not None:
@@ -297,7 +295,12 @@ class SARGATConv(GATConv):
             raise ValueError("edge_attr must hold the local edges in shard order (graph.edge_attr)")
         loops = self.add_self_loops and (self.fill_value == "mean" or rows is None or self.lin_edge is None)
         if loops and shard_form_applies(self.negative_slope, xs.dtype):
-            out = _gat_shard_form(self, graph, xs, a_src, a_dst, edge_attr)
+            out = _gat_shard_form(self, graph, xs, a_src, a_dst, edge_attr, p)
+        elif p > 0:
+            raise NotImplementedError(
+                "GATConv attention dropout under SAR needs the fused shard form: PyG's self loops "
+                "(fill_value='mean' with edge features) and a positive negative_slope (or set dropout=0)"
+            )
         else:
             if isinstance(edge_attr, LinearEdgeFeatures):
                 edge_attr = edge_attr.materialize()
@@ -323,10 +326,10 @@ class SARGATConv(GATConv):
         return sequential_aggregate(op, graph, send, a_dst, edge_attr if has_edge else None)
 
 
-def _gat_shard_form(conv: GATConv, graph: SARGraph, xs, a_src, a_dst, edge_attr) -> Tensor:
+def _gat_shard_form(conv: GATConv, graph: SARGraph, xs, a_src, a_dst, edge_attr, p: float) -> Tensor:
     """GATConv's attention (PyG's self loops, ``fill_value='mean'``) through the fused operator shard
     by shard (:mod:`revgnn.distributed.gat_sar`), the edge features factored as
-    :func:`revgnn.nn.gat.gat_conv` takes them."""
+    :func:`revgnn.nn.gat.gat_conv` takes them, attention dropout ``p`` with a seed drawn as there."""
     H, C = conv.heads, conv.out_channels
     raw, w, b = edge_logit_term(conv, edge_attr, H, C)
     if raw is None:
@@ -336,7 +339,8 @@ def _gat_shard_form(conv: GATConv, graph: SARGraph, xs, a_src, a_dst, edge_attr)
         lo, hi = graph.shard(graph.rank)  # only the own shard's sources are local nodes
         is_loop[lo:hi] = graph.src[lo:hi] == graph.dst[lo:hi]
         loop = self_loop_term(graph.dst, is_loop, raw, w, b, graph.num_local)
-    return sar_gat_attention(graph, xs, a_src, a_dst, loop, raw, w, b, conv.negative_slope)
+    seed = draw_seed() if p > 0 else None
+    return sar_gat_attention(graph, xs, a_src, a_dst, loop, raw, w, b, conv.negative_slope, p, seed)
 
 
 class SARSAGEConv(SAGEConv):

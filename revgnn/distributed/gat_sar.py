@@ -33,13 +33,21 @@ coefficients it recomputes per edge are the global softmax's and its
 gradient goes home with :meth:`~revgnn.distributed.sar.SARGraph.return_grads`. Saved: the local
 inputs, the caller's edge features and the merged :math:`\mathbf{o}, M, D` (:math:`O(N H C)`).
 
-Attention dropout is not supported here: the operator draws its mask from the edges' positions in
-one graph's destination order, which a shard does not know.
+Attention dropout (rate :math:`p`, one ``seed`` per call) is the one-process operator's: its mask
+is a counter-based hash of (seed, id, head) (:func:`revgnn.nn.ops.attention_keep`), and each shard
+hands the operator its edges' ids in the whole graph, ``edge_key`` (:attr:`SARGraph.edge_ids`, the
+edges' columns in the partitioned ``edge_index``: :math:`E/P` int64s the part holds already, passed
+as views where the shard is stored in destination order), and the own shard the self loops' ids
+:math:`E + \text{node id}` (``loop_key``, :math:`N/P` int64s). On a destination-sorted graph, whose
+columns are the positions in destination order, the workers together draw exactly the mask of
+:func:`revgnn.nn.gat.gat_conv` in one process; forward and backward (and a reversible block's
+recompute, which replays the seed) draw it again from the seed, nothing stored. A remote shard's
+self loops have weight 0, so their ids do not matter (the defaults).
 """
 
 from __future__ import annotations
 
-from typing import List, NamedTuple, Optional
+from typing import List, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -70,11 +78,13 @@ class _Layout(NamedTuple):
 
 class _GatShards:
     """Per shard its :class:`_Layout`, cached on the graph (valid while ``graph.src`` is the tensor
-    it was built from)."""
+    it was built from), and, once attention dropout asks for them, the dropout ids
+    (:meth:`dropout_ids`)."""
 
     def __init__(self, graph: SARGraph):
         segs = ShardSegments.of(graph)
         n = graph.num_local
+        self._ids: Optional[Tuple[List[Tensor], Tensor]] = None
         self.layouts: List[_Layout] = []
         for q, s in enumerate(segs.shards):
             if q == graph.rank:  # square already: rows = n
@@ -89,6 +99,22 @@ class _GatShards:
     @staticmethod
     def of(graph: SARGraph) -> "_GatShards":
         return graph.cached("_gat_shards", _GatShards)
+
+    def dropout_ids(self, graph: SARGraph) -> Tuple[List[Tensor], Tensor]:
+        """``(edge_key per shard, loop_key)``: each shard's edges' ids in the whole graph in the
+        shard's destination order (views of :attr:`SARGraph.edge_ids` where it is stored in that
+        order), and the own shard's self loops' ids :math:`E + \text{node id}` (``[n]``); built once."""
+        if self._ids is None:
+            if graph.edge_ids is None:
+                raise ValueError(
+                    "SAR GATConv attention dropout needs the part's edge_ids (the edges' global ids)"
+                )
+            dev = graph.dst.device
+            segs = ShardSegments.of(graph)
+            edge_key = [shard_rows(graph.edge_ids.to(dev), s) for s in segs.shards]
+            loop_key = (graph.global_num_edges + graph.node_ids.to(dev)).contiguous()
+            self._ids = (edge_key, loop_key)
+        return self._ids
 
 
 def _masked_loop(like: Tensor) -> float:
@@ -137,11 +163,12 @@ class SARGATAttention(torch.autograd.Function):
     r"""GAT's attention over all shards of ``graph``; see the module docstring. ``xs`` ``[n, H, C]``
     the projected local features, ``a_src``, ``a_dst``, ``loop`` ``[n, H]``, the edge term absent or
     ``attr`` ``[E, d]`` (the graph's local edge order) with ``edge_w`` ``[H, d]`` and ``edge_b``
-    ``[H]`` (optional); all of one dtype."""
+    ``[H]`` (optional); all of one dtype. ``p`` the attention dropout, ``seed`` its 0-d int64 seed."""
 
     @staticmethod
-    def forward(ctx, graph, slope, xs, a_src, a_dst, loop, attr, edge_w, edge_b):  # type: ignore[override]
+    def forward(ctx, graph, slope, p, seed, xs, a_src, a_dst, loop, attr, edge_w, edge_b):  # type: ignore[override]
         segs, shards = ShardSegments.of(graph), _GatShards.of(graph)
+        keys = _shard_keys(graph, shards, p)
         n, heads, channels = xs.shape
         xs, a_src, a_dst, loop = (t.contiguous() for t in (xs, a_src, a_dst, loop))
         w_c, b_c = (t.contiguous() if t is not None else None for t in (edge_w, edge_b))
@@ -155,26 +182,27 @@ class SARGATAttention(torch.autograd.Function):
                 inputs = _remote_inputs(n, block, a_dst, heads, channels, segs.shards[q].rows)
             del block
             out_q, top_q, den_q = ops.gat_attention(
-                *inputs, lay.ptr, lay.src, shard_rows(attr, segs.shards[q]), w_c, b_c, slope, 0.0,
-                _NO_SEED, lay.rowptr, lay.col, lay.perm,
+                *inputs, lay.ptr, lay.src, shard_rows(attr, segs.shards[q]), w_c, b_c, slope, p, seed,
+                lay.rowptr, lay.col, lay.perm, *keys(q),
             )  # fmt: skip
             del inputs
             state = _merge(state, out_q[:n], top_q[:n], den_q[:n])
             del out_q, top_q, den_q
         num, top, den = state
         out = num / den.unsqueeze(-1)
-        ctx.graph, ctx.slope = graph, slope
-        ctx.save_for_backward(xs, a_src, a_dst, loop, attr, edge_w, edge_b, out, top, den)
+        ctx.graph, ctx.slope, ctx.p = graph, slope, p
+        ctx.save_for_backward(xs, a_src, a_dst, loop, attr, edge_w, edge_b, out, top, den, seed)
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out: Tensor):  # type: ignore[override]
         graph: SARGraph = ctx.graph
-        xs, a_src, a_dst, loop, attr, edge_w, edge_b, out, top, den = ctx.saved_tensors
+        xs, a_src, a_dst, loop, attr, edge_w, edge_b, out, top, den, seed = ctx.saved_tensors
         need = ctx.needs_input_grad
-        need_attr = need[6] and attr is not None
+        need_attr = need[8] and attr is not None
         segs, shards = ShardSegments.of(graph), _GatShards.of(graph)
+        keys = _shard_keys(graph, shards, ctx.p)
         n, heads, channels = xs.shape
         w_c, b_c = (t.contiguous() if t is not None else None for t in (edge_w, edge_b))
         g = grad_out.contiguous()
@@ -200,7 +228,7 @@ class SARGATAttention(torch.autograd.Function):
             grads = ops.gat_attention_backward(
                 _pad(g, lay.size, 0.0), _pad(out, lay.size, 0.0), _pad(top, lay.size, 0.0),
                 _pad(den, lay.size, 1.0), *inputs, lay.ptr, lay.src, shard_rows(attr, s), w_c, b_c,
-                ctx.slope, 0.0, _NO_SEED, lay.rowptr, lay.col, lay.perm, need_attr,
+                ctx.slope, ctx.p, seed, lay.rowptr, lay.col, lay.perm, need_attr, *keys(q),
             )  # fmt: skip
             gxp, gs, gd, gl, ga, gw, gb = grads
             del inputs, grads
@@ -221,7 +249,16 @@ class SARGATAttention(torch.autograd.Function):
                 del grad_block
             del gxp, gs, gd, gl, ga, gw, gb
         g_xs = g_send[:, :hc].reshape(n, heads, channels)
-        return None, None, g_xs, g_send[:, hc:].contiguous(), g_dst, g_loop, g_attr, g_w, g_b
+        return None, None, None, None, g_xs, g_send[:, hc:].contiguous(), g_dst, g_loop, g_attr, g_w, g_b
+
+
+def _shard_keys(graph: SARGraph, shards: _GatShards, p: float):
+    """``keys(q)``: the operator's ``(edge_key, loop_key)`` for shard ``q`` (none without dropout;
+    a remote shard's self loops, of weight 0, keep their default ids)."""
+    if p == 0.0:
+        return lambda q: (None, None)
+    edge_key, loop_key = shards.dropout_ids(graph)
+    return lambda q: (edge_key[q], loop_key if q == graph.rank else None)
 
 
 def shard_form_applies(negative_slope: float, dtype: torch.dtype) -> bool:
@@ -240,6 +277,8 @@ def sar_gat_attention(
     edge_w: Optional[Tensor] = None,
     edge_b: Optional[Tensor] = None,
     negative_slope: float = 0.2,
+    dropout: float = 0.0,
+    seed: Optional[Tensor] = None,
 ) -> Tensor:
     r"""GAT's attention over ``graph`` through ``torch.ops.revgnn.gat_attention``, shard by shard.
 
@@ -255,6 +294,11 @@ def sar_gat_attention(
             :math:`\mathbf{a}_{ij} \cdot \mathbf{w}_h + b_h`. (default: :obj:`None`)
         negative_slope (float, optional): LeakyReLU's slope; positive
             (:func:`shard_form_applies`). (default: :obj:`0.2`)
+        dropout (float, optional): the attention dropout :math:`p \in [0, 1)`, its mask the
+            one-process operator's (the module docstring). (default: :obj:`0.0`)
+        seed (torch.Tensor, optional): the dropout's 0-d int64 seed, needed where ``dropout > 0``
+            (:func:`revgnn.nn.gat.draw_seed`; every worker draws the same one where their
+            generators agree). (default: :obj:`None`)
 
     Returns:
         torch.Tensor: ``[num_local, H, C]``.
@@ -273,6 +317,11 @@ def sar_gat_attention(
         )
     if not shard_form_applies(negative_slope, xs.dtype):
         raise ValueError(f"sar_gat_attention: negative_slope must be positive, got {negative_slope}")
+    ops.dropout_threshold(dropout)  # refuses a rate outside [0, 1)
+    if dropout > 0 and (seed is None or seed.dim() != 0 or seed.dtype != torch.int64):
+        raise ValueError(
+            "sar_gat_attention: attention dropout needs a 0-d int64 seed (revgnn.nn.gat.draw_seed)"
+        )
     dtype = xs.dtype
     # one dtype throughout, cast differentiably outside the Function (as gat_conv does)
     a_src, a_dst, loop, attr, edge_w, edge_b = (
@@ -280,4 +329,7 @@ def sar_gat_attention(
     )
     if attr is None:
         edge_w = edge_b = None
-    return SARGATAttention.apply(graph, float(negative_slope), xs, a_src, a_dst, loop, attr, edge_w, edge_b)
+    seed = seed if dropout > 0 else _NO_SEED
+    return SARGATAttention.apply(
+        graph, float(negative_slope), float(dropout), seed, xs, a_src, a_dst, loop, attr, edge_w, edge_b
+    )

@@ -103,8 +103,9 @@ class SARGraph:
             (default: ``None`` = the process-group timeout)
 
     Attributes:
-        rank, world_size, num_nodes (global), num_local, offsets,
-        node_ids (original ids of local nodes), src / dst (local edge
+        rank, world_size, num_nodes (global), global_num_edges, num_local, offsets,
+        node_ids (original ids of local nodes), edge_ids (original ids of the
+        local edges), src / dst (local edge
         endpoints: ``src`` indexes the fetched block of the edge's shard,
         ``dst`` the local nodes), shard_ptr (edges of shard ``q`` are
         ``shard_ptr[q]:shard_ptr[q+1]``), in_degree, edge_attr, node_data.
@@ -141,6 +142,7 @@ class SARGraph:
         self.num_local = hi - lo
         self.node_ids = part["node_ids"]
         self.edge_ids = part["edge_ids"]
+        self.global_num_edges = int(part["num_edges"])
         self.edge_attr = part.get("edge_attr")
         self.node_data = part.get("node_data", {})
         self.shard_ptr = [int(v) for v in part["shard_ptr"]]

@@ -310,13 +310,19 @@ def _triton_worker(rank, world_size, kind):
             with _counts() as counts:
                 errs += compare_model(name, build, uses_edges, graph, part, _call, _call)
             calls[name] = counts.calls
+    # attention dropout: the Triton kernels draw the mask of the shards' global ids
+    graph, part, _, _ = worker_graph(rank, world_size, kind, timeout_s=120, dst_sorted=True)
+    name, build, uses_edges = DROP_CASES[1]
+    with _counts() as counts:
+        errs += compare_model(name, build, uses_edges, graph, part, _drop_ref, _drop_sar, dst_sorted=True)
+    calls[name] = counts.calls
     return errs, calls
 
 
 def test_shards_through_the_triton_kernels(monkeypatch):
     """Under ``REVGNN_KERNELS=triton`` (as on CUDA tensors; ``select`` raises there rather than fall
     back) two workers run the shard forms through the Triton kernels, in Triton's interpreter, own
-    and remote shards, and equal PyG on the full graph in float64."""
+    and remote shards, and equal PyG on the full graph in float64 (attention dropout too)."""
     pytest.importorskip("triton")
     from revgnn.testing.workers import run_workers
 
@@ -328,3 +334,128 @@ def test_shards_through_the_triton_kernels(monkeypatch):
         for name, c in r.value[1].items():
             fwd = "gen_aggr" if name.startswith("GEN") else "gat_attention"
             assert c["torch"] == 0 and c[fwd] == 2 and c[fwd + "_backward"] == 2, (r.rank, name, c)
+
+
+#: attention dropout under SAR (training mode): the PyG convs against PyG's GATConv with the same
+#: keyed mask (any edge order), the reversible stack against the one-process fused conv
+#: (revgnn.nn.gat.gat_conv) on the destination-sorted graph, whose columns are its positions
+P_DROP = 0.4
+DROP_SEED = 21
+DROP_CASES = [
+    ("GAT-drop", lambda: _gat(heads=3, dropout=P_DROP), False),
+    ("GAT-drop-edges", lambda: _gat(heads=3, edge_dim=F_EDGE, dropout=P_DROP), True),
+    ("GAT-drop-factored", lambda: EncodedEdges(_gat(heads=2, edge_dim=4, dropout=P_DROP), 4), True),
+    ("RevStack-GAT-drop", lambda: RevStack("gat", heads=2, attn_dropout=P_DROP), True),
+]
+
+
+def _drop_ref(model, x, edge_index, edge_attr):
+    """The one-process reference: PyG's GATConv with the keyed mask of the seed the SAR conv draws
+    (:func:`conftest.keyed_gat_dropout`), or the reversible stack through the fused conv on the
+    destination-sorted ``EdgeIndex`` (not sorted again: its columns are the positions)."""
+    from conftest import keyed_gat_dropout
+    from torch_geometric import EdgeIndex
+
+    from revgnn.nn.gat import draw_seed
+
+    torch.manual_seed(DROP_SEED)
+    if isinstance(model, RevStack):
+        sorted_ei = EdgeIndex(edge_index, sparse_size=(x.size(0),) * 2, sort_order="col")
+        return _call(model, x, sorted_ei, edge_attr)
+    conv = model.conv if isinstance(model, EncodedEdges) else model
+    with keyed_gat_dropout(edge_index, x.size(0), conv.heads, conv.dropout, draw_seed()) as calls:
+        out = _call(model, x, edge_index, edge_attr)
+    assert len(calls) == 1, calls
+    return out
+
+
+def _drop_sar(model, x, graph, edge_attr, seed=DROP_SEED):
+    torch.manual_seed(seed)
+    return _call(model, x, graph, edge_attr)
+
+
+def _drop_worker(rank, world_size, kind):
+    torch.set_default_dtype(torch.float64)
+    from revgnn.distributed.convs import convert_to_sar
+
+    graph, part, x, ea = worker_graph(rank, world_size, kind, dst_sorted=True)
+    errs, calls = [], {}
+    for name, build, uses_edges in DROP_CASES:
+        with _counts() as counts:
+            errs += compare_model(name, build, uses_edges, graph, part, _drop_ref, _drop_sar, dst_sorted=True)
+        calls[name] = counts.calls
+    # the shards' edge ids are views of the part's edge_ids (no copy), the loops' ids one per node
+    from revgnn.distributed.gat_sar import _GatShards
+
+    edge_key, loop_key = _GatShards.of(graph).dropout_ids(graph)
+    base = graph.edge_ids.untyped_storage().data_ptr()
+    views = all(k.untyped_storage().data_ptr() == base for k in edge_key) and loop_key.shape == (
+        graph.num_local,
+    )
+    # the mask matters: another seed gives another output, evaluation none (PyG's conv itself)
+    torch.manual_seed(1234)
+    model = convert_to_sar(DROP_CASES[1][1]())
+    xl, el = x[graph.node_ids], ea[graph.edge_ids]
+    outs = [_drop_sar(model, xl, graph, el, seed).detach() for seed in (DROP_SEED, DROP_SEED + 1)]
+    model.eval()
+    outs.append(model(xl, graph, el).detach())
+    torch.set_default_dtype(torch.float32)
+    # plain floats: a worker's tensors would go back through shared memory after it has exited
+    one, other, evaluated = outs
+    changes = [
+        float((one - o).abs().max()) / float(one.abs().max()) if one.numel() else 1.0
+        for o in (other, evaluated)
+    ]
+    return errs, calls, changes, views
+
+
+@pytest.mark.parametrize("world_size,kind", WORLDS)
+def test_sar_gat_attention_dropout_matches_single_process(world_size, kind):
+    """Attention dropout p > 0 in training mode under SAR: every worker's shards key the mask by the
+    edges' global ids (and the self loops' E + node id), so outputs and all gradients equal the
+    one-process conv's with the same mask, float64, at P = 1, 2, 3 (unbalanced, one part empty);
+    inside GroupAddRev too, whose recompute replays the seed. Through the shard operator (one call
+    per shard and ring), not the PyTorch path."""
+    require_kernel("gat_attention")
+    results = run_sar_case(_drop_worker, world_size, kind)
+    check([type("R", (), {"rank": r.rank, "value": r.value[0]}) for r in results])
+    for r in results:
+        _, calls, changes, views = r.value
+        assert views, r.rank
+        for name, c in calls.items():
+            recomputed = name.startswith("RevStack")
+            check_shard_calls((r.rank, name), c, "gat_attention", world_size, recomputed=recomputed)
+        assert min(changes) > 1e-3, (r.rank, changes)  # another seed's output, evaluation's
+
+
+def test_sar_gat_dropout_refusals():
+    """Attention dropout in training needs the shard form (the PyTorch path refuses it, clearly);
+    sar_gat_attention refuses a rate outside [0, 1) and a missing seed; in evaluation the PyTorch
+    path runs as before."""
+    from torch_geometric.nn import GATConv
+
+    from revgnn.distributed.convs import convert_to_sar
+    from revgnn.distributed.gat_sar import sar_gat_attention
+
+    graph, _, x, _ = worker_graph(0, 1, "metis")
+    xl = x[graph.node_ids].float()
+    conv = convert_to_sar(GATConv(F_IN, 4, heads=2, add_self_loops=False, dropout=0.3))
+    with pytest.raises(NotImplementedError, match="needs the fused shard form"):
+        conv(xl, graph)
+    conv.eval()
+    assert conv(xl, graph).shape == (graph.num_local, 8)
+    xs, a = xl.view(-1, 2, 4), xl[:, :2]
+    with pytest.raises(ValueError, match="attention dropout must be in"):
+        sar_gat_attention(graph, xs, a, a, a, dropout=1.0, seed=torch.tensor(3))
+    with pytest.raises(ValueError, match="needs a 0-d int64 seed"):
+        sar_gat_attention(graph, xs, a, a, a, dropout=0.3)
+
+
+def test_sar_gat_dropout_through_the_pytorch_implementation(monkeypatch):
+    """With the C++ kernels off (the operator's chunked PyTorch implementation) the shards draw
+    the same mask: equal to the one-process reference on one part."""
+    monkeypatch.setenv("REVGNN_KERNELS", "0")
+    (result,) = run_sar_case(_drop_worker, 1, "metis")
+    check([type("R", (), {"rank": 0, "value": result.value[0]})])
+    for name, c in result.value[1].items():
+        assert c["torch"] == 0 and c["gat_attention"] > 0, (name, c)
