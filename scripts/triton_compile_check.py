@@ -48,6 +48,7 @@ def record_launches(tk, dtypes, channels, smoke=False):
         dst = torch.repeat_interleave(torch.arange(n), ptr.diff(), output_size=e)
         sperm = torch.sort(src, stable=True)[1]
         sptr = torch.searchsorted(src[sperm], torch.arange(n + 1))
+        sdst = dst[sperm]
         for dt in dtypes:
             for c in channels:
                 x = torch.randn(n, c).to(dt)
@@ -72,7 +73,7 @@ def record_launches(tk, dtypes, channels, smoke=False):
                         saved = tk.gen_aggr_forward(x, ptr, src, attr, w, bb, temp, 1e-7, reduce)
                         for flags in all_flags:
                             tk.gen_aggr_backward(
-                                grad, *saved, x, ptr, src, dst, sptr, sperm, attr, w, bb, temp, 1e-7, reduce,
+                                grad, *saved, x, ptr, src, sptr, sdst, sperm, attr, w, bb, temp, 1e-7, reduce,
                                 *flags, flags[0],
                             )  # fmt: skip
                 xl = torch.randn(n, 2 * c).to(dt)[:, :c]

@@ -11,23 +11,26 @@
 // rescaled when the maximum grows), and returns M and D (D with PyG's 1e-16 floor added), [N, C]:
 // what backward recomputes every weight from.
 //
-// Backward streams the edges again, in *source* order (src_ptr [N + 1] over sources, src_perm [E]
-// the destination-sorted edge ids listed by source), recomputing each message and
+// Backward streams the edges again in destination order, recomputing each message and
 //   dL/dm[e, c] = g[i, c]                         (sum)
 //               = g[i, c] / deg(i)                (mean)
 //               = g[i, c] a (1 + T (m - h[i, c])) (softmax)
-// through the ReLU to x[src[e]]: each source's row is a segment sum owned by one task (no atomics).
-// The edge features' gradient is per edge (written once); W's, b's and T's are sums over all edges,
-// formed per fixed block of sources (kBlocks, a function of the graph alone) and added block by
-// block in order: every result is bitwise the same on any number of threads.
+// through the ReLU, what it reads of the destination i loaded once per node, the edge's features
+// and source id read in order and x's row of the source at random (as forward). That row's
+// gradient is added to at random too: into one N x C buffer per fixed block of destinations
+// (backward_blocks, a function of the graph alone; the first block's buffer is gx itself), the
+// buffers then summed in block order. The edge features' gradient is per edge (written once); W's,
+// b's and T's are sums over all edges, formed per block and added block by block in order: every
+// result is bitwise the same on any number of threads. (Walking the edges in source order instead,
+// each source's gradient a sum in registers, reads every edge's features and ids at random: a
+// cache miss per edge once they outgrow the cache, as at ogbn-proteins' size.)
 //
-// Speed: every loop over channels runs on register blocks of 64 bytes (GCC vector extension, as
-// gen_max.cpp), several blocks per pass over a node's edges, the edge term formed in registers.
+// Speed: every loop over channels runs on register blocks of 64 bytes (32 where those cover the
+// channels in fewer passes; GCC vector extension, as gen_max.cpp), several blocks per pass over a
+// node's edges, the edge term formed in registers.
 // The softmax takes one exp per element in forward (the weight of the new term or the rescaling of
-// the old sums, the other being exp(0) = 1) and one in backward, both from vexp below. Backward
-// first lays out per destination what its edges read (mean: g / deg; softmax: M, g / D and the
-// output side by side), so an edge touches one run of memory; W's gradient is accumulated over
-// tiles of kTile edges held in registers, b's is the sum of the gx rows.
+// the old sums, the other being exp(0) = 1) and one in backward, both from vexp below. W's
+// gradient is accumulated over tiles of kTile edges held in registers.
 //
 // Threads: torch's intra-op pool (at::parallel_for), a task getting at least torch's grain of work
 // (edges x channels), so a small graph runs in one thread (as gen_max.cpp).
@@ -50,7 +53,7 @@ namespace {
 enum Mode { kNone = 0, kDense = 1, kFactored = 2 };
 enum Reduce { kSum = 0, kMean = 1, kSoftmax = 2 };
 
-constexpr int64_t kBlocks = 256;     // source blocks of backward's parameter-gradient partial sums
+constexpr int64_t kBlocks = 8;       // most destination blocks of backward (see backward_blocks)
 constexpr double kFloor = 1e-16;      // PyG's softmax adds it to every denominator
 constexpr int64_t kAhead = 8;         // edges ahead whose rows are prefetched (random rows)
 constexpr int64_t kChunk = 5;         // register blocks processed together (C = 80 float: 5)
@@ -248,12 +251,24 @@ struct GenAggr {
   }
 
   // Calls fn(V(), NB as an integral_constant, c0) over the channels: full register blocks in chunks of
-  // at most kChunk, as even as possible, then the channels past the last full block one by one.
+  // at most kChunk, as even as possible, then the channels past the last full block one by one. The
+  // blocks are of kLanes lanes, or of half as many where those cover the channels and kLanes do not
+  // (C = 40 float: five blocks of 8, one pass over the edges, instead of two of 16 and eight passes
+  // of one channel each). Every pass walks all the edges, so fewer passes is what counts; the layout
+  // is a function of C and T alone.
   template <typename Fn>
   inline void over_channels(Fn&& fn) const {
     using V = typename Vec<T, kLanes>::type;
+    using VH = typename Vec<T, kLanes / 2>::type;
     using V1 = typename Vec<T, 1>::type;
-    const int64_t full = C / kLanes, chunks = (full + kChunk - 1) / kChunk;
+    int64_t c0 = C % kLanes && C % (kLanes / 2) == 0 ? blocks<VH>(fn, kLanes / 2) : blocks<V>(fn, kLanes);
+    for (; c0 < C; ++c0) fn(V1(), std::integral_constant<int, 1>(), c0);
+  }
+
+  // over_channels' full blocks of `lanes` lanes (V's); returns the channels they cover.
+  template <typename V, typename Fn>
+  inline int64_t blocks(Fn& fn, int64_t lanes) const {
+    const int64_t full = C / lanes, chunks = (full + kChunk - 1) / kChunk;
     int64_t c0 = 0;
     for (int64_t q = 0; q < chunks; ++q) {
       const int64_t nb = full * (q + 1) / chunks - full * q / chunks;
@@ -264,9 +279,9 @@ struct GenAggr {
         case 4: fn(V(), std::integral_constant<int, 4>(), c0); break;
         default: fn(V(), std::integral_constant<int, 5>(), c0); break;
       }
-      c0 += nb * kLanes;
+      c0 += nb * lanes;
     }
-    for (; c0 < C; ++c0) fn(V1(), std::integral_constant<int, 1>(), c0);
+    return c0;
   }
 
   void forward(T* out, T* top, T* denom) const {
@@ -289,34 +304,6 @@ struct GenAggr {
     T* tile_attr;
   };
   static constexpr int64_t kTile = 16;
-
-  // What backward reads per destination, one row of `width` per node: sum: g; mean: g / deg;
-  // softmax: per chunk of channels [c0, c0 + w) the three runs M (saved maximum), P = g / D and
-  // O (output), so that an edge touches one contiguous run instead of four rows.
-  int64_t node_width() const { return REDUCE == kSoftmax ? 3 * C : C; }
-
-  void node_rows(const T* g, const T* out, const T* top, const T* denom, T* rows) const {
-    at::parallel_for(0, N, std::max<int64_t>(1, at::internal::GRAIN_SIZE / std::max<int64_t>(1, C)),
-                     [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        const T* gi = g + i * C;
-        T* r = rows + i * node_width();
-        if constexpr (REDUCE == kSoftmax) {
-          over_channels([&](auto v, auto nb, int64_t c0) {
-            const int64_t w = decltype(nb)::value * int64_t(sizeof(v) / sizeof(T));
-            for (int64_t c = 0; c < w; ++c) {
-              r[3 * c0 + c] = top[i * C + c0 + c];
-              r[3 * c0 + w + c] = gi[c0 + c] / denom[i * C + c0 + c];
-              r[3 * c0 + 2 * w + c] = out[i * C + c0 + c];
-            }
-          });
-        } else {
-          const T scale = T(1) / static_cast<T>(std::max<int64_t>(1, ptr[i + 1] - ptr[i]));
-          for (int64_t c = 0; c < C; ++c) r[c] = gi[c] * scale;
-        }
-      }
-    });
-  }
 
   // pw[q, c0 + j L] += sum over the tile's n edges of gp[k, j] raw[k, q]: QB rows of pw at once in
   // registers (no store per edge), the tile read from L1.
@@ -345,54 +332,64 @@ struct GenAggr {
     for (; q0 < d; ++q0) tile_rows<V, NB, 1>(c0, n, q0, part);
   }
 
-  // Source s's edges (k in [sptr[s], sptr[s + 1]), edge perm[k] into dst[perm[k]]), channels
-  // [c0, c0 + NB L): dL/dm per edge through the ReLU, summed into gx[s] and the partials.
+  // Destination i's edges [ptr[i], ptr[i + 1]), channels [c0, c0 + NB L): dL/dm per edge through
+  // the ReLU, added to the row of its source in gxb (the block's buffer for x's gradient), its
+  // features' gradient, and the block's partials. What the edges read of i (g; mean: g / deg;
+  // softmax: the saved maximum M, P = g / D and the output O) is loaded once, into registers.
   template <typename V, int NB>
-  inline void backward_block(int64_t s, int64_t c0, const T* rows, const int64_t* dst, const int64_t* sptr,
-                             const int64_t* perm, T* gx, T* gattr, const Partial& part, bool& own) const {
+  inline void backward_block(int64_t i, int64_t c0, const T* g, const T* out, const T* top, const T* denom,
+                             T* gxb, T* gattr, const Partial& part) const {
     constexpr int L = sizeof(V) / sizeof(T), W = NB * L;
-    const int64_t k0 = sptr[s], k1 = sptr[s + 1], width = node_width();
-    const int64_t run = REDUCE == kSoftmax ? 3 * c0 : c0;  // this chunk's run in a node's row
-    V b[NB], gxs[NB], tsum[NB];
+    const int64_t e0 = ptr[i], e1 = ptr[i + 1], at = i * C + c0;
+    V b[NB], gi[NB], mx[NB], out_i[NB], gbs[NB], tsum[NB];
     load_bias<V, NB>(c0, b);
+    const T scale = T(1) / static_cast<T>(std::max<int64_t>(1, e1 - e0));
 #pragma GCC unroll 8
-    for (int j = 0; j < NB; ++j) gxs[j] = tsum[j] = V{};
-    const T* xs = x + s * C + c0;
+    for (int j = 0; j < NB; ++j) {
+      gi[j] = load<V>(g + at + j * L);
+      if constexpr (REDUCE == kMean) gi[j] = gi[j] * scale;
+      if constexpr (REDUCE == kSoftmax) {
+        gi[j] = gi[j] / load<V>(denom + at + j * L);
+        mx[j] = load<V>(top + at + j * L);
+        out_i[j] = load<V>(out + at + j * L);
+      }
+      gbs[j] = tsum[j] = V{};
+    }
     int64_t tiled = 0;
-    bool listed = true;  // every edge listed for s has source s (checked on the first chunk)
-    for (int64_t k = k0; k < k1; ++k) {
-      const int64_t e = perm[k], i = dst[e];
-      if (c0 == 0) listed &= src[e] == s;
-      if (k + kAhead < E) {  // the destination's run kAhead edges on (and its edge's features)
-        const int64_t ea = perm[k + kAhead];
-        const char* r = reinterpret_cast<const char*>(rows + dst[ea] * width + run);
-        for (int64_t off = 0; off < (REDUCE == kSoftmax ? 3 : 1) * W * int64_t(sizeof(T)); off += 64)
-          __builtin_prefetch(r + off);
-        if constexpr (MODE == kFactored) __builtin_prefetch(attr + ea * d);
-        if (k + 2 * kAhead < E) {
-          __builtin_prefetch(dst + perm[k + 2 * kAhead]);
-          __builtin_prefetch(src + perm[k + 2 * kAhead]);
+    for (int64_t e = e0; e < e1; ++e) {
+      if (e + kAhead < E) {  // the source's rows kAhead edges on (random: no hardware prefetch)
+        const int64_t sa = src[e + kAhead] * C + c0;
+        const char* xr = reinterpret_cast<const char*>(x + sa);
+        for (int64_t off = 0; off < W * int64_t(sizeof(T)); off += 64) __builtin_prefetch(xr + off);
+        if (gxb) {
+          const char* gr = reinterpret_cast<const char*>(gxb + sa);
+          for (int64_t off = 0; off < W * int64_t(sizeof(T)); off += 64) __builtin_prefetch(gr + off, 1);
         }
       }
+      const int64_t s = src[e];
       V pre[NB], gp[NB];
-      pre_activation<V, NB>(e, xs, c0, b, pre);
-      const T* r = rows + i * width + run;
+      pre_activation<V, NB>(e, x + s * C + c0, c0, b, pre);
       if constexpr (REDUCE == kSoftmax) {
 #pragma GCC unroll 8
         for (int j = 0; j < NB; ++j) {
           // a = exp(T m - M) / D; g a = P exp(T m - M); dL/dm = g a (1 + T (m - O))
           const V m = message(pre[j], eps);
-          const V ga = load<V>(r + W + j * L) * vexp<T>(temp * m - load<V>(r + j * L));
-          const V centred = m - load<V>(r + 2 * W + j * L);
+          const V ga = gi[j] * vexp<T>(temp * m - mx[j]);
+          const V centred = m - out_i[j];
           tsum[j] += ga * centred * centred;  // = g a m (m - h) summed over a node's edges
           gp[j] = pre[j] > T(0) ? ga * (T(1) + temp * centred) : V{};
         }
       } else {
 #pragma GCC unroll 8
-        for (int j = 0; j < NB; ++j) gp[j] = pre[j] > T(0) ? load<V>(r + j * L) : V{};
+        for (int j = 0; j < NB; ++j) gp[j] = pre[j] > T(0) ? gi[j] : V{};
+      }
+      if (gxb) {
+        T* row = gxb + s * C + c0;
+#pragma GCC unroll 8
+        for (int j = 0; j < NB; ++j) store(row + j * L, load<V>(row + j * L) + gp[j]);
       }
 #pragma GCC unroll 8
-      for (int j = 0; j < NB; ++j) gxs[j] += gp[j];
+      for (int j = 0; j < NB; ++j) gbs[j] += gp[j];
       if constexpr (MODE == kDense) {
         if (gattr)
 #pragma GCC unroll 8
@@ -417,15 +414,11 @@ struct GenAggr {
           }
       }
     }
-    own &= listed;
     if constexpr (MODE == kFactored)
       if (tiled) flush_tile<V, NB>(c0, tiled, part);
-    if (gx)
+    if (part.pb)  // b's gradient is the sum of all edges' dL/dm
 #pragma GCC unroll 8
-      for (int j = 0; j < NB; ++j) store(gx + s * C + c0 + j * L, gxs[j]);
-    if (part.pb)  // b's gradient is the sum of all edges' dL/dm: each source's gx row
-#pragma GCC unroll 8
-      for (int j = 0; j < NB; ++j) store(part.pb + c0 + j * L, load<V>(part.pb + c0 + j * L) + gxs[j]);
+      for (int j = 0; j < NB; ++j) store(part.pb + c0 + j * L, load<V>(part.pb + c0 + j * L) + gbs[j]);
     if constexpr (REDUCE == kSoftmax)
       if (part.pt) {
         V t = tsum[0];
@@ -435,40 +428,55 @@ struct GenAggr {
       }
   }
 
+  // Backward's blocks of destinations (the edges split evenly): a function of the graph alone, at
+  // most kBlocks, each at least torch's grain of work (edges x channels), and their buffers for x's
+  // gradient (N x C each but the first's, which is gx) within a quarter of the edge index's bytes
+  // (16 E), though two blocks where the work allows (ogbn-proteins' size, C = 40 float: 8 blocks,
+  // 7 buffers of 21 MB; ogbn-products', C = 80: 2 blocks, one buffer of 0.78 GB).
+  int64_t backward_blocks() const {
+    const int64_t by_work = E * C / std::max<int64_t>(1, at::internal::GRAIN_SIZE);
+    const int64_t by_memory = 1 + 4 * E / std::max<int64_t>(1, N * C * int64_t(sizeof(T)));
+    return std::max<int64_t>(1, std::min({kBlocks, by_work, std::max<int64_t>(2, by_memory)}));
+  }
+
   // Gradients into gx [N, C], gattr (like attr, zeroed by the caller), gw [C, d], gb [C], gt [1]
   // (each nullptr where not needed; the last three added to by the caller's zeroed buffers).
-  // Returns false where src_perm does not list every source's own edges (src[perm[k]] != s).
-  bool backward(const T* g, const T* out, const T* top, const T* denom, const int64_t* dst,
-                const int64_t* sptr, const int64_t* perm, T* gx, T* gattr, T* gw, T* gb, T* gt) const {
-    const int64_t blocks = std::min<int64_t>(kBlocks, std::max<int64_t>(1, N));
+  void backward(const T* g, const T* out, const T* top, const T* denom, T* gx, T* gattr, T* gw, T* gb,
+                T* gt) const {
+    const int64_t blocks = backward_blocks();
     const int64_t dw = MODE == kFactored ? d : 0;
     const bool partials = gw || gb || gt;
-    std::vector<T> node;  // sum reads g itself
-    if (REDUCE != kSum) {
-      node.resize(N * node_width());
-      node_rows(g, out, top, denom, node.data());
-    }
-    const T* rows = REDUCE == kSum ? g : node.data();
+    // block b's destinations: [first[b], first[b + 1]), the edge count split evenly
+    std::vector<int64_t> first(blocks + 1, N);
+    for (int64_t b = 0; b < blocks; ++b)
+      first[b] = std::lower_bound(ptr, ptr + N, E * b / blocks) - ptr;
+    first[0] = 0;
+    // x's gradient: block 0 adds into gx, block b > 0 into its own buffer, summed in block order
+    std::vector<T> buffers(gx ? (blocks - 1) * N * C : 0, T(0));
+    if (gx) std::fill(gx, gx + N * C, T(0));
     // per block: pw [d, C], pb [C], pt [1]
     const int64_t stride = dw * C + C + 1;
     std::vector<T> part(partials ? blocks * stride : 0, T(0));
-    std::vector<char> consistent(blocks, 1);
-    const int64_t block_grain = std::max<int64_t>(1, grain() * blocks / std::max<int64_t>(1, N));
-    at::parallel_for(0, blocks, block_grain, [&](int64_t b0, int64_t b1) {
+    at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
       std::vector<T> tile(gw && dw ? kTile * (C + dw) : 0);
       for (int64_t b = b0; b < b1; ++b) {
         T* base = partials ? part.data() + b * stride : nullptr;
         const Partial p{gw && dw ? base : nullptr, gb ? base + dw * C : nullptr, gt ? base + dw * C + C : nullptr,
                         tile.data(), tile.data() + kTile * C};
-        for (int64_t s = N * b / blocks; s < N * (b + 1) / blocks; ++s) {
-          bool own = true;  // (a mismatch fails the call: the edge's values do not matter then)
+        T* gxb = !gx ? nullptr : b == 0 ? gx : buffers.data() + (b - 1) * N * C;
+        for (int64_t i = first[b]; i < first[b + 1]; ++i)
           over_channels([&](auto v, auto nb, int64_t c0) {
-            backward_block<decltype(v), decltype(nb)::value>(s, c0, rows, dst, sptr, perm, gx, gattr, p, own);
+            backward_block<decltype(v), decltype(nb)::value>(i, c0, g, out, top, denom, gxb, gattr, p);
           });
-          if (!own) consistent[b] = 0;
-        }
       }
     });
+    if (gx && blocks > 1)  // per element, the blocks in order
+      at::parallel_for(0, N * C, at::internal::GRAIN_SIZE, [&](int64_t begin, int64_t end) {
+        for (int64_t b = 1; b < blocks; ++b) {
+          const T* buf = buffers.data() + (b - 1) * N * C;
+          for (int64_t k = begin; k < end; ++k) gx[k] += buf[k];
+        }
+      });
     for (int64_t b = 0; b < (partials ? blocks : 0); ++b) {  // in block order: thread-count independent
       const T* pw = part.data() + b * stride;
       if (gw)
@@ -478,7 +486,6 @@ struct GenAggr {
         for (int64_t c = 0; c < C; ++c) gb[c] += pw[dw * C + c];
       if (gt) *gt += pw[dw * C + C];
     }
-    return std::all_of(consistent.begin(), consistent.end(), [](char ok) { return ok != 0; });
   }
 };
 
@@ -583,22 +590,18 @@ std::vector<at::Tensor> forward(const at::Tensor& x, const at::Tensor& ptr, cons
 }
 
 // Returns grad_x [N, C], grad_attr, grad_w [C, d], grad_b [C], grad_t [1] (each empty where not needed).
+// The edges' source order (src_ptr, src_dst, src_perm), which the Triton kernel gathers x's gradient
+// over, is not read here: this backward walks the destination order.
 std::vector<at::Tensor> backward(const at::Tensor& grad, const at::Tensor& out, const at::Tensor& top,
                                  const at::Tensor& denom, const at::Tensor& x, const at::Tensor& ptr,
-                                 const at::Tensor& src, const at::Tensor& dst, const at::Tensor& src_ptr,
+                                 const at::Tensor& src, const at::Tensor& src_ptr, const at::Tensor& src_dst,
                                  const at::Tensor& src_perm, const c10::optional<at::Tensor>& attr,
                                  const c10::optional<at::Tensor>& wt, const c10::optional<at::Tensor>& bias,
                                  const c10::optional<at::Tensor>& temp, double eps, const std::string& reduce_name,
                                  bool need_x, bool need_attr, bool need_w, bool need_b, bool need_t) {
   const int reduce = reduce_of(reduce_name);
   check(x, ptr, src, attr, wt, bias, temp, reduce);
-  const int64_t N = x.size(0), C = x.size(1), E = src.numel();
-  check_index(dst, E, N, "dst");
-  check_index(src_perm, E, E, "src_perm");
-  TORCH_CHECK(src_ptr.scalar_type() == at::kLong && src_ptr.is_contiguous() && src_ptr.numel() == N + 1 &&
-              src_ptr[0].item<int64_t>() == 0 && src_ptr[N].item<int64_t>() == E &&
-              (N == 0 || (src_ptr.diff() >= 0).all().item<bool>()),
-              "gen_aggr: src_ptr must be a contiguous int64 [N + 1] tensor rising from 0 to the edge count");
+  const int64_t N = x.size(0), C = x.size(1);
   for (const at::Tensor* t : {&grad, &out})
     TORCH_CHECK(t->sizes() == x.sizes() && t->is_contiguous() && t->scalar_type() == x.scalar_type(),
                 "gen_aggr: grad and out must be contiguous and shaped like x");
@@ -618,11 +621,8 @@ std::vector<at::Tensor> backward(const at::Tensor& grad, const at::Tensor& out, 
     using T = decltype(tag);
     auto p = [](at::Tensor& t) { return t.defined() ? t.data_ptr<T>() : nullptr; };
     auto cp = [](const at::Tensor& t) { return t.numel() ? t.data_ptr<T>() : nullptr; };
-    const bool ok = make<T, decltype(m)::value, decltype(red)::value>(x, ptr, src, attr, wt, bias, temp, eps)
-        .backward(grad.data_ptr<T>(), out.data_ptr<T>(), cp(top), cp(denom), dst.data_ptr<int64_t>(),
-                  src_ptr.data_ptr<int64_t>(), src_perm.data_ptr<int64_t>(), p(gx), p(ga), p(gw), p(gb), p(gt));
-    TORCH_CHECK(ok, "gen_aggr: src_ptr and src_perm do not list the edges by their source (src[src_perm[k]] "
-                "must be the source whose segment k lies in)");
+    make<T, decltype(m)::value, decltype(red)::value>(x, ptr, src, attr, wt, bias, temp, eps)
+        .backward(grad.data_ptr<T>(), out.data_ptr<T>(), cp(top), cp(denom), p(gx), p(ga), p(gw), p(gb), p(gt));
   });
   return {gx, ga, gw, gb, gt.defined() ? gt.view_as(*temp) : gt};
 }

@@ -101,7 +101,7 @@ class SARGENAggr(torch.autograd.Function):
         for q, block in graph.ring(x, f"SAR GENConv {reduce} forward"):
             s = segs.shards[q]
             out_q, top_q, den_q = ops.gen_aggr(
-                pad_rows(block, s.size), s.ptr, s.src, s.dst, s.sptr, s.sperm,
+                pad_rows(block, s.size), s.ptr, s.src, s.dst, s.sptr, s.sdst, s.sperm,
                 shard_rows(attr, s), weight_c, bias_c, t_c, eps, shard_reduce,
             )  # fmt: skip
             del block
@@ -156,7 +156,7 @@ class SARGENAggr(torch.autograd.Function):
                 saved = (gq, gq[:0], gq[:0])
             # the fetched rows' gradient is always formed: the owner waits for it
             grad_block, ga, gw, gb, gt = ops.gen_aggr_backward(
-                gq, *saved, pad_rows(block, s.size), s.ptr, s.src, s.dst, s.sptr, s.sperm,
+                gq, *saved, pad_rows(block, s.size), s.ptr, s.src, s.dst, s.sptr, s.sdst, s.sperm,
                 shard_rows(attr, s), weight_c, bias_c, t_c, ctx.eps, "softmax" if softmax else "sum",
                 True, need_attr, need_w, need_b, need_t,
             )  # fmt: skip

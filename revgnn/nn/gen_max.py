@@ -164,14 +164,13 @@ def gen_aggregate(
     attr, weight, bias = _edge_term(x, edge_attr)
     edge_index, attr = sort_edges(edge_index, attr, x.size(0))
     graph = segments(edge_index, x.size(0))  # both orders; an EdgeIndex caches the source order
-    src, dst, ptr, src_ptr, perm = graph.src, graph.dst, graph.ptr, graph.sptr, graph.sperm
     if not isinstance(t, Tensor) and t is not None:
         t = x.new_tensor([float(t)])
     # one dtype throughout (autocast may leave x in bfloat16 and the edge terms in float32)
     attr, weight, bias, t = (
         v.to(x.dtype).contiguous() if v is not None else None for v in (attr, weight, bias, t)
     )
-    index = (v.long().contiguous() for v in (ptr, src, dst, src_ptr, perm))
+    index = (graph.ptr, graph.src, graph.dst, graph.sptr, graph.sdst, graph.sperm)  # int64, contiguous
     out, _, _ = ops.gen_aggr(
         x.contiguous(), *index, attr, weight, bias, t.view(1) if t is not None else None, eps, reduce
     )

@@ -860,6 +860,7 @@ def gen_aggr(
     src: Tensor,
     dst: Tensor,
     src_ptr: Tensor,
+    src_dst: Tensor,
     src_perm: Tensor,
     attr: Optional[Tensor],
     weight: Optional[Tensor],
@@ -871,9 +872,11 @@ def gen_aggr(
     r"""``(out, top, denom)``: GENConv's aggregation of the messages
     :math:`m_{jic} = \mathrm{ReLU}(x_{jc} + e_{jic}) + \epsilon` per destination ``i`` over
     destination-sorted edges (``ptr`` ``[N + 1]`` over destinations, ``src``/``dst`` ``[E]``;
-    ``src_ptr`` ``[N + 1]`` and ``src_perm`` ``[E]`` the same edges in source order, which the
-    kernels' backward reduces over): ``reduce`` is ``"sum"`` (:math:`\sum_j m_{jic}`), ``"mean"``
-    or ``"softmax"`` (:math:`\sum_j \alpha_{jic} m_{jic}` with :math:`\alpha_{jic} =
+    ``src_ptr`` ``[N + 1]``, ``src_dst`` and ``src_perm`` ``[E]`` the same edges in source order,
+    their destinations and positions in destination order, over which the Triton kernel's backward
+    gathers ``x``'s gradient: :func:`revgnn.nn.graph_input.segments`' ``sptr``, ``sdst``,
+    ``sperm``): ``reduce`` is ``"sum"`` (:math:`\sum_j m_{jic}`), ``"mean"`` or ``"softmax"``
+    (:math:`\sum_j \alpha_{jic} m_{jic}` with :math:`\alpha_{jic} =
     \mathrm{softmax}_j(t\,m_{jic})`, ``t`` a one-element tensor), 0 for nodes without in-edges. The
     edge term is absent, ``attr`` ``[E, C]``, or ``attr @ weight.T + bias`` with ``attr`` the raw
     ``[E, d]`` features (never expanded). For softmax ``top`` and ``denom`` ``[N, C]`` are the
@@ -889,7 +892,7 @@ def gen_aggr(
 
 
 @gen_aggr.register_fake
-def _(x, ptr, src, dst, src_ptr, src_perm, attr, weight, bias, t, eps, reduce):
+def _(x, ptr, src, dst, src_ptr, src_dst, src_perm, attr, weight, bias, t, eps, reduce):
     n, c = ptr.size(0) - 1, x.size(1)
     saved = (n, c) if reduce == "softmax" else (0,)
     return x.new_empty(n, c), x.new_empty(saved), x.new_empty(saved)
@@ -906,6 +909,7 @@ def gen_aggr_backward(
     src: Tensor,
     dst: Tensor,
     src_ptr: Tensor,
+    src_dst: Tensor,
     src_perm: Tensor,
     attr: Optional[Tensor],
     weight: Optional[Tensor],
@@ -925,7 +929,7 @@ def gen_aggr_backward(
     if kernel is not None:
         wt = weight.t().contiguous() if weight is not None else None
         grads = kernel.backward(
-            grad, out, top, denom, x, ptr, src, dst, src_ptr, src_perm, attr, wt, bias, t, eps, reduce,
+            grad, out, top, denom, x, ptr, src, src_ptr, src_dst, src_perm, attr, wt, bias, t, eps, reduce,
             need_x, need_attr, need_w, need_b, need_t,
         )  # fmt: skip
     else:
@@ -938,29 +942,30 @@ def gen_aggr_backward(
 
 
 @gen_aggr_backward.register_fake
-def _(grad, out, top, denom, x, ptr, src, dst, src_ptr, src_perm, attr, weight, bias, t, eps, reduce,
-      need_x, need_attr, need_w, need_b, need_t):  # fmt: skip
+def _(grad, out, top, denom, x, ptr, src, dst, src_ptr, src_dst, src_perm, attr, weight, bias, t, eps,
+      reduce, need_x, need_attr, need_w, need_b, need_t):  # fmt: skip
     grads = _fake_grads(x, attr, weight, bias, need_x, need_attr, need_w, need_b)
     gt = torch.empty_like(t) if need_t and t is not None and reduce == "softmax" else x.new_empty(0)
     return (*grads, gt)
 
 
 def _gen_aggr_setup(ctx, inputs, output):
-    x, ptr, src, dst, src_ptr, src_perm, attr, weight, bias, t, eps, reduce = inputs
+    x, ptr, src, dst, src_ptr, src_dst, src_perm, attr, weight, bias, t, eps, reduce = inputs
     ctx.eps, ctx.reduce = eps, reduce
-    ctx.save_for_backward(x, ptr, src, dst, src_ptr, src_perm, attr, weight, bias, t, *output)
+    ctx.save_for_backward(x, ptr, src, dst, src_ptr, src_dst, src_perm, attr, weight, bias, t, *output)
 
 
 def _gen_aggr_grad(ctx, grad_out, _grad_top, _grad_denom):
-    x, ptr, src, dst, src_ptr, src_perm, attr, weight, bias, t, out, top, denom = ctx.saved_tensors
+    x, ptr, src, dst, src_ptr, src_dst, src_perm, attr, weight, bias, t, out, top, denom = ctx.saved_tensors
     need = ctx.needs_input_grad
-    need_x, need_attr, need_w, need_b, need_t = need[0], need[6], need[7], need[8], need[9]
+    need_x, need_attr, need_w, need_b, need_t = need[0], need[7], need[8], need[9], need[10]
     gx, ga, gw, gb, gt = gen_aggr_backward(
-        grad_out.contiguous(), out, top, denom, x, ptr, src, dst, src_ptr, src_perm, attr, weight, bias, t,
-        ctx.eps, ctx.reduce, need_x, need_attr, need_w, need_b, need_t,
+        grad_out.contiguous(), out, top, denom, x, ptr, src, dst, src_ptr, src_dst, src_perm, attr,
+        weight, bias, t, ctx.eps, ctx.reduce, need_x, need_attr, need_w, need_b, need_t,
     )  # fmt: skip
     return (
         gx if need_x else None,
+        None,
         None,
         None,
         None,

@@ -64,9 +64,9 @@ tiles of ``BE`` edges, summing the messages (mean: divided by the degree) or, fo
 keeping per channel a running maximum, denominator and numerator rescaled per tile; forward
 stores the maximum and the denominator ``[N, C]``. Backward recomputes each message and softmax
 weight: ``grad_x`` as a gather over the edges in source order (the operator's ``src_ptr``,
-``src_perm``), the edge-feature gradient per edge, and ``grad_W``, ``grad_b`` and the temperature's
-gradient as partial sums per fixed block of ``NODE_BLOCK`` destinations, added in order. No tensor
-of ``E x C`` elements.
+``src_dst``, ``src_perm``), the edge-feature gradient per edge, and ``grad_W``, ``grad_b`` and the
+temperature's gradient as partial sums per fixed block of ``NODE_BLOCK`` destinations, added in
+order. No tensor of ``E x C`` elements.
 
 **LayerNorm + ReLU (+ mask)** (:func:`layer_norm_relu_forward`, :func:`layer_norm_relu_backward`):
 
@@ -561,7 +561,7 @@ if AVAILABLE:
 
     @triton.jit
     def _gen_aggr_src_kernel(
-        grad_ptr, out_ptr, top_ptr, den_ptr, x_ptr, ptr_ptr, sptr_ptr, sperm_ptr, dst_ptr,
+        grad_ptr, out_ptr, top_ptr, den_ptr, x_ptr, ptr_ptr, sptr_ptr, sperm_ptr, sdst_ptr,
         attr_ptr, wt_ptr, bias_ptr, t_ptr, eps_ptr, gx_ptr, C, d,
         MODE: tl.constexpr, HAS_BIAS: tl.constexpr, REDUCE: tl.constexpr, ACC: tl.constexpr,
         BE: tl.constexpr, BC: tl.constexpr,
@@ -580,7 +580,7 @@ if AVAILABLE:
             om = o < o1
             m2 = om[:, None] & cm[None, :]
             e = tl.load(sperm_ptr + o, mask=om, other=0).to(tl.int64)
-            i = tl.load(dst_ptr + e, mask=om, other=0).to(tl.int64)
+            i = tl.load(sdst_ptr + o, mask=om, other=0).to(tl.int64)
             row = tl.zeros_like(e) + j
             gp, _ = _gen_aggr_edge_grad(
                 grad_ptr, out_ptr, top_ptr, den_ptr, ptr_ptr, x_ptr, row, e, i, om, m2, c, C, d,
@@ -1321,8 +1321,8 @@ def gen_aggr_backward(
     x: Tensor,
     ptr: Tensor,
     src: Tensor,
-    dst: Tensor,
     src_ptr: Tensor,
+    src_dst: Tensor,
     src_perm: Tensor,
     attr: Optional[Tensor],
     wt: Optional[Tensor],
@@ -1338,15 +1338,15 @@ def gen_aggr_backward(
 ):
     """``(grad_x, grad_attr, grad_w [C, d], grad_b [C], grad_t [1])``, each :obj:`None` where not
     needed or not applicable, as ``kernels.load("gen_aggr").backward``. grad_x is a gather over
-    the source order (``src_ptr``, ``src_perm``); the rest per fixed block of ``NODE_BLOCK``
+    the source order (``src_ptr``, ``src_dst``, ``src_perm``); the rest per fixed block of ``NODE_BLOCK``
     destinations, the blocks' partial sums added in order."""
     red = _gen_aggr_check(x, ptr, src, attr, wt, bias, t, reduce)
     if grad.shape != x.shape or not grad.is_contiguous() or grad.dtype != x.dtype:
         raise RuntimeError("gen_aggr: grad must be contiguous and shaped like x")
     N, C = x.shape
     E = src.numel()
-    if src_ptr.numel() != N + 1 or src_perm.numel() != E or dst.numel() != E:
-        raise RuntimeError("gen_aggr: src_ptr [N + 1], src_perm [E] and dst [E] must describe the graph")
+    if src_ptr.numel() != N + 1 or src_perm.numel() != E or src_dst.numel() != E:
+        raise RuntimeError("gen_aggr: src_ptr [N + 1], src_dst [E] and src_perm [E] must describe the graph")
     mode = _mode(attr, wt)
     d = attr.size(1) if mode == _FACTORED else 0
     has_bias = bias is not None and mode == _FACTORED
@@ -1370,7 +1370,7 @@ def gen_aggr_backward(
     eps_t = _eps(eps, dt, dev)
     if need_x and N > 0:
         _launch(_gen_aggr_src_kernel)[(N,)](
-            grad, out, *saved, x, ptr, src_ptr, src_perm, dst, a_, w_, b_, temp, eps_t, gx, C, d,
+            grad, out, *saved, x, ptr, src_ptr, src_perm, src_dst, a_, w_, b_, temp, eps_t, gx, C, d,
             BE=be, **common,
         )  # fmt: skip
     if need_attr or need_w or need_b or need_t:

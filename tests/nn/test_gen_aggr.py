@@ -132,12 +132,15 @@ def test_group_add_rev_matches_pyg(impl, small_chunks, aggr, learn_t, monkeypatc
         assert rel_err(a, b) <= 1e-12
 
 
+@pytest.mark.parametrize("c", [5, 20])
 @pytest.mark.parametrize("edges", ["none", "dense", "factored"])
 @pytest.mark.parametrize("aggr,learn_t", AGGRS)
-def test_aggregation_matches_pyg_aggregation(impl, small_chunks, aggr, learn_t, edges):
+def test_aggregation_matches_pyg_aggregation(impl, small_chunks, aggr, learn_t, edges, c):
     """The aggregation alone against PyG's GENConv's propagate (its MLP an identity), the
-    temperature negative to exercise a softmax that favours the smallest messages."""
-    n, c, d = 30, 5, 3
+    temperature negative to exercise a softmax that favours the smallest messages. The C++
+    kernel's channel blocks: c = 5 runs one channel at a time, c = 20 (float64) in five blocks
+    of 4 lanes, half its widest, in one pass."""
+    n, d = 30, 3
     ei = graph(n, 150, seed=2)
     g = torch.Generator().manual_seed(3)
     x = torch.randn(n, c, generator=g, dtype=torch.float64)
@@ -207,7 +210,8 @@ def test_bad_input_is_refused():
         gen_aggregate(x, ei, torch.randn(2, 4), reduce="sum")
     with pytest.raises(ValueError, match="one-element"):
         ops.gen_aggr(x, *[torch.tensor([0, 0, 1, 2, 2])] * 1, ei[0], ei[1], torch.tensor([0, 1, 2, 2, 2]),
-                     torch.arange(2), None, None, None, torch.ones(2), 1e-7, "softmax")  # fmt: skip
+                     torch.tensor([1, 2]), torch.arange(2), None, None, None, torch.ones(2), 1e-7,
+                     "softmax")  # fmt: skip
 
 
 def test_empty_graph_and_isolated_nodes(impl):
@@ -258,8 +262,8 @@ def test_float32_within_pytorch_float32_deviation(impl, aggr, learn_t):
 @pytest.mark.parametrize("aggr", ["mean", "softmax"])
 def test_kernel_threads_are_deterministic(aggr):
     """The C++ kernel's forward and backward are bitwise independent of the thread count: forward
-    is parallel over destinations, backward over fixed blocks of sources (each source's gradient
-    row one segment sum), the parameter gradients summed block by block in order."""
+    is parallel over destinations, backward over fixed blocks of destinations (two here), each
+    block's gradients of x and of the parameters its own, added block by block in order."""
     require_kernel("gen_aggr")
     n, c = 3000, 24
     g = torch.Generator().manual_seed(0)
@@ -285,12 +289,11 @@ def test_kernel_threads_are_deterministic(aggr):
 
 
 def test_kernel_refuses_bad_indices():
-    """Node ids out of range, or a source ordering that does not match the edges, are errors rather
-    than reads and writes outside the tensors."""
+    """Node ids out of range are errors rather than reads and writes outside the tensors."""
     require_kernel("gen_aggr")
     kernel = kernels.load("gen_aggr")
     x, ptr = torch.randn(3, 2), torch.tensor([0, 1, 2, 2])
-    src, dst = torch.tensor([1, 0]), torch.tensor([0, 1])
+    src = torch.tensor([1, 0])
     with pytest.raises(RuntimeError, match="src holds values outside"):
         kernel.forward(x, ptr, torch.tensor([1, 3]), None, None, None, None, 1e-7, "sum")
     with pytest.raises(RuntimeError, match="ptr must rise"):
@@ -298,19 +301,17 @@ def test_kernel_refuses_bad_indices():
     with pytest.raises(RuntimeError, match="reduce must be"):
         kernel.forward(x, ptr, src, None, None, None, None, 1e-7, "max")
     out, top, denom = kernel.forward(x, ptr, src, None, None, None, None, 1e-7, "sum")
-    good_sptr, good_perm = torch.tensor([0, 1, 2, 2]), torch.tensor([1, 0])
+    sptr, sdst, sperm = torch.tensor([0, 1, 2, 2]), torch.tensor([1, 0]), torch.tensor([1, 0])
+    flags = (True, False, False, False, False)  # the gradient of x alone, "sum", no edge features
 
-    def backward(perm):  # the gradient of x alone, "sum", no edge features, for a source ordering
-        flags = (True, False, False, False, False)
-        args = (out, out, top, denom, x, ptr, src, dst, good_sptr, perm, None, None, None, None)
+    def backward(src):
+        args = (out, out, top, denom, x, ptr, src, sptr, sdst, sperm, None, None, None, None)
         return kernel.backward(*args, 1e-7, "sum", *flags)[0]
 
-    gx = backward(good_perm)
+    gx = backward(src)
     assert torch.equal(gx, torch.stack([out[1], out[0], torch.zeros(2)]) * (x > 0))  # grad = out here
-    with pytest.raises(RuntimeError, match="do not list the edges by their source"):
-        backward(torch.tensor([0, 1]))
-    with pytest.raises(RuntimeError, match="src_perm holds values outside"):
-        backward(torch.tensor([0, 2]))
+    with pytest.raises(RuntimeError, match="src holds values outside"):
+        backward(torch.tensor([1, 3]))
 
 
 # ------------------------------------------------------------------ no E x C tensor (issue #33)
@@ -348,11 +349,11 @@ def test_no_edge_by_channel_tensor(impl, aggr, learn_t, rev, monkeypatch):
     """One E x C float32 tensor is 3.84 MB here; N x C is 38 kB and an E-sized int64 array 240 kB.
     Forward + backward of a GENBlock (and of one inside GroupAddRev, which recomputes it in
     backward) allocates nothing above a quarter of E x C, and saves for backward only the graph (the
-    edge index, its source-order permutation, the raw E x 8 features) and less than a quarter of
-    E x C besides. On PyG's path (checked at the end) both are at least one E x C tensor."""
+    edge index, its source order's destinations and permutation, the raw E x 8 features) and less
+    than a quarter of E x C besides. On PyG's path (checked at the end) both are at least one E x C tensor."""
     monkeypatch.setattr(ops, "CHUNK_EDGES", 2**12)  # chunk x C = 0.5 MB
     e_by_c = E_BIG * C_BIG * 4
-    graph_bytes = E_BIG * 8 * 4 + 3 * E_BIG * 8  # raw features; edge_index and permutation (int64)
+    graph_bytes = E_BIG * 8 * 4 + 4 * E_BIG * 8  # raw features; edge_index, sdst, sperm (int64)
     largest, saved = measure(*big_case(aggr, learn_t, rev))
     assert largest < e_by_c / 4
     assert saved - graph_bytes < e_by_c / 4

@@ -186,6 +186,7 @@ def test_gen_aggr_matches_cpp_and_pytorch_float64(mode, c, reduce):
     t = torch.tensor([-0.7], dtype=torch.float64) if reduce == "softmax" else None
     sperm = torch.sort(src, stable=True)[1]
     sptr = torch.searchsorted(src[sperm], torch.arange(n + 1))
+    sdst = dst[sperm]
     mine = tk.gen_aggr_forward(x, ptr, src, attr, wt, bias, t, EPS, reduce)
     theirs = K.forward(x, ptr, src, attr, wt, bias, t, EPS, reduce)
     w = wt.t().contiguous() if wt is not None else None
@@ -202,8 +203,8 @@ def test_gen_aggr_matches_cpp_and_pytorch_float64(mode, c, reduce):
         x,
         ptr,
         src,
-        dst,
         sptr,
+        sdst,
         sperm,
         attr,
         wt,
@@ -218,7 +219,7 @@ def test_gen_aggr_matches_cpp_and_pytorch_float64(mode, c, reduce):
         True,
     )
     grads = tk.gen_aggr_backward(*args)
-    cgrads = K.backward(grad, *theirs, x, ptr, src, dst, sptr, sperm, attr, wt, bias, t, EPS, reduce,
+    cgrads = K.backward(grad, *theirs, x, ptr, src, sptr, sdst, sperm, attr, wt, bias, t, EPS, reduce,
                         True, True, True, True, True)  # fmt: skip
     tgrads = ops._gen_aggr_backward_torch(grad, *torch_, x, ptr, src, dst, attr, w, bias, t, EPS, reduce,
                                           True, True, True, True, True)  # fmt: skip
