@@ -1,15 +1,17 @@
 #!/usr/bin/env python
 """SAR vs naive domain-parallel vs one process, and DDP throughput, in one run.
 
-Every mode trains the same reversible RevGNN (GENConv max, 2 groups, no
-edge features) with the training loop's own step,
+Every mode trains the same reversible RevGNN (2 groups, no edge features;
+``--conv``, a recipe of ``benchmarks.scale.RECIPES``: ``gen_max`` by default,
+``gen_mean``, ``gen_softmax``, ``sage``, ``gcn``, ``gin``, ``gat``, each
+through its SAR form) with the training loop's own step,
 ``revgnn.engine.loop.train_step`` (Adam over the flat parameter buffer), on
 one generated random graph (uniform random edges, ``--degree`` in-edges per
 node on average, 80 % of the nodes labelled for training, ``--classes``
 binary tasks):
 
 * ``single``: one process, no process group: the plain PyG path of RevGNN
-  on the full graph (destination-sorted ``EdgeIndex``, C++ GENConv-max
+  on the full graph (destination-sorted ``EdgeIndex``, the conv's fused
   kernel), ``LocalBackend``;
 * ``sar`` at P = ``--parts`` workers: sequential aggregation and
   rematerialisation (``convert_to_sar``, the ``SARGraph`` passed as the
@@ -17,18 +19,26 @@ binary tasks):
   (+1 prefetched) alive at a time, re-fetched in backward;
 * ``naive`` at the same P: domain-parallel baseline that fetches *every*
   remote row a layer needs at once (a halo), concatenates it to the local
-  rows and runs the stock PyG GENConv on all local edges with autograd;
+  rows and runs the stock PyG GENConv on all local edges with autograd
+  (GEN recipes only);
 * ``ddp`` at ``--ddp-workers`` workers: the loop's data-parallel path
   (``NodeTask`` over the whole graph on every worker, a new random partition
   into ``--ddp-parts`` parts per epoch, ``parts_per_step`` = workers, one
   part per worker per step); reported as parts (sub-graph steps) per second.
 
-The graph is partitioned at random for sar / naive (``--method``; random is
-the worst case for communication). Workers are spawned on this host with
+The graph is generated, written (``graph.pt``) and partitioned
+(``revgnn-partition``'s :func:`~revgnn.distributed.partition.partition_dataset`,
+part files in ``--out``) in a child process of its own, so that the parent,
+which only starts the runs, never holds the graph: as in a user's run, every
+worker loads its part file and nothing else. The partition is random for
+sar / naive (``--method``; random is the worst case for communication).
+Workers are spawned on this host with
 ``revgnn.testing.workers.run_workers`` (gloo), ``cores / workers``
 intra-op threads each, with tcmalloc preloaded when Debian's
 ``libtcmalloc-minimal4`` is installed (glibc malloc fragments and inflates
-RSS with depth). Memory is each worker's peak RSS (``ru_maxrss``) and the
+RSS with depth). Memory is each worker's peak RSS
+(:func:`~revgnn.utils.memory.peak_rss_bytes`: its own ``VmHWM``; a spawned
+process's ``ru_maxrss`` would start at its parent's peak) and the
 peak *above its idle baseline* (after importing torch/PyG and loading its
 data and the model), which is what the graph and the training cost; epoch
 times are the fastest of ``--epochs`` epochs, the slowest worker's.
@@ -37,7 +47,10 @@ ALL WORKERS SHARE THIS HOST'S CORES: the epoch times of P > 1 measure SAR's
 (or DDP's) overhead, not a multi-machine speed-up. The issue's goals refer to
 
 * SAR epoch time at P = 1 <= 1.2x the one-process (``single``) epoch time;
-* SAR per-worker peak memory above idle at P = 4 <= 0.35x that at P = 1.
+* SAR per-worker peak memory above idle at P = 4 <= 0.35x that at P = 1;
+* at ogbn-products' size (``--nodes 2449029 --degree 50 --features 100
+  --classes 47 --hidden 160``), each of 4 SAR workers' peak RSS <= 0.35x one
+  process's (``single``): the ``sar P=4 / single`` ratio.
 
 Defaults (100,000 nodes, 2,000,000 edges, RevGNN 16 layers x 64 channels,
 112 tasks, 2 epochs, DDP over 10 parts) are sized for roughly 10 minutes on
@@ -53,6 +66,7 @@ or DDP parts per second) and the ratios on stdout, ``bench_sar.json`` and
     python -m benchmarks.sar                           # full measurement
     python -m benchmarks.sar --quick                   # tiny smoke run
     python -m benchmarks.sar --modes single sar --parts 1 4 --layers 32
+    python -m benchmarks.sar --modes single sar --parts 4 --conv sage
 """
 
 from __future__ import annotations
@@ -66,6 +80,7 @@ from types import SimpleNamespace
 
 import torch
 
+from benchmarks.scale import RECIPES
 from revgnn.engine.tasks import NodeLevelTask
 
 TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
@@ -156,6 +171,32 @@ def make_dataset(args):
     ).sorted_by_destination()
 
 
+_SAVED = ("name", "x", "edge_index", "edge_attr", "y", "split_idx", "task", "num_classes", "evaluator")
+
+
+def prepare(args, data_path, part_dirs):
+    """Generates the graph, writes it to ``data_path`` (``single`` and ``ddp`` load it) and
+    partitions it into every ``{P: directory}`` of ``part_dirs`` (``sar`` and ``naive`` load one
+    part each); returns ``(nodes, edges)``. Run in a child process of its own (:func:`_in_child`),
+    so that the parent never holds the graph."""
+    from revgnn.distributed.partition import partition_dataset
+
+    ds = make_dataset(args)
+    torch.save({k: getattr(ds, k) for k in _SAVED}, data_path)
+    for P, part_dir in part_dirs.items():
+        partition_dataset(ds, part_dir, P, args.method)
+    return ds.num_nodes, ds.num_edges
+
+
+def _in_child(fn, *args):
+    """``fn(*args)`` in one fresh spawned process: its memory (and peak RSS) is its own."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as ex:
+        return ex.submit(fn, *args).result()
+
+
 def _load_dataset(path):
     from revgnn.data.node_dataset import NodeDataset
 
@@ -194,13 +235,14 @@ def _rss_peak_mb() -> float:
 def _model(shapes, cfg):
     from revgnn.models.revgnn import RevGNN
 
+    conv, options = RECIPES[cfg["conv"]]
     torch.manual_seed(0)  # the same initial parameters on every worker
     return RevGNN(
         hidden_channels=cfg["hidden"],
         num_layers=cfg["layers"],
         num_groups=2,
-        conv="gen",
-        aggr="max",
+        conv=conv,
+        **options,
         **shapes,
     )
 
@@ -352,6 +394,7 @@ def ratios(rows):
     for mode in ("sar", "naive"):
         put(f"{mode}_p4_over_p1_above_idle", (mode, 4), (mode, 1), "peak_above_base_mb")
         put(f"{mode}_p4_over_p1_rss", (mode, 4), (mode, 1), "peak_rss_mb")
+    put("sar_p4_over_single_rss", ("sar", 4), ("single", 1), "peak_rss_mb")
     put("ddp_w2_over_w1_parts_per_s", ("ddp", 2), ("ddp", 1), "parts_per_s")
     return out
 
@@ -373,6 +416,9 @@ def _print_ratios(rat):
     print(
         f"{'per-worker peak RSS (total) P=4 / P=1':44} {f('sar_p4_over_p1_rss')} {f('naive_p4_over_p1_rss')}"
     )
+    print(
+        f"{'per-worker peak RSS (total) P=4 / single':44} {f('sar_p4_over_single_rss')} {'':>7}  sar <= 0.35"
+    )
     print(f"{'DDP parts/s, 2 workers / 1 worker':44} {f('ddp_w2_over_w1_parts_per_s')}")
 
 
@@ -383,6 +429,12 @@ def main(argv=None) -> int:
     p.add_argument("--features", type=int, default=16)
     p.add_argument("--classes", type=int, default=112, help="binary tasks (multilabel, as ogbn-proteins)")
     p.add_argument("--hidden", type=int, default=64)
+    p.add_argument(
+        "--conv",
+        default="gen_max",
+        choices=list(RECIPES),
+        help="the RevGNN's conv recipe (benchmarks.scale.RECIPES), run through its SAR form",
+    )
     p.add_argument("--layers", type=int, default=16)
     p.add_argument(
         "--epochs",
@@ -411,8 +463,9 @@ def main(argv=None) -> int:
     if args.quick:  # explicit flags still win
         p.set_defaults(**QUICK)
         args = p.parse_args(argv)
+    if "naive" in args.modes and RECIPES[args.conv][0] != "gen":
+        p.error(f"--modes naive runs PyG's GENConv on a halo: a gen_* --conv, not {args.conv}")
 
-    from revgnn.distributed.partition import partition_dataset
     from revgnn.testing.workers import run_workers
 
     if os.path.exists(TCMALLOC) and "tcmalloc" not in os.environ.get("LD_PRELOAD", ""):
@@ -423,30 +476,17 @@ def main(argv=None) -> int:
         return args.threads or max(1, cores // workers)
 
     os.makedirs(args.out, exist_ok=True)
-    ds = make_dataset(args)
     data_path = os.path.join(args.out, "graph.pt")
-    torch.save(
-        {
-            k: getattr(ds, k)
-            for k in (
-                "name",
-                "x",
-                "edge_index",
-                "edge_attr",
-                "y",
-                "split_idx",
-                "task",
-                "num_classes",
-                "evaluator",
-            )
-        },
-        data_path,
+    parts = args.parts if {"sar", "naive"} & set(args.modes) else []
+    part_dirs = {P: os.path.join(args.out, f"parts{P}") for P in parts}
+    nodes, edges = _in_child(prepare, args, data_path, part_dirs)
+    cfg = dict(
+        hidden=args.hidden, layers=args.layers, epochs=args.epochs, ddp_parts=args.ddp_parts, conv=args.conv
     )
-    cfg = dict(hidden=args.hidden, layers=args.layers, epochs=args.epochs, ddp_parts=args.ddp_parts)
     print(
-        f"graph: {ds.num_nodes} nodes, {ds.num_edges} edges, "
+        f"graph: {nodes} nodes, {edges} edges, "
         f"{args.classes} tasks; RevGNN {args.layers} layers x "
-        f"{args.hidden}, GENConv max, 2 groups; {cores} cores, "
+        f"{args.hidden}, {args.conv}, 2 groups; {cores} cores, "
         f"{args.method} partition for sar/naive\n({SHARED_CORES})\n",
         flush=True,
     )
@@ -457,16 +497,10 @@ def main(argv=None) -> int:
     bounds = dict(timeout_s=1200, wall_s=3600)
 
     if "single" in args.modes:
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor
-
-        with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as ex:
-            val = ex.submit(_single_worker, data_path, cfg, threads(1)).result()
+        val = _in_child(_single_worker, data_path, cfg, threads(1))
         rows.append(_row("single", 1, [SimpleNamespace(rank=0, exitcode=0, value=val)]))
         _print_row(rows[-1])
-    for P in args.parts if {"sar", "naive"} & set(args.modes) else []:
-        part_dir = os.path.join(args.out, f"parts{P}")
-        partition_dataset(ds, part_dir, P, args.method)
+    for P, part_dir in part_dirs.items():
         for mode in [m for m in ("sar", "naive") if m in args.modes]:
             res = run_workers(_sar_worker, P, mode, part_dir, cfg, threads=threads(P), **bounds)
             rows.append(_row(mode, P, res))
@@ -499,6 +533,7 @@ def _plot(rows, args, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    conv = getattr(args, "conv", "gen_max")  # a JSON written before --conv existed
     fig, ax = plt.subplots(1, 3, figsize=(15, 4))
     single = [r for r in rows if r["mode"] == "single"]
     for mode, style, color in (("sar", "o-", "tab:blue"), ("naive", "s--", "tab:orange")):
@@ -524,7 +559,8 @@ def _plot(rows, args, path):
     ax[0].set(
         xlabel="workers P",
         ylabel="per-worker peak memory (MB)",
-        title=f"RevGNN {args.layers}x{args.hidden}, {args.nodes} nodes, {args.nodes * args.degree} edges",
+        title=f"RevGNN {args.layers}x{args.hidden} {conv}, {args.nodes} nodes, "
+        f"{args.nodes * args.degree} edges",
         xticks=args.parts,
     )
     ax[1].set(

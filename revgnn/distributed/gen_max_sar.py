@@ -29,10 +29,15 @@ maximum is :math:`\le 0` or NaN.
 Saved for backward (only when one follows, so not in the no-grad forward of a
 reversible block): the local input, the caller's raw edge features,
 :math:`\mathbf{W}, \mathbf{b}`, the rows of :math:`n` of the nodes with a
-tied maximum, and per shard the kernel's winners (int32 ``[N, C]``, set
-to -1 where the shard does not reach the global maximum), tie flags
-(``[N]``) and the tie counts of the tied nodes: no edge-sized float tensor,
-and no second kernel forward in backward.
+tied maximum, the winners of all shards in one int32 ``[N, C]`` tensor (the
+winning edge's position among the worker's local edges, -1 where no shard
+reaches the global maximum) and per shard its tie flags (``[N]``), the tie
+counts of its tied nodes and, for the nodes where it shares a maximum with an
+earlier shard, its own rows of winners: no edge-sized float tensor, no second
+kernel forward in backward, and one ``[N, C]`` tensor of winners whatever the
+number of shards, so that a worker's winners shrink as :math:`1/P` (the
+kernel's per-shard winners are rebuilt from it in backward, one shard at a
+time).
 
 Backward runs the ring again (re-fetching each remote block as
 :func:`~revgnn.distributed.sar.sequential_aggregate` does: the kernel
@@ -94,6 +99,18 @@ def _shard_attr(attr: Optional[Tensor], a: int, b: int, perm: Optional[Tensor]) 
     return part.index_select(0, perm) if perm is not None else part
 
 
+def _winners_of(best: Tensor, a: int, b: int, nodes: Tensor, rows: Tensor) -> Tensor:
+    """A shard's winners as its kernel takes them (int32 ``[N, C]``, positions among the shard's
+    edges ``a:b``, -1 where it does not reach the maximum), from the merged ``best`` (positions
+    among the local edges) and the shard's own ``rows`` of the ``nodes`` where it shares a maximum
+    with an earlier shard."""
+    mine = (best >= a) & (best < b)
+    arg = torch.where(mine, best - a, -1).to(torch.int32)
+    if nodes.numel():
+        arg.index_copy_(0, nodes, rows)
+    return arg
+
+
 class SARGENMax(torch.autograd.Function):
     r"""``max_j relu(x_j + e_ji) + eps`` over all shards of ``graph``; see the
     module docstring. ``attr`` is None, dense ``[E, C]``, or the raw ``[E, d]``
@@ -117,29 +134,42 @@ class SARGENMax(torch.autograd.Function):
         attr = attr.contiguous() if attr is not None else None
         weight_c = weight.contiguous() if weight is not None else None
         bias_c = bias.contiguous() if bias is not None else None
-        m = n = None
-        winners: List[List[Tensor]] = []  # per shard: arg, tied, tied nodes, their counts
+        m = n = best = None
+        # the winners of all shards (positions among the local edges; int64 past int32's range)
+        pos = torch.int32 if graph.num_edges < 2**31 else torch.int64
+        # per shard: tie flags, tied nodes, their counts, nodes sharing a maximum with an
+        # earlier shard and the shard's own winners there
+        winners: List[List[Tensor]] = []
         for q, block in graph.ring(x, "SAR GENConv max forward"):
             a, b, ptr, src, perm = csc.shards[q]
             mq, arg, tied, nq = ops.gen_max_shard(
                 block.contiguous(), ptr, src, _shard_attr(attr, a, b, perm), weight_c, bias_c
             )
             del block
+            shared = arg.new_zeros(0, dtype=torch.long)
             if m is None:
                 m, n = mq, nq
+                if keep:
+                    best = torch.where(arg >= 0, arg.to(pos) + a, -1)
             else:
                 gt, eq = mq > m, mq == m
                 if keep:  # a winner stays one only where its shard reaches the maximum
                     lost = gt | mq.isnan()
                     if bool(lost.any()):
+                        best.masked_fill_(lost, -1)
                         for w in winners:
-                            w[0].masked_fill_(lost, -1)
+                            w[4].masked_fill_(lost.index_select(0, w[3]), -1)
                     arg.masked_fill_(~(gt | eq), -1)
+                    won = arg >= 0
+                    both = won & (best >= 0)  # an earlier shard's winner stays in best
+                    shared = both.any(1).nonzero().view(-1)
+                    best = torch.where(won & ~both, arg.to(pos) + a, best)
+                    del won, both, lost
                 n = torch.where(gt, nq, torch.where(eq, n + nq, n))
                 m = torch.maximum(m, mq)  # NaN sticks
             if keep:
                 nodes = tied.nonzero().view(-1)
-                winners.append([arg, tied, nodes, nq.index_select(0, nodes)])
+                winners.append([tied, nodes, nq.index_select(0, nodes), shared, arg.index_select(0, shared)])
             del mq, nq, arg, tied
         out = (m + eps).masked_fill_((graph.in_degree == 0).view(-1, 1), 0.0)
         ctx.graph = graph
@@ -148,7 +178,7 @@ class SARGENMax(torch.autograd.Function):
             # maximum has one winner, whose share is g itself
             multi = (n > 1).any(1).nonzero().view(-1)
             ctx.save_for_backward(
-                x, attr, weight, bias, multi, n.index_select(0, multi), *[t for w in winners for t in w]
+                x, attr, weight, bias, multi, n.index_select(0, multi), best, *[t for w in winners for t in w]
             )
         return out
 
@@ -156,8 +186,8 @@ class SARGENMax(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out: Tensor):  # type: ignore[override]
         graph: SARGraph = ctx.graph
-        x, attr, weight, bias, multi, n_multi, *flat = ctx.saved_tensors
-        winners = [flat[i : i + 4] for i in range(0, len(flat), 4)]
+        x, attr, weight, bias, multi, n_multi, best, *flat = ctx.saved_tensors
+        winners = [flat[i : i + 5] for i in range(0, len(flat), 5)]
         need_x, need_attr, need_w, need_b = ctx.needs_input_grad[3:7]
         need_attr = need_attr and attr is not None
         need_w = need_w and weight is not None
@@ -181,7 +211,8 @@ class SARGENMax(torch.autograd.Function):
         # their messages); the ring also carries the gradients home
         for step, (q, block) in enumerate(graph.ring(x, f"{what} re-fetch")):
             a, b, ptr, src, perm = csc.shards[q]
-            arg, tied, nodes, counts = winners[step]  # forward's ring order
+            tied, nodes, counts, shared, rows = winners[step]  # forward's ring order
+            arg = _winners_of(best, a, b, shared, rows)
             block = block.contiguous()
             attr_q = _shard_attr(attr, a, b, perm)
             g = share
@@ -209,7 +240,7 @@ class SARGENMax(torch.autograd.Function):
                 grad_x += grad_block
             else:
                 graph.return_grads(q, grad_block, grad_x, tag, what)
-            del block, grad_block, ga, gw, gb
+            del block, grad_block, ga, gw, gb, arg
         return (None, None, None, grad_x if need_x else None, grad_attr, grad_w, grad_b)
 
 

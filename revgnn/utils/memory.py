@@ -101,7 +101,22 @@ class LargestAllocation:
 
 
 def peak_rss_bytes() -> int:
-    """Peak resident set size of this process so far (``ru_maxrss``)."""
+    """Peak resident set size of this process so far: Linux's ``VmHWM`` (``/proc/self/status``), else
+    ``ru_maxrss``.
+
+    ``ru_maxrss`` is not the process's own figure on Linux where it was started by spawning (Python's
+    ``multiprocessing`` spawn, ``subprocess``, ``torchrun``'s workers): ``exec`` carries the peak of
+    the address space it replaces, the (v)forked parent's, into ``ru_maxrss``, so a small worker of a
+    large parent reports the parent's peak. ``VmHWM`` is the high-water mark of this address space
+    alone (writing ``5`` to ``/proc/self/clear_refs`` resets it).
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024
 

@@ -314,22 +314,34 @@ def test_cli_memory(isolated, capsys):
 
 
 @pytest.mark.slow  # starts child processes
-def test_sar(isolated, capsys):
+@pytest.mark.parametrize("conv", ["gen_max", "gcn"])
+def test_sar(isolated, capsys, conv):
     """One process and SAR at P = 1 (one worker), the issue's epoch-time ratio between them. The naive
     and DDP modes start a worker each more and are not run here."""
     from benchmarks import sar as bench
 
     argv = ["--nodes", "200", "--degree", "4", "--features", "4", "--classes", "2", "--hidden", "8"]
     argv += ["--layers", "1", "--epochs", "1", "--modes", "single", "sar", "--parts", "1", "--threads", "1"]
+    argv += ["--conv", conv]
     assert bench.main([*argv, "--out", "out"]) == 0
     capsys.readouterr()
     summary = json.loads((isolated / "out" / "bench_sar.json").read_text())
     assert [(r["mode"], r["P"]) for r in summary["rows"]] == [("single", 1), ("sar", 1)]
     for r in summary["rows"]:
         assert finite(r["epoch_s"], r["peak_rss_mb"], r["peak_above_base_mb"]) and r["local_edges"] > 0
+    assert summary["args"]["conv"] == conv
     assert set(summary["ratios"]) == {"sar_p1_over_single_epoch"}
     assert finite(summary["ratios"]["sar_p1_over_single_epoch"])
     assert (isolated / "out" / "bench_sar.png").stat().st_size > 0
+
+
+def test_sar_naive_needs_a_gen_conv(capsys):
+    """The naive baseline runs PyG's GENConv: another --conv is refused before anything runs."""
+    from benchmarks import sar as bench
+
+    with pytest.raises(SystemExit):
+        bench.main(["--modes", "naive", "--conv", "sage"])
+    assert "a gen_* --conv, not sage" in capsys.readouterr().err
 
 
 # ---- the DEQ benchmarks --------------------------------------------------------------------------

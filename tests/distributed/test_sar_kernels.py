@@ -151,7 +151,24 @@ def _worker(rank, world_size, kind):
         lambda: conv.conv(xl, graph, LinearEdgeFeatures.from_linear(raw, conv.enc)), graph, conv, raw
     )
     bad["model"] = edge_sized_saved(lambda: model(xl, graph, raw), graph, model, raw)
+    bad["winners"] = _node_sized_winners(conv, xl, graph, raw) if graph.num_local else 1
     return errs, calls, bad, _fallback_is_todays_path(graph)
+
+
+def _node_sized_winners(conv, xl, graph, raw):
+    """How many int32 ``[N, C]`` tensors of winners one SAR GENConv max saves for backward: one,
+    whatever the number of shards (the per-shard winners are rebuilt from it in backward)."""
+    from revgnn.nn import LinearEdgeFeatures
+
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = conv.conv(xl, graph, LinearEdgeFeatures.from_linear(raw, conv.enc))
+    return sum(t.dtype == torch.int32 and tuple(t.shape) == tuple(out.shape) for t in saved)
 
 
 def _check_all(results, world_size):
@@ -164,7 +181,7 @@ def _check_all(results, world_size):
             assert backward >= world_size and backward % world_size == 0, (r.rank, name, backward)
             assert torch_path == 0, (r.rank, name, torch_path)
         assert calls["factored"] == (world_size, world_size, 0)
-        assert not bad["conv"] and not bad["model"], (r.rank, bad)
+        assert not bad["conv"] and not bad["model"] and bad["winners"] == 1, (r.rank, bad)
         assert fallback_ok, r.rank
 
 

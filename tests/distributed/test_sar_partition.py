@@ -304,6 +304,59 @@ def test_collective_check_rejects_on_every_rank(tmp_path):
         assert f"{broken}/part_1.pt does not match" in failed[1]
 
 
+def _worker_load_allocations(rank, world_size, root):
+    """A worker's load of its part as ``backend=sar`` runs it (the part file, its SARGraph and
+    SARTask), under :class:`~revgnn.utils.memory.LargestAllocation`; returns the largest allocation,
+    the peak of the bytes allocated, and the bytes of the part's tensors (all, and the largest)."""
+    from revgnn.distributed.part_files import load_meta
+    from revgnn.distributed.sar import SARGraph
+    from revgnn.engine.backends import DDPBackend
+    from revgnn.engine.sar_backend import SARTask
+    from revgnn.utils.memory import LargestAllocation
+
+    with LargestAllocation() as largest:
+        part = load_partition(root, rank, world_size)
+        task = SARTask(SARGraph(part, timeout_s=60), load_meta(root), DDPBackend(None), "cpu")
+    sizes = [t.nbytes for t in (*part.values(), *part["node_data"].values()) if isinstance(t, torch.Tensor)]
+    assert task.graph.num_edges == part["dst"].numel()
+    return largest.bytes, largest.peak, sum(sizes), max(sizes)
+
+
+def test_a_worker_loads_its_part_not_the_whole_graph(tmp_path):
+    """At P = 4 a worker's load allocates no tensor of the whole graph's size: its largest
+    allocation is no larger than its part's largest tensor (the E/P rows of edge features), and at
+    its peak it holds under 1.5 times its part's bytes (the part, plus its SARGraph's compacted
+    sources, E/P indices), where the part holds a quarter of the graph's."""
+    from revgnn.data.node_dataset import NodeDataset
+
+    g = torch.Generator().manual_seed(0)
+    n, e, P = 2000, 64000, 4
+    ds = NodeDataset(
+        name="random",
+        x=torch.randn(n, 16, generator=g),
+        edge_index=torch.randint(0, n, (2, e), generator=g),
+        edge_attr=torch.randn(e, 8, generator=g),
+        y=(torch.randn(n, 8, generator=g) > 0).float(),
+        split_idx={
+            "train": torch.arange(0, n, 2),
+            "valid": torch.arange(1, n, 4),
+            "test": torch.arange(3, n, 4),
+        },
+        task="multilabel",
+        num_classes=8,
+        evaluator="ogbn-proteins",
+    ).sorted_by_destination()
+    whole = ds.edge_index.nbytes + ds.edge_attr.nbytes + ds.x.nbytes + ds.y.nbytes
+    root = str(tmp_path / "p4")
+    partition_dataset(ds, root, P, "random")
+    res = run_workers(_worker_load_allocations, P, root, timeout_s=60, wall_s=240, threads=1)
+    for r in res:
+        largest, peak, part_bytes, part_largest = r.value
+        assert part_bytes < whole / 3 and part_largest < ds.edge_attr.nbytes / 3, (r.rank, r.value, whole)
+        assert largest <= part_largest, (r.rank, r.value)
+        assert peak < 1.5 * part_bytes, (r.rank, r.value)
+
+
 # ---- the revgnn-partition command -------------------------------------------
 
 
