@@ -56,7 +56,7 @@ def main(argv=None) -> None:
         t_index = time.perf_counter() - t0
         kept = 0
         for sub in parts:
-            attr = edge_attr[sub.edge_ids]
+            attr = sub.edge_rows(edge_attr)
             kept += attr.size(0)
         t_total = time.perf_counter() - t0
         times.append(t_total)

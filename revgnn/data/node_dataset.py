@@ -86,15 +86,34 @@ class NodeDataset:
         return None if self.edge_attr is None else self.edge_attr.size(1)
 
     def sorted_by_destination(self) -> "NodeDataset":
-        """Returns this data set with its edges sorted by (destination, source), copies of an edge in
+        r"""Returns this data set with its edges sorted by (destination, source), copies of an edge in
         their order (a no-op if sorted already). The edge tensors are replaced one after the other, so
-        the sort holds one extra copy of one of them at a time (where nothing else refers to them)."""
-        if is_destination_sorted(destination_key(self.edge_index, self.num_nodes)):
+        the sort holds one extra copy of one of them at a time (where nothing else refers to them).
+
+        Without edge features the edges are their keys :math:`k = j N + i`
+        (:func:`~revgnn.data.random_parts.destination_key`): the keys are sorted in place and decoded,
+        :math:`j = \lfloor k / N \rfloor`, :math:`i = k - j N`: no permutation exists and the old
+        edges go before the new ones are written, so the sort holds one ``[E]`` array beside the
+        graph (half the edges' bytes). Copies of an edge are equal columns, so their order is moot
+        there."""
+        key = destination_key(self.edge_index, self.num_nodes)
+        if is_destination_sorted(key):
             return self
+        if self.edge_attr is None:
+            n = self.num_nodes
+            self.edge_index = None  # the keys hold the edges: the old tensor goes (if only ours)
+            if key.device.type == "cpu":
+                key.numpy().sort()  # in place (numpy's sort of int64: no second [E] array)
+            else:
+                key = torch.sort(key).values
+            self.edge_index = torch.empty(2, key.numel(), dtype=key.dtype, device=key.device)
+            torch.div(key, n, rounding_mode="floor", out=self.edge_index[1])
+            torch.remainder(key, n, out=self.edge_index[0])
+            return self
+        del key
         perm = sort_by_destination(self.edge_index, self.num_nodes)
         self.edge_index = self.edge_index[:, perm].contiguous()
-        if self.edge_attr is not None:
-            self.edge_attr = self.edge_attr[perm].contiguous()
+        self.edge_attr = self.edge_attr[perm].contiguous()
         return self
 
     def __repr__(self) -> str:

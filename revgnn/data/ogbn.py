@@ -321,17 +321,26 @@ def _proteins_graph(path: str, data) -> Dict[str, Any]:
     return {**feats, "species_channels": species_channels}
 
 
+def _node_features(data):
+    """OGB's node features, taken out of ``data``, as a row-major float tensor: OGB stores them
+    column-major (pandas' layout), where every row a part gathers spans the whole array (and the
+    whole-graph evaluation would copy them); the copy is made here once, OGB's freed with it."""
+    x, data.x = data.x, None
+    return x.float().contiguous()
+
+
 def _symmetrised_graph(path: str, data) -> Dict[str, Any]:
     """OGB's node features; each directed edge also reversed (RevGAT's arxiv recipe), duplicates removed."""
     import torch
 
     edge_index = torch.unique(torch.cat([data.edge_index, data.edge_index.flip(0)], dim=1), dim=1)
-    return {"x": data.x.float(), "edge_index": edge_index, "edge_attr": None}
+    return {"x": _node_features(data), "edge_index": edge_index, "edge_attr": None}
 
 
 def _graph_as_given(path: str, data) -> Dict[str, Any]:
     """OGB's node features and edges (already both directions where OGB adds inverse edges)."""
-    return {"x": data.x.float(), "edge_index": data.edge_index, "edge_attr": None}
+    edge_index, data.edge_index = data.edge_index, None
+    return {"x": _node_features(data), "edge_index": edge_index, "edge_attr": None}
 
 
 @dataclass(frozen=True)

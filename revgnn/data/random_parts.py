@@ -78,16 +78,29 @@ class SubGraph:
     Attributes:
         node_idx (Tensor): ``[n]`` global ids of the part's nodes, ascending.
         edge_index (Tensor): ``[2, e]`` edges in local ids (rows of ``node_idx``).
-        edge_ids (Tensor): ``[e]`` global ids of those edges, to gather edge attributes.
+        edge_ids (Tensor, optional): ``[e]`` global ids of those edges, to gather edge attributes;
+            :obj:`None` where the part is the whole graph (``node_idx`` is ``0, ..., N-1`` and
+            ``edge_index`` the graph's own edges), whose rows :meth:`node_rows` and
+            :meth:`edge_rows` return without a gather.
     """
 
     node_idx: Tensor
     edge_index: Tensor
-    edge_ids: Tensor
+    edge_ids: Optional[Tensor]
 
     @property
     def num_nodes(self) -> int:
         return self.node_idx.numel()
+
+    def node_rows(self, t: Tensor) -> Tensor:
+        """The rows of the per-node tensor ``t`` for this part's nodes: ``t[node_idx]``, or ``t``
+        itself (no copy: at ogbn-products' size the features are 1 GB) for the whole graph."""
+        return t if self.edge_ids is None else t[self.node_idx]
+
+    def edge_rows(self, t: Tensor) -> Tensor:
+        """The rows of the per-edge tensor ``t`` for this part's edges: ``t[edge_ids]``, or ``t``
+        itself for the whole graph."""
+        return t if self.edge_ids is None else t[self.edge_ids]
 
 
 class Partition:
@@ -140,8 +153,8 @@ class Partition:
             raise IndexError(f"part {k} out of range [0, {self.num_parts})")
         n0, n1 = self.node_ptr[k].item(), self.node_ptr[k + 1].item()
         e0, e1 = self.edge_ptr[k].item(), self.edge_ptr[k + 1].item()
-        if self._local is None:  # one part: every edge, in order
-            return SubGraph(self.node_perm, self._edge_index, torch.arange(e1))
+        if self._local is None:  # one part: the whole graph, nothing gathered
+            return SubGraph(self.node_perm, self._edge_index, None)
         ids = self.edge_ids[e0:e1]
         return SubGraph(self.node_perm[n0:n1], self._local[self._edge_index[:, ids]], ids)
 

@@ -136,9 +136,9 @@ def _predict(model, ds, views, num_views, device, autocast, shard) -> Tensor:
 
 def _forward(model, ds, sub: SubGraph, device, autocast) -> Tensor:
     """``model``'s float32 logits of the part ``sub`` on the CPU."""
-    x = ds.x[sub.node_idx].to(device)
+    x = sub.node_rows(ds.x).to(device)
     edge_index = as_edge_index(sub.edge_index.to(device), sub.num_nodes)
-    edge_attr = None if ds.edge_attr is None else ds.edge_attr[sub.edge_ids].to(device)
+    edge_attr = None if ds.edge_attr is None else sub.edge_rows(ds.edge_attr).to(device)
     with autocast if autocast is not None else contextlib.nullcontext():
         return model(x, edge_index, edge_attr).float().cpu()
 

@@ -295,9 +295,9 @@ class NodeTask(NodeLevelTask):
 
         ds = self.ds
         mask = self.train_mask[sub.node_idx]
-        x = ds.x[sub.node_idx].to(device)
+        x = sub.node_rows(ds.x).to(device)
         edge_index = as_edge_index(sub.edge_index.to(device), sub.num_nodes)
-        edge_attr = None if ds.edge_attr is None else ds.edge_attr[sub.edge_ids].to(device)
+        edge_attr = None if ds.edge_attr is None else sub.edge_rows(ds.edge_attr).to(device)
         y = ds.y[sub.node_idx[mask]].to(device)
         return Batch((x, edge_index, edge_attr), mask.to(device), y, int(self.entries[sub.node_idx].sum()))
 

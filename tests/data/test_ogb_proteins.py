@@ -44,6 +44,7 @@ def test_arxiv_products(tmp_path, name, dim, classes):
     ds = load_ogbn(name, str(tmp_path))
     assert ds.x.shape == (30, dim) and ds.y.shape == (30, 1) and ds.num_classes == classes
     assert ds.task == "multiclass" and ds.edge_attr is None
+    assert ds.x.is_contiguous()  # OGB's are column-major: rows gathered per part, or none at all
 
 
 @pytest.mark.parametrize("name", sorted(OGBN_SPECS))
