@@ -11,6 +11,8 @@ imported inside the functions, so a benchmark's ``--help`` stays fast.
 * Child processes: every measured row can run in a fresh interpreter, so that peak RSS, allocator and
   OpenMP settings belong to that row alone. :func:`child_env` prepares its environment,
   :func:`run_child` runs it and returns the JSON lines it printed (the last one is the row).
+* Memory: :func:`alive_at_peak` lists what is allocated at the peak of a call, by the operator
+  and the revgnn functions that allocated it.
 * Tables: :func:`markdown_table`.
 """
 
@@ -24,6 +26,7 @@ import time
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 __all__ = [
+    "alive_at_peak",
     "destination_sorted_graph",
     "proteins_subgraph",
     "graph_size",
@@ -219,3 +222,59 @@ def write_report(report: str, out: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(report)
     print(f"written to {path}")
+
+
+def alive_at_peak(fn: Callable[[], object], min_bytes: int = 0) -> Tuple[int, List[Tuple[int, int, str]]]:
+    """Runs ``fn()`` under :mod:`torch.profiler` (allocation events, Python stacks) and returns the
+    peak of the bytes allocated above the start and what was alive then: ``(bytes, count,
+    where)`` per place of allocation, largest first, ``where`` being the operator and the three
+    innermost revgnn functions (or autograd's entry) above it; allocations under ``min_bytes``
+    are summed as ``"smaller allocations"``. Deterministic for a given computation, as
+    :class:`revgnn.utils.memory.LargestAllocation` is (which reads the same events), and slow:
+    for a scaled-down graph."""
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, with_stack=True) as prof:
+        fn()
+    allocations = []
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        event = stack.pop()
+        if event.typed[0] == _EventType.Allocation:
+            allocations.append(event)
+        stack.extend(event.children)
+    allocations.sort(key=lambda e: e.start_time_ns)
+    live: Dict[int, object] = {}
+    current = peak = 0
+    at_peak: Dict[int, object] = {}
+    for event in allocations:
+        fields = event.extra_fields
+        if fields.alloc_size > 0:
+            live[fields.ptr] = event
+        else:
+            live.pop(fields.ptr, None)
+        current += fields.alloc_size
+        if current > peak:
+            peak, at_peak = current, dict(live)
+    groups: Dict[str, List[int]] = {}
+    for event in at_peak.values():
+        size = event.extra_fields.alloc_size
+        where = _allocated_where(event, _EventType) if size >= min_bytes else "smaller allocations"
+        entry = groups.setdefault(where, [0, 0])
+        entry[0] += size
+        entry[1] += 1
+    rows = sorted(((b, c, w) for w, (b, c) in groups.items()), reverse=True)
+    return peak, rows
+
+
+def _allocated_where(event, event_type) -> str:
+    op, frames, parent = None, [], event.parent
+    while parent is not None and len(frames) < 3:
+        name = parent.name
+        if op is None and parent.typed[0] == event_type.TorchOp:
+            op = name
+        if parent.typed[0] == event_type.PyCall and ("revgnn/" in name or "torch/autograd/__init__" in name):
+            frames.append(name.split("revgnn/")[-1])
+        parent = parent.parent
+    return f"{op} @ {' < '.join(frames)}"

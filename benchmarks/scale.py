@@ -40,6 +40,10 @@ hidden by random ids (:func:`geometric_edges`), which RCM recovers.
     python -m benchmarks.scale --sweep 0.1M,0.4M,1.6M,6.4M,25.6M,124M --generator geometric \
         --node-order none,rcm --recipes gen_max --modes train --layers 8 --hidden 64
 
+``--composition`` profiles the timed call (:func:`benchmarks.common.alive_at_peak`) and lists, per row,
+what is alive at its peak in node states, by the operator and revgnn functions that allocated it:
+where a step's memory goes, on a scaled-down graph (``--graph products/40``).
+
 The table goes to ``bench_out/scale.md`` (``--out``) and each row to stdout as JSON.
 """
 
@@ -54,7 +58,7 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
-from benchmarks.common import ChildFailed, child_env, graph_size, markdown_table, run_child
+from benchmarks.common import ChildFailed, alive_at_peak, child_env, graph_size, markdown_table, run_child
 
 #: name -> (nodes, edges, node input, edge features, outputs, multi-label, default hidden channels)
 SIZES: Dict[str, tuple] = {
@@ -104,10 +108,17 @@ def _high_water_mark() -> int:
 
 
 def shape_of(graph: str):
-    """``(nodes, edges, in, edge_dim, out, multilabel, hidden)`` of a named size or ``NODES:EDGES``
-    (a small proteins-like graph)."""
+    """``(nodes, edges, in, edge_dim, out, multilabel, hidden)`` of a named size, a named size scaled
+    down (``products/40``: its features and channels, 1/40 of its nodes and edges) or
+    ``NODES:EDGES`` (a small proteins-like graph)."""
     if graph in SIZES:
         return SIZES[graph]
+    name, _, divisor = graph.partition("/")
+    if name in SIZES and divisor:  # products/40: the named graph's features, 1/40 of its nodes and edges
+        if not divisor.isdigit() or int(divisor) < 1:
+            raise ValueError(f"{graph!r}: a named size over a positive integer, e.g. {name}/40")
+        nodes, edges, *rest = SIZES[name]
+        return (max(1, nodes // int(divisor)), max(1, edges // int(divisor)), *rest)
     nodes, edges = graph_size(graph, {k: v[:2] for k, v in SIZES.items()})
     return (nodes, edges, 16, 8, 112, True, 32)
 
@@ -267,10 +278,20 @@ def child(args) -> dict:
         times = []
         for _ in range(args.repeat):
             start = time.perf_counter()
-            call()
+            if args.composition:
+                peak, at_peak = alive_at_peak(call, min_bytes=nodes * hidden)  # >= 1/4 node state
+            else:
+                call()
             times.append(time.perf_counter() - start)
         seconds = statistics.median(times)
         layers = args.layers
+    composition = {}
+    if args.composition and args.mode != "pyg":
+        state = nodes * hidden * 4  # one [N, hidden] float32 node state
+        composition = {
+            "peak_above_start_node_states": peak / state,
+            "at_peak_node_states": [[b / state, c, where] for b, c, where in at_peak],
+        }
     return {
         "graph": args.graph,
         "generator": args.generator,
@@ -288,6 +309,7 @@ def child(args) -> dict:
         "graph_rss_gb": graph_rss / 1e9,
         "step_peak_rss_gb": _high_water_mark() / 1e9 if resettable else None,
         "peak_rss_gb": _peak_bytes() / 1e9,
+        **composition,
     }
 
 
@@ -412,6 +434,23 @@ def sweep_table(results: List[dict]) -> List[str]:
     return out
 
 
+def composition_lines(results: List[dict]) -> List[str]:
+    """``--composition``: per row, the peak above the call's start and what was alive then, in node
+    states (``[N, hidden]`` float32), by the operator and revgnn functions that allocated it."""
+    out = []
+    for r in results:
+        if "at_peak_node_states" not in r:
+            continue
+        out += [
+            "",
+            f"{_recipe_label(r)} {r['mode']}: {r['peak_above_start_node_states']:.2f} node states "
+            "above the call's start at its peak:",
+            "",
+        ]
+        out += [f"- {units:.2f} ({count}x) {where}" for units, count, where in r["at_peak_node_states"]]
+    return out
+
+
 def _count(text: str) -> int:
     """``124M``, ``0.1M``, ``500k`` or ``2000000``: an edge count."""
     scale = {"k": 1e3, "m": 1e6, "g": 1e9}.get(text[-1:].lower(), 1)
@@ -422,7 +461,11 @@ def parse(argv=None):
     from revgnn.data.ordering import NODE_ORDERS
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--graph", default="proteins", help="proteins, products, or NODES:EDGES")
+    p.add_argument(
+        "--graph",
+        default="proteins",
+        help="proteins, products, one scaled down (products/40), or NODES:EDGES",
+    )
     p.add_argument(
         "--sweep",
         default="",
@@ -447,6 +490,12 @@ def parse(argv=None):
     p.add_argument("--layers", default="2", help="comma-separated depths (default: 2)")
     p.add_argument("--hidden", type=int, default=0, help="hidden channels (default: the size's recipe)")
     p.add_argument("--pyg", action="store_true", help="add one layer of PyG's own conv per recipe")
+    p.add_argument(
+        "--composition",
+        action="store_true",
+        help="profile the timed call's allocations and list what is alive at its peak, in node "
+        "states [N, hidden] float32 (slow, seconds not comparable: for a scaled-down --graph)",
+    )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--warmup", type=int, default=1, help="untimed calls before the timed one (default: 1)")
     p.add_argument("--repeat", type=int, default=1, help="timed calls, their median reported (default: 1)")
@@ -507,7 +556,7 @@ def main(argv=None) -> List[dict]:
         cmd += ["--generator", args.generator, "--node-order", row["node_order"]]
         cmd += ["--hidden", str(args.hidden), "--threads", str(args.threads)]
         cmd += ["--memory-limit-gb", str(args.memory_limit_gb), "--warmup", str(args.warmup)]
-        cmd += ["--repeat", str(args.repeat)]
+        cmd += ["--repeat", str(args.repeat)] + (["--composition"] if args.composition else [])
         try:
             result = run_child(cmd, env=child_env(), timeout=args.timeout)[-1]
         except ChildFailed as err:
@@ -527,6 +576,8 @@ def main(argv=None) -> List[dict]:
         nodes, edges = shape_of(args.graph)[:2]
         head = f"Graph {args.graph} ({args.generator}): {nodes:,} nodes, {edges:,} edges; "
         head += f"{args.threads} threads.\n\n"
+    if args.composition:
+        lines += composition_lines(results)
     out.write_text(head + "\n".join(lines) + "\n")
     print("\n".join(lines))
     return results

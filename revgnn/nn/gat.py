@@ -35,7 +35,7 @@ from torch import Tensor
 
 from revgnn.nn import ops
 from revgnn.nn.edge_features import LinearEdgeFeatures
-from revgnn.nn.graph_input import SortedEdges, csc, pyg_edge_index, sort_edges, source_order
+from revgnn.nn.graph_input import SortedEdges, backward_source_order, csc, pyg_edge_index, sort_edges
 from revgnn.utils.functional import transforms_active
 
 __all__ = ["draw_seed", "edge_logit_term", "gat_conv", "fused_applies", "self_loop_term"]
@@ -117,7 +117,7 @@ def gat_conv(conv, x: Tensor, edge_index, edge_attr: EdgeFeatures = None) -> Ten
     raw, weight, bias = edge_logit_term(conv, edge_attr, heads, out)
     graph, raw = sort_edges(edge_index, raw, n)
     src, dst, ptr, raw = csc(graph, raw, n)
-    rowptr, col, perm = source_order(graph, n)
+    rowptr, col, perm = backward_source_order(graph, n)
     src, ptr = src.long().contiguous(), ptr.long().contiguous()
     if raw is not None:
         raw, weight = raw.to(xp.dtype).contiguous(), weight.to(xp.dtype).contiguous()

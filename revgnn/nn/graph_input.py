@@ -29,6 +29,7 @@ from revgnn.utils.functional import transforms_active
 __all__ = [
     "Segments",
     "SortedEdges",
+    "backward_source_order",
     "check_features",
     "check_graph",
     "csc",
@@ -310,7 +311,8 @@ def csc(
 class Segments(NamedTuple):
     """A graph's edges in both orders, as int64 tensors for the aggregation operators
     (``torch.ops.revgnn.aggregate``): destination order for the forward pass, source order (E int64s
-    each, no channels) for the backward pass's reduction to the sources."""
+    each, no channels) for the backward pass's reduction to the sources (empty where no backward
+    pass can follow: :func:`backward_source_order`)."""
 
     src: Tensor  #: ``[E]`` the source of each edge, in destination order
     dst: Tensor  #: ``[E]`` the destination of each edge, in destination order
@@ -322,16 +324,30 @@ class Segments(NamedTuple):
 
 def segments(edge_index, num_nodes: int) -> Segments:
     """The :class:`Segments` of a tensor graph (any form :func:`sort_edges` takes): its destination
-    order and :func:`source_order` (stable, so sums taken in it do not depend on the thread count;
-    computed once per ``EdgeIndex`` and kept with it, sorted inside the graph when traced)."""
+    order and :func:`backward_source_order` (stable, so sums taken in it do not depend on the
+    thread count; computed once per ``EdgeIndex`` and kept with it, sorted inside the graph when
+    traced; empty where no backward pass can follow)."""
     edge_index, _ = sort_edges(edge_index, None, num_nodes)
     if isinstance(edge_index, SortedEdges):
         (src, dst), ptr = edge_index.edge_index, edge_index.ptr
     else:
         (ptr, _), _ = edge_index.get_csc()
         src, dst = edge_index.as_tensor()
-    sptr, sdst, sperm = source_order(edge_index, num_nodes)
+    sptr, sdst, sperm = backward_source_order(edge_index, num_nodes)
     return Segments(*(t.long().contiguous() for t in (src, dst, ptr, sptr, sdst, sperm)))
+
+
+def backward_source_order(edge_index, num_nodes: int) -> Tuple[Tensor, Tensor, Tensor]:
+    """:func:`source_order` where a backward pass may follow (grad mode on), else three empty int64
+    tensors in its place, which no operator's forward reads: inference under ``no_grad``, and a
+    reversible block's forward (its backward recomputes with grad mode on, and builds the order
+    then), never build it. Two ``[E]`` int64 arrays and a stable sort of ``E`` ids, about twice a
+    ``[N, C]`` node state's bytes at ogbn-products' size."""
+    if torch.is_grad_enabled():
+        return source_order(edge_index, num_nodes)
+    plain = edge_index.edge_index if isinstance(edge_index, SortedEdges) else edge_index
+    empty = torch.empty(0, dtype=torch.long, device=plain.device)
+    return empty, empty, empty
 
 
 def source_order(edge_index, num_nodes: int) -> Tuple[Tensor, Tensor, Tensor]:

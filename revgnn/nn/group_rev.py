@@ -19,6 +19,10 @@ GroupArgs = List[Tuple[Tuple[Any, ...], Dict[str, Any]]]
 GROUP_INIT = ("independent", "copy")
 
 
+def _shares_storage(a: Tensor, b: Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
 def reset_recursively(module: nn.Module) -> None:
     """Calls ``module.reset_parameters()`` where it exists; otherwise recurses into the children, so
     an ``nn.Sequential`` of ``nn.Linear`` layers is re-initialised layer by layer. Parameters and
@@ -367,6 +371,8 @@ class GroupAddRev(InvertibleModule):
                 grads = torch.autograd.grad(out, [inp, *targets], gs[i], allow_unused=True)
             for j, g in enumerate(grads[1:]):
                 if g is not None:
+                    if acc[j] is None and grad_x is grad_y and _shares_storage(g, grad_y):
+                        g = g.clone()  # f passed grad_y through to an argument: grad_y is rewritten
                     acc[j] = g if acc[j] is None else acc[j] + g
             return out.detach(), grads[0]
 
@@ -382,7 +388,10 @@ class GroupAddRev(InvertibleModule):
         else:
             x = torch.empty_like(y)
         xs = x.chunk(C, dim=dim)
-        grad_x = torch.empty_like(grad_y)
+        # Likewise the input's gradient is written in grad_y's storage where autograd alone holds
+        # it (gradient_is_scratch): group i - 1 of grad_x is grad_y's group i - 1 plus f_i's input
+        # gradient, an update in place, and each f_i reads its group of grad_y before that.
+        grad_x = grad_y if self.gradient_is_scratch else torch.empty_like(grad_y)
         gxs = grad_x.chunk(C, dim=dim)
         for i in range(C - 1, 0, -1):
             out, g_in = step(i, ys[i - 1].detach().requires_grad_())

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -331,6 +332,7 @@ class InvertibleFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_y: Tensor):  # type: ignore[override]
+        holders = _holders(grad_y)  # first, as _Probe counts them (_gradient_is_scratch)
         call: _Call = ctx.call
         if torch.is_grad_enabled():
             # autograd runs a backward with grad mode on only for create_graph=True. The input is
@@ -370,7 +372,12 @@ class InvertibleFunction(torch.autograd.Function):
         # A consumer's reconstruction that nothing else holds, or an output marked internal, on
         # its last use: the block may rebuild its input in it (InvertibleModule.output_is_scratch).
         scratch = (call.out_slot.consumed or call.out_slot.internal) and last_pass
-        with autocast_as(ctx.autocast), bound_to(call.block, call.state), call.block.scratch_output(scratch):
+        grad_scratch = _gradient_is_scratch(call.out_slot, grad_y, holders)
+        with (
+            autocast_as(ctx.autocast),
+            bound_to(call.block, call.state),
+            call.block.scratch_output(scratch, grad_scratch),
+        ):
             x, grad_x, arg_grads, param_grads = call.block._inverse_backward(
                 y,
                 grad_y,
@@ -394,6 +401,74 @@ class InvertibleFunction(torch.autograd.Function):
         return (None, grad_x if needs[0] else None, *out_arg_grads, *out_param_grads)
 
 
+def _holders(grad: Tensor) -> Tuple[int, int, int]:
+    """The Python references to ``grad``, the C++ references to its tensor and to its storage,
+    counted as a custom Function's ``backward`` begins (its argument, as autograd passed it)."""
+    return (
+        sys.getrefcount(grad),
+        grad._use_count(),
+        torch._C._storage_Use_Count(grad.untyped_storage()._cdata),
+    )
+
+
+class _Probe(torch.autograd.Function):
+    """Counts :func:`_holders` of a gradient that only autograd holds: the output gradient of a
+    function whose consumer returned a fresh tensor."""
+
+    holders: Tuple[int, int, int] = (0, 0, 0)
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:  # type: ignore[override]
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        _Probe.holders = _holders(grad)
+        return None
+
+
+class _Fresh(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:  # type: ignore[override]
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        return grad.clone()
+
+
+_SOLE_HOLDERS: Optional[Tuple[int, int, int]] = None
+
+
+def _sole_holders() -> Tuple[int, int, int]:
+    """:func:`_holders` of a gradient nothing but autograd holds, measured once (it depends on
+    the Python and torch versions, not on the graph)."""
+    global _SOLE_HOLDERS
+    if _SOLE_HOLDERS is None:
+        with torch.inference_mode(False), torch.enable_grad():
+            x = torch.zeros(2, requires_grad=True)
+            _Fresh.apply(_Probe.apply(x)).sum().backward()
+        _SOLE_HOLDERS = _Probe.holders
+    return _SOLE_HOLDERS
+
+
+def _gradient_is_scratch(slot: OutputSlot, grad: Tensor, holders: Tuple[int, int, int]) -> bool:
+    """Whether ``grad``, the gradient autograd passed for ``slot``'s output, is a buffer the block
+    may overwrite: the output is the model's own (consumed by another reversible block, or
+    marked internal), and ``grad`` is contiguous, the whole of its storage, and held by nothing
+    but autograd's call (``holders``, counted as the caller's ``backward`` began, equal to a
+    probe's). A tensor hook that kept it, a second consumer that autograd has not yet passed it
+    to, a ``torch.autograd.grad`` returning it to its caller, or a view of a larger gradient
+    (another view of which another function reads) each make one more holder."""
+    return (
+        (slot.consumed or slot.internal)
+        and grad.is_contiguous()
+        and grad.storage_offset() == 0
+        and grad.untyped_storage().nbytes() == grad.numel() * grad.element_size()
+        and holders == _sole_holders()
+    )
+
+
 # InvertibleFunction's backward hands tensors between blocks through OutputSlots and calls
 # torch.autograd.grad, which torch.compile cannot capture: the reversible call runs eagerly inside a
 # compiled model (one graph break per block), so its backward reconstructs instead of storing.
@@ -409,6 +484,7 @@ def apply_invertible(
 ) -> Tensor:
     """Calls ``block`` (an :class:`InvertibleModule`) through :class:`InvertibleFunction` and
     records its output's :class:`OutputSlot` (:func:`input_slot`)."""
+    _sole_holders()  # measured outside any backward pass, before the first one needs it
     binding = ArgBinding(args, kwargs)
     params = list(block._inverse_params)
     slot = input_slot(x)
@@ -603,6 +679,14 @@ class InvertibleModule(nn.Module, abc.ABC):
             yield
 
     @property
+    def gradient_is_scratch(self) -> bool:
+        """True within :meth:`_inverse_backward` when its ``grad_y`` is a buffer nothing else
+        holds (:func:`_gradient_is_scratch`: the gradient a consuming reversible block returned,
+        passed on by autograd alone): an override may then write the input's gradient in
+        ``grad_y``'s storage instead of a new tensor."""
+        return getattr(self, "_gradient_is_scratch", False)
+
+    @property
     def output_is_scratch(self) -> bool:
         """True within :meth:`_inverse_backward` when its ``y`` is a buffer nothing else reads
         (the tensor a consuming block rebuilt, or an output passed to :func:`mark_internal`, on
@@ -611,14 +695,16 @@ class InvertibleModule(nn.Module, abc.ABC):
         return getattr(self, "_output_is_scratch", False)
 
     @contextlib.contextmanager
-    def scratch_output(self, scratch: bool) -> Iterator[None]:
-        """Within the body, :attr:`output_is_scratch` is ``scratch`` (set by
-        :class:`InvertibleFunction` around :meth:`_inverse_backward`)."""
-        outer, self._output_is_scratch = self.output_is_scratch, scratch
+    def scratch_output(self, scratch: bool, gradient: bool = False) -> Iterator[None]:
+        """Within the body, :attr:`output_is_scratch` is ``scratch`` and
+        :attr:`gradient_is_scratch` is ``gradient`` (set by :class:`InvertibleFunction` around
+        :meth:`_inverse_backward`)."""
+        outer = self.output_is_scratch, self.gradient_is_scratch
+        self._output_is_scratch, self._gradient_is_scratch = scratch, gradient
         try:
             yield
         finally:
-            self._output_is_scratch = outer
+            self._output_is_scratch, self._gradient_is_scratch = outer
 
     @contextlib.contextmanager
     def _scope(self, scope: Optional[_RNGScope]) -> Iterator[None]:

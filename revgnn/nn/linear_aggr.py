@@ -164,7 +164,8 @@ def gcn_edge_weights(graph: Segments, fill_value: float, dtype: torch.dtype):
     weights are PyG's to the last bit."""
     n = graph.ptr.numel() - 1
     loop = graph.src == graph.dst
-    loops = torch.zeros(n, dtype=torch.long, device=graph.src.device).index_add_(0, graph.dst, loop.long())
+    # counted in int32: an E-long int64 copy of the mask would be the largest array of a GCN forward
+    loops = torch.zeros(n, dtype=torch.int32, device=graph.src.device).index_add_(0, graph.dst, loop.int())
     deg = (graph.ptr.diff() - loops).to(dtype) + fill_value
     dinv = deg.pow(-0.5).masked_fill(deg == 0, 0.0)  # deg >= fill_value > 0 but for fill_value 0
     weight = (dinv.index_select(0, graph.src) * dinv.index_select(0, graph.dst)).masked_fill_(loop, 0.0)

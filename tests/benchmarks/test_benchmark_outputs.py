@@ -226,6 +226,26 @@ def test_scale(isolated, capsys):
         bench.main(["--graph", "200:4000", "--recipes", "sag"])
 
 
+@pytest.mark.slow  # starts a child process
+def test_scale_composition(isolated, capsys):
+    """``--composition`` on products scaled down: what is alive at the step's peak adds up to the
+    peak, in node states, each place named by its operator; a bad divisor is refused."""
+    from benchmarks import scale as bench
+
+    (row,) = bench.main(
+        ["--graph", "products/4000", "--recipes", "gcn", "--modes", "train", "--composition"]
+        + ["--warmup", "0", "--out", "out/c.md"]
+    )
+    capsys.readouterr()
+    assert (row["nodes"], row["edges"], row["hidden"]) == (612, 30929, 160)
+    parts = row["at_peak_node_states"]
+    assert parts and all("@" in where or where == "smaller allocations" for _, _, where in parts)
+    assert abs(sum(units for units, _, _ in parts) - row["peak_above_start_node_states"]) < 1e-9
+    assert "node states above the call's start" in (isolated / "out" / "c.md").read_text()
+    with pytest.raises(SystemExit):
+        bench.main(["--graph", "products/0"])
+
+
 def test_scale_geometric_graph_hides_a_locality_the_node_order_finds():
     """``--generator geometric``: shuffled ids put an edge's endpoints anywhere (bandwidth ~N); the RCM
     order ``--node-order rcm`` applies (as ``data.node_order`` does) brings them within a few lattice

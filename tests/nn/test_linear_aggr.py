@@ -364,3 +364,31 @@ def test_gcn_conv_equals_pyg_improved_too(improved):
     ref = conv(x, ei)
     out = linear_aggr.gcn_conv(conv, x, ei)
     assert ((out - ref).abs().max() / ref.abs().max()).item() <= 1e-12
+
+
+@pytest.mark.parametrize(
+    "conv, options",
+    [("sage", {"aggr": "mean"}), ("sage", {"aggr": "max"}), ("gcn", {}), ("gin", {})]
+    + [("gat", {"heads": 2}), ("gen", {"aggr": "mean"}), ("gen", {"aggr": "softmax", "learn_t": True})],
+)
+def test_source_order_built_only_for_a_backward(conv, options):
+    """The edges' source order (two E-long int64 arrays and their sort) is built where a backward
+    pass may follow only: a model's inference under no_grad allocates nothing E-long of 8 bytes
+    (the destination-sorted graph is the caller's), and a training step builds it once, kept with
+    the graph, as the reversible backward recomputes with grad."""
+    from revgnn.models import RevGNN
+    from revgnn.nn.graph_input import _SOURCE_ORDERS
+
+    torch.manual_seed(0)
+    ei = big_graph()
+    ei.get_csc()
+    model = RevGNN(8, 2 * C, 3, 2, conv=conv, dropout=0.1, **options)
+    x = torch.randn(N, 8)
+    model.eval()
+    with torch.no_grad(), LargestAllocation() as largest:
+        model(x, ei)
+    assert ei not in _SOURCE_ORDERS
+    assert largest.bytes < E * 8, largest.bytes
+    model.train()
+    model(x, ei).sum().backward()
+    assert ei in _SOURCE_ORDERS
