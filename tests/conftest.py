@@ -89,6 +89,32 @@ def rel_err(a: torch.Tensor, b: torch.Tensor, floor: float = 1e-30) -> float:
     return ((a - b).abs().max() / b.abs().max().clamp_min(floor)).item()
 
 
+def adjacency_forms(edge_index, n):
+    """Every form of the same graph a block accepts, in PyG's ``adj_t`` convention for the sparse ones
+    (duplicate edges dropped: a sparse tensor would sum them), with the plain ``[2, E]`` edge list."""
+    from torch_geometric import EdgeIndex
+
+    edge_index = torch.unique(edge_index, dim=1).contiguous()
+    ones = torch.ones(edge_index.size(1), dtype=torch.float64)
+    coo = torch.sparse_coo_tensor(edge_index.flip(0), ones, (n, n)).coalesce()
+    forms = {
+        "edge_index": edge_index,
+        "EdgeIndex": EdgeIndex(edge_index, sparse_size=(n, n)),
+        "EdgeIndex_sorted": EdgeIndex(edge_index, sparse_size=(n, n)).sort_by("col")[0],
+        "EdgeIndex_csc": EdgeIndex(edge_index, sparse_size=(n, n)).sort_by("col")[0],
+        "sparse_coo": coo,
+        "sparse_csr": coo.to_sparse_csr(),
+    }
+    forms["EdgeIndex_csc"].get_csc()  # its pointer filled: taken as it is, not sorted again
+    try:
+        from torch_sparse import SparseTensor
+
+        forms["SparseTensor"] = SparseTensor.from_edge_index(edge_index, sparse_sizes=(n, n)).t()
+    except ImportError:
+        pass
+    return edge_index, forms
+
+
 class CLIRun(subprocess.CompletedProcess):
     """A finished command: ``returncode``, ``stdout``, ``stderr``, and ``output``."""
 

@@ -41,11 +41,25 @@ __all__ = [
     "tracing",
 ]
 
-#: Sorted graphs already checked, by identity: ``EdgeIndex -> (num_nodes, version)``. Weak, so a graph
-#: dropped by its owner leaves; not an attribute on the tensor, which ``torch.save`` would pickle.
+#: Sorted graphs already checked, by identity: ``EdgeIndex -> (num_nodes, versions)``
+#: (:func:`_versions`). Weak, so a graph dropped by its owner leaves; not an attribute on the tensor,
+#: which ``torch.save`` would pickle.
 _CHECKED: WeakIdKeyDictionary = WeakIdKeyDictionary()
-#: Each sorted graph's :func:`source_order`, by identity (weak, and not pickled with the graph).
+#: Each sorted graph's :func:`source_order` with its :func:`_versions`, by identity (weak, and not
+#: pickled with the graph).
 _SOURCE_ORDERS: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def _versions(edge_index: Tensor) -> Optional[Tuple[int, ...]]:
+    """The version counters of a graph tensor's ids, which every in-place write bumps: an
+    ``EdgeIndex``'s own (a write through the ``EdgeIndex``) and its data's (a write through
+    ``as_tensor()``, or through the tensor it was built from, which it shares). ``None`` for an
+    inference tensor (made under ``torch.inference_mode``, which counts no versions): the caches
+    above then never hit, so such a graph is checked again wherever it is read."""
+    parts = (edge_index, edge_index.as_tensor()) if isinstance(edge_index, EdgeIndex) else (edge_index,)
+    if any(t.is_inference() for t in parts):
+        return None
+    return tuple(t._version for t in parts)
 
 
 def check_graph(edge_index: Tensor, edge_attr: Any, num_nodes: int) -> None:
@@ -243,16 +257,23 @@ def _check_once(edge_index: Tensor, edge_attr: Any, num_nodes: int) -> None:
                 f"edge_index is an EdgeIndex of sparse_size {tuple(sizes)} but the graph has {num_nodes} "
                 f"nodes (x.size(0)); build it with sparse_size=({num_nodes}, {num_nodes})"
             )
-        if _CHECKED.get(edge_index) == (num_nodes, edge_index._version):
+        versions = _versions(edge_index)
+        if versions is not None and _CHECKED.get(edge_index) == (num_nodes, versions):
             _check_rows(edge_index.size(1), edge_attr)
             return
     check_graph(edge_index, edge_attr, num_nodes)
     if isinstance(edge_index, EdgeIndex):
-        _CHECKED[edge_index] = (num_nodes, edge_index._version)
+        _CHECKED[edge_index] = (num_nodes, _versions(edge_index))
 
 
 @torch.compiler.disable
 def _sorted(edge_index: Tensor, edge_attr: Optional[Tensor], num_nodes: int):
+    if torch.is_inference_mode_enabled():
+        # the graph built here (sorted, or from a sparse adj_t) would be an inference tensor, which
+        # counts no versions (_versions): built as a normal one, the layers find it checked, as they
+        # do under no_grad, rather than check it again in every layer or solver iteration
+        with torch.inference_mode(False), torch.no_grad():
+            return _sorted(edge_index, edge_attr, num_nodes)
     if edge_index.layout != torch.strided:
         edge_index = sparse_to_edge_index(edge_index, num_nodes)
     _check_once(edge_index, edge_attr, num_nodes)
@@ -263,7 +284,7 @@ def _sorted(edge_index: Tensor, edge_attr: Optional[Tensor], num_nodes: int):
         if edge_attr is not None and perm is not None:
             edge_attr = edge_attr.index_select(0, perm)
     edge_index.get_csc()  # filled once here, not lazily in every layer
-    _CHECKED[edge_index] = (num_nodes, edge_index._version)  # checked above: its layers need not again
+    _CHECKED[edge_index] = (num_nodes, _versions(edge_index))  # checked above: its layers need not again
     return edge_index, edge_attr
 
 
@@ -287,11 +308,22 @@ def pyg_edge_index(edge_index):
     pytest's log capture): AOTAutograd's trace log prints the graph's metadata, ``EdgeIndex.__repr__``
     reads the fake tensor's values, the compile fails and dynamo, falling back frame by frame, breaks
     inside ``Index.__new__`` ("'Index' object has no attribute '_data'"). On the plain tensor PyG takes
-    its scatter path, which all three trace."""
+    its scatter path, which all three trace.
+
+    Under ``torch.inference_mode`` an ``EdgeIndex`` made outside it (a user's, or the one
+    :func:`sort_edges` builds) cannot be indexed ("Cannot set version_counter for inference
+    tensor", torch 2.13, PyG 2.8.1): PyG receives an alias made inside it, which shares the ids and
+    the CSC pointer (no copy)."""
     if isinstance(edge_index, SortedEdges):
         return edge_index.edge_index
     if isinstance(edge_index, EdgeIndex) and tracing():
         return edge_index.as_tensor()
+    if (
+        isinstance(edge_index, EdgeIndex)
+        and torch.is_inference_mode_enabled()
+        and not edge_index.is_inference()
+    ):
+        return edge_index._shallow_copy()
     return edge_index
 
 
@@ -363,10 +395,11 @@ def source_order(edge_index, num_nodes: int) -> Tuple[Tensor, Tensor, Tensor]:
         return _source_order(edge_index.edge_index, num_nodes)
     if not isinstance(edge_index, EdgeIndex) or not edge_index.is_sorted_by_col:
         raise TypeError(f"source_order takes the graph sort_edges returns, got {type(edge_index).__name__}")
+    versions = _versions(edge_index)
     cached = _SOURCE_ORDERS.get(edge_index)
-    if cached is None:
-        cached = _SOURCE_ORDERS[edge_index] = _source_order(edge_index.as_tensor(), num_nodes)
-    return cached
+    if versions is None or cached is None or cached[0] != versions:
+        cached = _SOURCE_ORDERS[edge_index] = versions, _source_order(edge_index.as_tensor(), num_nodes)
+    return cached[1]
 
 
 def _source_order(edge_index: Tensor, num_nodes: int) -> Tuple[Tensor, Tensor, Tensor]:

@@ -12,9 +12,8 @@ import io
 import pytest
 import torch
 import torch_geometric.nn as pyg
-from conftest import rel_err
+from conftest import adjacency_forms, rel_err
 from torch import nn
-from torch_geometric import EdgeIndex
 from torch_geometric.nn import GraphConv, SAGEConv
 
 from revgnn.nn import GENBlock, GroupAddRev, WeightTied
@@ -233,28 +232,6 @@ def test_the_ways_the_error_names_give_exact_second_derivatives():
 
 
 # ------------------------------------------------------------------------------ adjacency forms
-
-
-def adjacency_forms(edge_index, n):
-    """Every form of the same graph a block accepts, in PyG's ``adj_t`` convention for the sparse ones
-    (duplicate edges dropped: a sparse tensor would sum them)."""
-    edge_index = torch.unique(edge_index, dim=1).contiguous()
-    ones = torch.ones(edge_index.size(1), dtype=torch.float64)
-    coo = torch.sparse_coo_tensor(edge_index.flip(0), ones, (n, n)).coalesce()
-    forms = {
-        "edge_index": edge_index,
-        "EdgeIndex": EdgeIndex(edge_index, sparse_size=(n, n)),
-        "EdgeIndex_sorted": EdgeIndex(edge_index, sparse_size=(n, n)).sort_by("col")[0],
-        "sparse_coo": coo,
-        "sparse_csr": coo.to_sparse_csr(),
-    }
-    try:
-        from torch_sparse import SparseTensor
-
-        forms["SparseTensor"] = SparseTensor.from_edge_index(edge_index, sparse_sizes=(n, n)).t()
-    except ImportError:
-        pass
-    return edge_index, forms
 
 
 @pytest.mark.parametrize(

@@ -72,6 +72,19 @@ def test_a_sorted_edge_index_is_checked_once_and_its_size_must_match(data, monke
     sorted_ei.add_(0)  # modified in place: its version moves on, so it is checked again
     sort_edges(sorted_ei, None, N)
     assert len(calls) == 2
+    # so it is when written through its data, which counts its own version, or through the tensor
+    # it was built from, which it shares: an id out of range is an error, not an out-of-bounds read
+    sorted_ei.as_tensor()[0, 3] = N + 2
+    with pytest.raises(ValueError, match=rf"node id {N + 2} among its sources"):
+        sort_edges(sorted_ei, None, N)
+    ids = sorted_ei.as_tensor().clone()
+    ids[0, 3] = 0
+    users = EdgeIndex(ids, sparse_size=(N, N), sort_order="col")
+    users.get_csc()
+    sort_edges(users, None, N)
+    ids[1, -1] = -1
+    with pytest.raises(ValueError, match=r"node id -1 among its destinations"):
+        sort_edges(users, None, N)
     with pytest.raises(ValueError, match=r"one row per edge"):  # the rows are checked every time
         sort_edges(sorted_ei, torch.randn(E + 1, 8), N)
     with pytest.raises(ValueError, match=r"sparse_size \(50, 50\) but the graph has 40 nodes"):
@@ -81,6 +94,31 @@ def test_a_sorted_edge_index_is_checked_once_and_its_size_must_match(data, monke
     bad = EdgeIndex(with_id(edge_index, 1, N + 5), sparse_size=(N, N)).sort_by("col")[0]
     with pytest.raises(ValueError, match=rf"node id {N + 5} among its destinations"):
         GENBlock(16)(x, bad)
+
+
+@pytest.mark.parametrize("conv, options", [("sage", {}), ("gcn", {}), ("gat", {"heads": 2})])
+def test_a_graph_written_in_place_gets_a_new_source_order(conv, options):
+    """The source order kept with a sorted graph (for the backward pass) is built again after the
+    graph is written in place: the gradients are those of the graph as it is now."""
+    from revgnn.nn import make_block
+
+    g = torch.Generator().manual_seed(0)
+    ids = EdgeIndex(torch.randint(0, N, (2, E), generator=g), sparse_size=(N, N)).sort_by("col")[0]
+    ids = ids.as_tensor().clone()
+    graph = EdgeIndex(ids, sparse_size=(N, N), sort_order="col")
+    graph.get_csc()
+    torch.manual_seed(0)
+    block = make_block(conv, 4, **options).double()
+    x = torch.randn(N, 4, generator=g, dtype=torch.float64, requires_grad=True)
+
+    def grad(edge_index):
+        (out,) = torch.autograd.grad(block(x, edge_index).square().sum(), x)
+        return out
+
+    grad(graph)  # its source order is built and kept
+    ids[0, :5] = ids[0, :5].flip(0)  # other sources, the same destinations: still sorted by them
+    fresh = EdgeIndex(ids.clone(), sparse_size=(N, N), sort_order="col")
+    assert torch.equal(grad(graph), grad(fresh))
 
 
 def test_sparse_adj_t_with_a_broken_pointer_is_an_error(data):
