@@ -11,8 +11,16 @@ from zoo_cases import ZOO, zoo_case
 
 from revgnn.nn import GroupAddRev, WeightTied, conv_spec, graph_input, list_convs, make_block
 
-FORMS = ["edge_index", "EdgeIndex", "EdgeIndex_sorted", "EdgeIndex_csc", "sparse_coo", "sparse_csr"]
-FORMS += ["SparseTensor"]
+#: The keys of ``adjacency_forms`` (SparseTensor where ``torch_sparse`` is installed).
+FORMS = [
+    "edge_index",
+    "EdgeIndex",
+    "EdgeIndex_sorted",
+    "EdgeIndex_csc",
+    "sparse_coo",
+    "sparse_csr",
+    "SparseTensor",
+]
 #: Every registered conv, with each option that takes another code path.
 CONV_CASES = [
     ("gen", {"aggr": "max"}),
@@ -31,8 +39,8 @@ N, C, F_EDGE = 16, 8, 3
 
 
 def run_both(fn):
-    """``fn()`` under ``no_grad`` and under ``inference_mode``, from the same random state (dropout
-    in training mode), each an output or the error it raised."""
+    """``[no_grad's, inference_mode's]`` result of ``fn()``, each from the same random state
+    (dropout in training mode), an output or the error it raised."""
     results = []
     for mode in (torch.no_grad, torch.inference_mode):
         torch.manual_seed(0)
