@@ -424,19 +424,13 @@ def _(grad, x, weight, bias, mean, rstd, mask, mask_scale, need_x, need_w, need_
     )
 
 
-@torch.library.custom_op("revgnn::layer_norm_relu_backward_", mutates_args=("grad",))
-def layer_norm_relu_backward_(
-    grad: Tensor,
-    x: Tensor,
-    weight: Tensor,
-    bias: Tensor,
-    mean: Tensor,
-    rstd: Tensor,
-    mask: Optional[Tensor],
-    mask_scale: float,
-    need_w: bool,
-    need_b: bool,
-) -> Tuple[Tensor, Tensor]:
+@torch.library.custom_op(
+    "revgnn::layer_norm_relu_backward_",
+    mutates_args=("grad",),
+    schema="(Tensor(a!) grad, Tensor x, Tensor weight, Tensor bias, Tensor mean, Tensor rstd, Tensor? mask, "
+    "float mask_scale, bool need_w, bool need_b) -> (Tensor, Tensor)",
+)
+def layer_norm_relu_backward_(grad, x, weight, bias, mean, rstd, mask, mask_scale, need_w, need_b):
     """:func:`layer_norm_relu_backward` writing the gradient for ``x`` into ``grad`` (contiguous,
     shaped and typed like ``x``): ``(grad_weight, grad_bias)``, an empty tensor where not asked for.
     The fused kernels overwrite each row of ``grad`` after reading it, so no third ``[N, C]``
