@@ -84,7 +84,7 @@ def record_launches(tk, dtypes, channels, smoke=False):
                     for flags in (
                         [(True, True, True)] if smoke else [(True, True, True), (False, True, False)]
                     ):
-                        tk.layer_norm_relu_backward(grad, xl, wl, bl, stats, stats, m, 1.0, *flags)
+                        tk.layer_norm_relu_backward(grad, xl, wl, bl, stats, stats, m, 1.0, *flags, False)
                 if dt in (torch.float32, torch.float64):  # the aggregations take no bfloat16
                     weight, perm, count = (
                         torch.randn(e).to(dt),

@@ -226,12 +226,13 @@ std::vector<torch::Tensor> forward(torch::Tensor x, torch::Tensor w, torch::Tens
 std::vector<torch::Tensor> backward(torch::Tensor grad_out, torch::Tensor x, torch::Tensor w,
                                     torch::Tensor b, torch::Tensor mean, torch::Tensor rstd,
                                     c10::optional<torch::Tensor> mask, double mask_scale, bool need_x,
-                                    bool need_w, bool need_b) {
+                                    bool need_w, bool need_b, bool into_grad) {
   check(x, w, b, mask);
   TORCH_CHECK(grad_out.is_contiguous() && grad_out.sizes() == x.sizes(), "layer_norm_relu: bad grad");
   const int64_t N = x.size(0), C = x.size(1);
   const int64_t blocks = (N + ROWS - 1) / ROWS;
-  auto gx = need_x ? torch::empty({N, C}, x.options()) : torch::Tensor();
+  // into_grad: grad_x overwrites grad_out (each row is read into g before its grad_x is written)
+  auto gx = need_x ? (into_grad ? grad_out : torch::empty({N, C}, x.options())) : torch::Tensor();
   auto gw = need_w ? torch::empty({blocks, C}, x.options()) : torch::Tensor();
   auto gb = need_b ? torch::empty({blocks, C}, x.options()) : torch::Tensor();
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "layer_norm_relu_backward", [&] {

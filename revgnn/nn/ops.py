@@ -14,7 +14,9 @@ and autograd see them as single ops.
   :data:`CHUNK_EDGES`, so no :math:`E \times C` tensor exists there either;
 * ``torch.ops.revgnn.layer_norm_relu``: :math:`\mathrm{ReLU}(\mathrm{LayerNorm}(\mathbf{X})) \odot
   \mathbf{M}` with the row means and inverse deviations (:mod:`revgnn.nn.norm_act`);
-  ``torch.ops.revgnn.layer_norm_relu_backward``: its gradients;
+  ``torch.ops.revgnn.layer_norm_relu_backward``: its gradients, and
+  ``torch.ops.revgnn.layer_norm_relu_backward_`` the same writing the gradient for :math:`\mathbf{X}`
+  into the output gradient's buffer (autograd takes it where nothing else holds that gradient);
 * ``torch.ops.revgnn.gen_max_shard``: GEN max over one shard of a SAR graph (no :math:`\epsilon`, with
   tie counts; :mod:`revgnn.distributed.gen_max_sar`); ``torch.ops.revgnn.gen_max_shard_backward``: its
   gradients;
@@ -48,13 +50,15 @@ have only the fused implementations, C++ or Triton (their caller takes PyTorch's
 
 from __future__ import annotations
 
+import functools
 import os
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from revgnn.nn.dispatch import select
+from revgnn.nn.invertible import _Fresh, _holders
 
 __all__ = [
     "gen_aggr",
@@ -406,18 +410,9 @@ def layer_norm_relu_backward(
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """The gradients of :func:`layer_norm_relu`'s ``out`` for ``x``, ``weight``, ``bias`` (an empty
     tensor where not asked for)."""
-    kernel = select("layer_norm_relu", x, weight, bias, _float_mask(mask))
-    if kernel is not None:
-        grads = kernel.backward(grad, x, weight, bias, mean, rstd, mask, mask_scale, need_x, need_w, need_b)
-    else:
-        c = x.size(1)
-        with _in_dtype(x):
-            y = (x - mean.view(-1, 1)) * rstd.view(-1, 1) * weight + bias
-            g = grad * mask_values(mask, mask_scale, x) if mask is not None else grad
-            g = torch.where(y <= 0, 0.0, g)  # NaN passes, as ReLU's backward
-            grads = torch.ops.aten.native_layer_norm_backward(
-                g, x, (c,), mean.view(-1, 1), rstd.view(-1, 1), weight, bias, [need_x, need_w, need_b]
-            )
+    grads = _layer_norm_relu_grads(
+        grad, x, weight, bias, mean, rstd, mask, mask_scale, need_x, need_w, need_b, False
+    )
     return tuple(_or_empty(g if need else None, x) for g, need in zip(grads, (need_x, need_w, need_b)))
 
 
@@ -429,6 +424,53 @@ def _(grad, x, weight, bias, mean, rstd, mask, mask_scale, need_x, need_w, need_
     )
 
 
+@torch.library.custom_op(
+    "revgnn::layer_norm_relu_backward_",
+    mutates_args=("grad",),
+    schema="(Tensor(a!) grad, Tensor x, Tensor weight, Tensor bias, Tensor mean, Tensor rstd, Tensor? mask, "
+    "float mask_scale, bool need_w, bool need_b) -> (Tensor, Tensor)",
+)
+def layer_norm_relu_backward_(grad, x, weight, bias, mean, rstd, mask, mask_scale, need_w, need_b):
+    """:func:`layer_norm_relu_backward` writing the gradient for ``x`` into ``grad`` (contiguous,
+    shaped and typed like ``x``): ``(grad_weight, grad_bias)``, an empty tensor where not asked for.
+    The fused kernels overwrite each row of ``grad`` after reading it, so no third ``[N, C]``
+    tensor exists."""
+    grads = _layer_norm_relu_grads(
+        grad, x, weight, bias, mean, rstd, mask, mask_scale, True, need_w, need_b, True
+    )
+    return tuple(_or_empty(g if need else None, x) for g, need in zip(grads[1:], (need_w, need_b)))
+
+
+@layer_norm_relu_backward_.register_fake
+def _(grad, x, weight, bias, mean, rstd, mask, mask_scale, need_w, need_b):
+    return tuple(
+        x.new_empty(shape) if need else x.new_empty(0)
+        for shape, need in ((weight.shape, need_w), (bias.shape, need_b))
+    )
+
+
+def _layer_norm_relu_grads(
+    grad, x, weight, bias, mean, rstd, mask, mask_scale, need_x, need_w, need_b, into_grad
+):
+    """Both backward operators' gradients (``grad_x`` written into ``grad`` where ``into_grad``)."""
+    kernel = select("layer_norm_relu", x, weight, bias, _float_mask(mask))
+    if kernel is not None:
+        return kernel.backward(
+            grad, x, weight, bias, mean, rstd, mask, mask_scale, need_x, need_w, need_b, into_grad
+        )
+    c = x.size(1)
+    with _in_dtype(x):
+        y = (x - mean.view(-1, 1)) * rstd.view(-1, 1) * weight + bias
+        g = grad * mask_values(mask, mask_scale, x) if mask is not None else grad
+        g = torch.where(y <= 0, 0.0, g)  # NaN passes, as ReLU's backward
+        grads = torch.ops.aten.native_layer_norm_backward(
+            g, x, (c,), mean.view(-1, 1), rstd.view(-1, 1), weight, bias, [need_x, need_w, need_b]
+        )
+    if into_grad:
+        grad.copy_(grads[0])
+    return grads
+
+
 def _layer_norm_relu_setup(ctx, inputs, output):
     x, weight, bias, _, mask, mask_scale = inputs
     _, mean, rstd = output
@@ -437,15 +479,77 @@ def _layer_norm_relu_setup(ctx, inputs, output):
 
 
 def _layer_norm_relu_grad(ctx, grad_out, _grad_mean, _grad_rstd):
+    holders = _holders(grad_out)  # first, as the probe counts them
     x, weight, bias, mean, rstd, mask = ctx.saved_tensors
     need_x, need_w, need_b, _, _, _ = ctx.needs_input_grad
-    gx, gw, gb = layer_norm_relu_backward(
-        grad_out.contiguous(), x, weight, bias, mean, rstd, mask, ctx.mask_scale, need_x, need_w, need_b
-    )
+    if need_x and _is_scratch(grad_out, x, holders):
+        gw, gb = layer_norm_relu_backward_(
+            grad_out, x, weight, bias, mean, rstd, mask, ctx.mask_scale, need_w, need_b
+        )
+        gx = grad_out
+    else:
+        gx, gw, gb = layer_norm_relu_backward(
+            grad_out.contiguous(), x, weight, bias, mean, rstd, mask, ctx.mask_scale, need_x, need_w, need_b
+        )
     return gx if need_x else None, gw if need_w else None, gb if need_b else None, None, None, None
 
 
 layer_norm_relu.register_autograd(_layer_norm_relu_grad, setup_context=_layer_norm_relu_setup)
+
+
+def _is_scratch(grad: Tensor, like: Tensor, holders: Tuple[int, int, int]) -> bool:
+    """Whether ``grad``, the output gradient autograd passed to a custom operator's backward, is a
+    buffer that backward may overwrite with an input gradient shaped like ``like``: contiguous, the
+    whole of its storage, not differentiated again, typed like ``like``, and held by nothing but
+    autograd's call (``holders``, :func:`revgnn.nn.invertible._holders` counted as the backward
+    began, equal to a probe operator's). A tensor hook or ``retain_grad`` that kept it, a
+    ``torch.autograd.grad`` that returns it or was given it as ``grad_outputs``, or a view of a
+    larger gradient each make one more holder."""
+    return (
+        not torch.is_grad_enabled()
+        and not grad.requires_grad
+        and not torch.compiler.is_compiling()
+        and grad.dtype == like.dtype
+        and grad.device == like.device
+        and grad.shape == like.shape
+        and grad.is_contiguous()
+        and grad.storage_offset() == 0
+        and grad.untyped_storage().nbytes() == grad.numel() * grad.element_size()
+        and holders == _sole_holders()
+    )
+
+
+@torch.library.custom_op("revgnn::_holder_probe", mutates_args=())
+def _holder_probe(x: Tensor) -> Tensor:
+    """A copy of ``x`` whose backward records the holders of its output gradient (:func:`_sole_holders`)."""
+    return x.clone()
+
+
+@_holder_probe.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+_PROBED: List[Tuple[int, int, int]] = []
+
+
+def _holder_probe_grad(ctx, grad):
+    _PROBED.append(_holders(grad))
+    return grad
+
+
+_holder_probe.register_autograd(_holder_probe_grad)
+
+
+@functools.lru_cache(maxsize=None)
+def _sole_holders() -> Tuple[int, int, int]:
+    """:func:`revgnn.nn.invertible._holders` of an output gradient that nothing but autograd holds,
+    as a custom operator's registered backward sees it (measured once: it depends on the Python
+    and torch versions, not on the graph)."""
+    with torch.inference_mode(False), torch.enable_grad():
+        x = torch.zeros(2, requires_grad=True)
+        _Fresh.apply(_holder_probe(x)).sum().backward()
+    return _PROBED.pop()
 
 
 # --------------------------------------------------------------------------- SAR shards

@@ -1002,17 +1002,19 @@ def layer_norm_relu_backward(
     need_x: bool,
     need_w: bool,
     need_b: bool,
+    into_grad: bool,
 ):
     """``(grad_x, grad_w, grad_b)``, each :obj:`None` where not needed, as
     ``kernels.load("layer_norm_relu").backward``; grad_w/grad_b summed per fixed block of ``LN_ROWS`` rows,
-    then over the blocks in order."""
+    then over the blocks in order. ``into_grad``: grad_x overwrites ``grad_out`` (each program loads
+    its rows of ``grad_out`` before it stores their grad_x)."""
     _ln_check(x, w, b, mask)
     if not grad_out.is_contiguous() or grad_out.shape != x.shape:
         raise RuntimeError("layer_norm_relu: bad grad")
     N, C = x.shape
     acc, acc_t = _acc(x.dtype)
     blocks = max(1, triton.cdiv(N, LN_ROWS))
-    gx = torch.empty((N, C), dtype=x.dtype, device=x.device) if need_x else None
+    gx = (grad_out if into_grad else torch.empty((N, C), dtype=x.dtype, device=x.device)) if need_x else None
     gw = torch.zeros((blocks, C), dtype=acc_t, device=x.device) if need_w else None
     gb = torch.zeros((blocks, C), dtype=acc_t, device=x.device) if need_b else None
     if N > 0 and (need_x or need_w or need_b):

@@ -208,3 +208,180 @@ def test_saves_less_for_backward_than_three_ops():
     row = 2000 * 4
     assert fused.bytes == x.numel() * 4 + mask.numel() * 4 + 2 * row
     assert plain.bytes - fused.bytes >= x.numel() * 4
+
+
+def _grads_through_scale(x, norm, mask, weight, scratch=True, monkeypatch=None):
+    """``x``'s and the norm's gradients of ``sum(layer_norm_relu(x) * weight)``: the fused op's
+    output gradient is the product's, a fresh tensor only autograd holds."""
+    if not scratch:
+        monkeypatch.setattr(ops, "_is_scratch", lambda *a: False)
+    out = layer_norm_relu(x, norm, mask)
+    grads = torch.autograd.grad((out * weight).sum(), [x, norm.weight, norm.bias])
+    if not scratch:
+        monkeypatch.undo()
+    return out, grads
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("kernels", ["1", "0"])
+@pytest.mark.parametrize("masked", [True, False])
+def test_backward_into_the_output_gradient_is_bitwise_the_same(dtype, kernels, masked, monkeypatch):
+    """The gradient for ``x`` written over a scratch output gradient equals the one written to a
+    new tensor, bit for bit, through the C++ kernel and PyTorch; and the in-place operator ran."""
+    monkeypatch.setenv("REVGNN_KERNELS", kernels)
+    norm = _norm(24, dtype)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(300, 24, generator=g, dtype=dtype, requires_grad=True)
+    weight = torch.randn(300, 24, generator=g, dtype=dtype)
+    mask = (torch.rand(300, 24, generator=g) > 0.3).to(dtype) * 2 if masked else None
+    calls = []
+    inplace = ops._layer_norm_relu_grads
+
+    def counted(*args):
+        calls.append(args[-1])
+        return inplace(*args)
+
+    monkeypatch.setattr(ops, "_layer_norm_relu_grads", counted)
+    out, grads = _grads_through_scale(x, norm, mask, weight)
+    assert calls == [True]
+    out2, plain = _grads_through_scale(x, norm, mask, weight, scratch=False, monkeypatch=monkeypatch)
+    assert calls == [True, False]
+    assert torch.equal(out, out2)
+    for a, b in zip(grads, plain):
+        assert a.dtype == dtype and torch.equal(a, b)
+
+
+def test_backward_writes_no_second_node_state():
+    """Deterministic memory claim (profiler allocation events): the backward of
+    ``sum(layer_norm_relu(x) * w)`` allocates the product's gradient ``[N, C]`` and, with the input
+    gradient written over it, no second ``[N, C]`` tensor."""
+    from revgnn.utils.memory import LargestAllocation
+
+    n, c = 4096, 64
+    norm = _norm(c, torch.float32)
+    x = torch.randn(n, c, requires_grad=True)
+    weight = torch.randn(n, c)
+    state = n * c * 4
+    peaks = []
+    for scratch in (True, False):
+        with pytest.MonkeyPatch.context() as mp:
+            if not scratch:
+                mp.setattr(ops, "_is_scratch", lambda *a: False)
+            loss = (layer_norm_relu(x, norm) * weight).sum()
+            with LargestAllocation() as alloc:
+                torch.autograd.grad(loss, [x, norm.weight, norm.bias])
+            peaks.append(alloc.peak)
+    assert peaks[0] < 1.5 * state <= 2 * state <= peaks[1]
+
+
+def test_backward_leaves_gradients_that_callers_hold_alone():
+    """A hook that keeps the output gradient, ``retain_grad``, ``autograd.grad``'s ``grad_outputs``
+    and a gradient ``autograd.grad`` returns are never overwritten: the gradients equal the
+    unfused three ops', and the held tensors keep their values."""
+    norm = _norm(16, torch.float64)
+    g = torch.Generator().manual_seed(2)
+    x0 = torch.randn(50, 16, generator=g, dtype=torch.float64)
+    weight = torch.randn(50, 16, generator=g, dtype=torch.float64)
+
+    def reference(x):
+        return torch.autograd.grad((_reference(x, norm, None) * weight).sum(), x)[0]
+
+    expect = reference(x0.clone().requires_grad_())
+
+    x = x0.clone().requires_grad_()
+    out = layer_norm_relu(x, norm)
+    kept = []
+    out.register_hook(lambda gr: kept.append(gr))
+    (out * weight).sum().backward()
+    assert torch.equal(kept[0], weight) and torch.allclose(x.grad, expect, rtol=1e-12, atol=0)
+
+    x = x0.clone().requires_grad_()
+    out = layer_norm_relu(x, norm)
+    out.retain_grad()
+    (out * weight).sum().backward()
+    assert torch.equal(out.grad, weight) and torch.allclose(x.grad, expect, rtol=1e-12, atol=0)
+
+    x = x0.clone().requires_grad_()
+    given = weight.clone()
+    (gx,) = torch.autograd.grad(layer_norm_relu(x, norm), x, grad_outputs=given)
+    assert torch.equal(given, weight) and torch.allclose(gx, expect, rtol=1e-12, atol=0)
+
+    x = x0.clone().requires_grad_()
+    out = layer_norm_relu(x, norm)
+    g_out, gx = torch.autograd.grad((out * weight).sum(), [out, x])
+    assert torch.equal(g_out, weight) and torch.allclose(gx, expect, rtol=1e-12, atol=0)
+
+
+def _mlp(dtype, pyg):
+    torch.manual_seed(0)
+    if pyg:
+        seq = GENConv(24, 24, aggr="max", num_layers=2, norm="layer", bias=True).mlp
+    else:
+        seq = nn.Sequential(
+            nn.Linear(24, 48), nn.LayerNorm(48), nn.ReLU(), nn.Dropout(0.0), nn.Linear(48, 24)
+        )
+    seq = seq.to(dtype)
+    with torch.no_grad():
+        seq[1].weight.normal_()
+        seq[1].bias.normal_()
+    return seq
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("kernels", ["1", "0"])
+@pytest.mark.parametrize("pyg", [True, False])
+def test_norm_relu_linear_is_bitwise_the_two_operators(dtype, kernels, pyg, monkeypatch):
+    """GENConv's MLP through :func:`sequential_forward` (LayerNorm-ReLU and the next linear layer
+    as one autograd function) equals ``layer_norm_relu`` then the linear layer, outputs and every
+    gradient bit for bit, for a strided output gradient too."""
+    monkeypatch.setenv("REVGNN_KERNELS", kernels)
+    seq = _mlp(dtype, pyg)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(700, 24, generator=g, dtype=dtype, requires_grad=True)
+    wide = torch.randn(700, 30, generator=g, dtype=dtype)
+    params = [x, *seq.parameters()]
+    for upstream in (wide[:, :24], wide[:, :24].contiguous()):
+        out = sequential_forward(seq, x)
+        assert type(out.grad_fn).__name__ == "_NormReluLinearBackward"
+        grads = torch.autograd.grad(out, params, upstream)
+        ref = seq[4](layer_norm_relu(seq[0](x), seq[1]))
+        expect = torch.autograd.grad(ref, params, upstream)
+        assert torch.equal(out, ref)
+        for a, b in zip(grads, expect):
+            assert torch.equal(a, b)
+    frozen = [p.requires_grad_(False) for p in seq[4].parameters()]  # only some gradients asked for
+    out = sequential_forward(seq, x)
+    ref = seq[4](layer_norm_relu(seq[0](x), seq[1]))
+    for a, b in zip(torch.autograd.grad(out, [x], wide[:, :24]), torch.autograd.grad(ref, [x], wide[:, :24])):
+        assert torch.equal(a, b)
+    assert frozen
+
+
+def test_norm_relu_linear_keeps_one_hidden_state_less():
+    """Deterministic memory claim (profiler allocation events and saved bytes): through
+    :func:`sequential_forward` the MLP keeps the hidden ``[N, 2C]`` input of LayerNorm-ReLU but not
+    its output, and its backward peaks at two ``[N, 2C]`` tensors alive, not three."""
+    from revgnn.utils.memory import LargestAllocation
+
+    seq = _mlp(torch.float32, True)
+    n = 4096
+    x = torch.randn(n, 24, requires_grad=True)
+    upstream = torch.randn(n, 24)
+    hidden = n * 48 * 4
+    params = [x, *seq.parameters()]
+
+    def plain():
+        return seq[4](layer_norm_relu(seq[0](x), seq[1]))
+
+    peaks, saved = [], []
+    for fn in (lambda: sequential_forward(seq, x), plain):
+        with LargestAllocation() as alloc:
+            with SavedTensorBytes() as kept:
+                out = fn()  # [N, C]: half a hidden state
+            torch.autograd.grad(out, params, upstream)
+            del out
+        saved.append(kept.bytes)
+        peaks.append(alloc.peak)
+    assert saved[1] - saved[0] == hidden
+    # the output and two hidden states (plus row statistics) against the output and three
+    assert peaks[0] < 3 * hidden and peaks[1] >= 3.5 * hidden

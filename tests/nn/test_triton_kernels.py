@@ -455,17 +455,23 @@ def test_layer_norm_relu_matches_cpp_and_float64(c, bool_mask):
         close(u, v, 1e-5)
     h64, grads64 = ln_reference(x, w, b, 1e-5, values, grad)
     close(out, h64, 1e-5)
-    mine = tk.layer_norm_relu_backward(grad, x, w, b, mean, rstd, mask, scale, True, True, True)
-    theirs = L.backward(grad, x, w, b, ref[1], ref[2], mask, scale, True, True, True)
+    mine = tk.layer_norm_relu_backward(grad, x, w, b, mean, rstd, mask, scale, True, True, True, False)
+    theirs = L.backward(grad, x, w, b, ref[1], ref[2], mask, scale, True, True, True, False)
     for u, v, r in zip(mine, theirs, grads64):
         close(u, r, 1e-4)
         close(u, v, 1e-4)
-    again = tk.layer_norm_relu_backward(grad, x, w, b, mean, rstd, mask, scale, True, True, True)
+    again = tk.layer_norm_relu_backward(grad, x, w, b, mean, rstd, mask, scale, True, True, True, False)
     for u, v in zip(mine, again):
         bitwise(u, v)
+    for impl, ref_stats in ((tk.layer_norm_relu_backward, (mean, rstd)), (L.backward, ref[1:])):
+        into = grad.clone()  # into_grad: grad_x written over the output gradient, equal bitwise
+        inplace = impl(into, x, w, b, *ref_stats, mask, scale, True, True, True, True)
+        assert inplace[0].data_ptr() == into.data_ptr()
+        for u, v in zip(inplace, mine if impl is not L.backward else theirs):
+            bitwise(u, v)
     for flags in [(True, False, False), (False, True, False), (False, False, True)]:
-        some = tk.layer_norm_relu_backward(grad, x, w, b, mean, rstd, mask, scale, *flags)
-        cpp_some = L.backward(grad, x, w, b, ref[1], ref[2], mask, scale, *flags)
+        some = tk.layer_norm_relu_backward(grad, x, w, b, mean, rstd, mask, scale, *flags, False)
+        cpp_some = L.backward(grad, x, w, b, ref[1], ref[2], mask, scale, *flags, False)
         for u, v, full in zip(some, cpp_some, mine):
             assert (u is None) == (v is None)
             if u is not None:
@@ -486,7 +492,7 @@ def test_layer_norm_relu_dtypes(dtype):
     assert out.dtype == dtype and mean.dtype == (torch.float32 if dtype == torch.bfloat16 else dtype)
     close(out, h64, tol)
     for u, r in zip(
-        tk.layer_norm_relu_backward(grad, x, w, b, mean, rstd, mask, 1.0, True, True, True), grads64
+        tk.layer_norm_relu_backward(grad, x, w, b, mean, rstd, mask, 1.0, True, True, True, False), grads64
     ):
         assert u.dtype == dtype
         close(u, r, tol if dtype == torch.float64 else 6e-2)
@@ -571,11 +577,12 @@ def test_reversible_model_through_the_triton_kernels(monkeypatch):
         return loss.detach(), grads
 
     loss, grads = run(torch.float32, True)
-    # 3 layers x 2 groups: forward, the reversible recomputation, backward
+    # 3 layers x 2 groups: forward, the reversible recomputation, backward (the MLP's LayerNorm-ReLU
+    # once more in it)
     assert calls == {
         "gen_max_forward": 12,
         "gen_max_backward": 6,
-        "layer_norm_relu_forward": 24,
+        "layer_norm_relu_forward": 30,
         "layer_norm_relu_backward": 12,
     }, calls
     loss64, grads64 = run(torch.float64, False)
@@ -674,8 +681,9 @@ def test_training_step_runs_the_triton_kernels(monkeypatch, model_name, aggr):
     # 2 reversible layers of 2 groups: every group op runs in the forward (no grad), again in the
     # backward's recomputation, and its backward once
     L, G = 2, 2
-    # the pre-activation LayerNorm+ReLU and the MLP's, and the aggregation with its backward kernels
-    expected = {"_ln_fwd_kernel": 2 * 2 * L * G, "_ln_bwd_kernel": 2 * L * G}
+    # the pre-activation LayerNorm+ReLU and the MLP's (whose backward recomputes its forward once
+    # more), and the aggregation with its backward kernels
+    expected = {"_ln_fwd_kernel": (2 * 2 + 1) * L * G, "_ln_bwd_kernel": 2 * L * G}
     if aggr == "mean":
         expected.update(
             _gen_aggr_fwd_kernel=2 * L * G, _gen_aggr_src_kernel=L * G, _gen_aggr_dst_kernel=L * G
