@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -51,6 +50,7 @@ from torch import Tensor, nn
 from torch.utils import _pytree as pytree
 from torch.utils.weak import WeakIdKeyDictionary
 
+from revgnn.nn.grad_scratch import holders, sole_holders, whole_storage
 from revgnn.utils.functional import bound_to, module_tensors, transforms_active
 
 #: The :class:`OutputSlot` of each live output of an invertible block, by the output's identity. Not a
@@ -332,7 +332,7 @@ class InvertibleFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_y: Tensor):  # type: ignore[override]
-        holders = _holders(grad_y)  # first, as _Probe counts them (_gradient_is_scratch)
+        held = holders(grad_y)  # first: see revgnn.nn.grad_scratch
         call: _Call = ctx.call
         if torch.is_grad_enabled():
             # autograd runs a backward with grad mode on only for create_graph=True. The input is
@@ -372,7 +372,7 @@ class InvertibleFunction(torch.autograd.Function):
         # A consumer's reconstruction that nothing else holds, or an output marked internal, on
         # its last use: the block may rebuild its input in it (InvertibleModule.output_is_scratch).
         scratch = (call.out_slot.consumed or call.out_slot.internal) and last_pass
-        grad_scratch = _gradient_is_scratch(call.out_slot, grad_y, holders)
+        grad_scratch = _gradient_is_scratch(call.out_slot, grad_y, held)
         with (
             autocast_as(ctx.autocast),
             bound_to(call.block, call.state),
@@ -401,58 +401,7 @@ class InvertibleFunction(torch.autograd.Function):
         return (None, grad_x if needs[0] else None, *out_arg_grads, *out_param_grads)
 
 
-def _holders(grad: Tensor) -> Tuple[int, int, int]:
-    """The Python references to ``grad``, the C++ references to its tensor and to its storage,
-    counted as a custom Function's ``backward`` begins (its argument, as autograd passed it)."""
-    return (
-        sys.getrefcount(grad),
-        grad._use_count(),
-        torch._C._storage_Use_Count(grad.untyped_storage()._cdata),
-    )
-
-
-class _Probe(torch.autograd.Function):
-    """Counts :func:`_holders` of a gradient that only autograd holds: the output gradient of a
-    function whose consumer returned a fresh tensor."""
-
-    holders: Tuple[int, int, int] = (0, 0, 0)
-
-    @staticmethod
-    def forward(ctx, x: Tensor) -> Tensor:  # type: ignore[override]
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):  # type: ignore[override]
-        _Probe.holders = _holders(grad)
-        return None
-
-
-class _Fresh(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: Tensor) -> Tensor:  # type: ignore[override]
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):  # type: ignore[override]
-        return grad.clone()
-
-
-_SOLE_HOLDERS: Optional[Tuple[int, int, int]] = None
-
-
-def _sole_holders() -> Tuple[int, int, int]:
-    """:func:`_holders` of a gradient nothing but autograd holds, measured once (it depends on
-    the Python and torch versions, not on the graph)."""
-    global _SOLE_HOLDERS
-    if _SOLE_HOLDERS is None:
-        with torch.inference_mode(False), torch.enable_grad():
-            x = torch.zeros(2, requires_grad=True)
-            _Fresh.apply(_Probe.apply(x)).sum().backward()
-        _SOLE_HOLDERS = _Probe.holders
-    return _SOLE_HOLDERS
-
-
-def _gradient_is_scratch(slot: OutputSlot, grad: Tensor, holders: Tuple[int, int, int]) -> bool:
+def _gradient_is_scratch(slot: OutputSlot, grad: Tensor, held: Tuple[int, int, int]) -> bool:
     """Whether ``grad``, the gradient autograd passed for ``slot``'s output, is a buffer the block
     may overwrite: the output is the model's own (consumed by another reversible block, or
     marked internal), and ``grad`` is contiguous, the whole of its storage, and held by nothing
@@ -460,13 +409,7 @@ def _gradient_is_scratch(slot: OutputSlot, grad: Tensor, holders: Tuple[int, int
     probe's). A tensor hook that kept it, a second consumer that autograd has not yet passed it
     to, a ``torch.autograd.grad`` returning it to its caller, or a view of a larger gradient
     (another view of which another function reads) each make one more holder."""
-    return (
-        (slot.consumed or slot.internal)
-        and grad.is_contiguous()
-        and grad.storage_offset() == 0
-        and grad.untyped_storage().nbytes() == grad.numel() * grad.element_size()
-        and holders == _sole_holders()
-    )
+    return (slot.consumed or slot.internal) and whole_storage(grad) and held == sole_holders("function")
 
 
 # InvertibleFunction's backward hands tensors between blocks through OutputSlots and calls
@@ -484,7 +427,7 @@ def apply_invertible(
 ) -> Tensor:
     """Calls ``block`` (an :class:`InvertibleModule`) through :class:`InvertibleFunction` and
     records its output's :class:`OutputSlot` (:func:`input_slot`)."""
-    _sole_holders()  # measured outside any backward pass, before the first one needs it
+    sole_holders("function")  # measured outside any backward pass, before the first one needs it
     binding = ArgBinding(args, kwargs)
     params = list(block._inverse_params)
     slot = input_slot(x)

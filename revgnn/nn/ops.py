@@ -50,15 +50,14 @@ have only the fused implementations, C++ or Triton (their caller takes PyTorch's
 
 from __future__ import annotations
 
-import functools
 import os
-from typing import List, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from revgnn.nn.dispatch import select
-from revgnn.nn.invertible import _Fresh, _holders
+from revgnn.nn.grad_scratch import holders, sole_holders, whole_storage
 
 __all__ = [
     "gen_aggr",
@@ -479,10 +478,10 @@ def _layer_norm_relu_setup(ctx, inputs, output):
 
 
 def _layer_norm_relu_grad(ctx, grad_out, _grad_mean, _grad_rstd):
-    holders = _holders(grad_out)  # first, as the probe counts them
+    held = holders(grad_out)  # first: see revgnn.nn.grad_scratch
     x, weight, bias, mean, rstd, mask = ctx.saved_tensors
     need_x, need_w, need_b, _, _, _ = ctx.needs_input_grad
-    if need_x and _is_scratch(grad_out, x, holders):
+    if need_x and _is_scratch(grad_out, x, held):
         gw, gb = layer_norm_relu_backward_(
             grad_out, x, weight, bias, mean, rstd, mask, ctx.mask_scale, need_w, need_b
         )
@@ -497,14 +496,12 @@ def _layer_norm_relu_grad(ctx, grad_out, _grad_mean, _grad_rstd):
 layer_norm_relu.register_autograd(_layer_norm_relu_grad, setup_context=_layer_norm_relu_setup)
 
 
-def _is_scratch(grad: Tensor, like: Tensor, holders: Tuple[int, int, int]) -> bool:
+def _is_scratch(grad: Tensor, like: Tensor, held: Tuple[int, int, int]) -> bool:
     """Whether ``grad``, the output gradient autograd passed to a custom operator's backward, is a
-    buffer that backward may overwrite with an input gradient shaped like ``like``: contiguous, the
-    whole of its storage, not differentiated again, typed like ``like``, and held by nothing but
-    autograd's call (``holders``, :func:`revgnn.nn.invertible._holders` counted as the backward
-    began, equal to a probe operator's). A tensor hook or ``retain_grad`` that kept it, a
-    ``torch.autograd.grad`` that returns it or was given it as ``grad_outputs``, or a view of a
-    larger gradient each make one more holder."""
+    buffer that backward may overwrite with an input gradient shaped like ``like``: not
+    differentiated again, typed like ``like``, the whole of its storage, and held by nothing but
+    autograd's call (``held``, :func:`revgnn.nn.grad_scratch.holders` counted as the backward
+    began, equal to a probe operator's)."""
     return (
         not torch.is_grad_enabled()
         and not grad.requires_grad
@@ -512,44 +509,9 @@ def _is_scratch(grad: Tensor, like: Tensor, holders: Tuple[int, int, int]) -> bo
         and grad.dtype == like.dtype
         and grad.device == like.device
         and grad.shape == like.shape
-        and grad.is_contiguous()
-        and grad.storage_offset() == 0
-        and grad.untyped_storage().nbytes() == grad.numel() * grad.element_size()
-        and holders == _sole_holders()
+        and whole_storage(grad)
+        and held == sole_holders("operator")
     )
-
-
-@torch.library.custom_op("revgnn::_holder_probe", mutates_args=())
-def _holder_probe(x: Tensor) -> Tensor:
-    """A copy of ``x`` whose backward records the holders of its output gradient (:func:`_sole_holders`)."""
-    return x.clone()
-
-
-@_holder_probe.register_fake
-def _(x):
-    return torch.empty_like(x)
-
-
-_PROBED: List[Tuple[int, int, int]] = []
-
-
-def _holder_probe_grad(ctx, grad):
-    _PROBED.append(_holders(grad))
-    return grad
-
-
-_holder_probe.register_autograd(_holder_probe_grad)
-
-
-@functools.lru_cache(maxsize=None)
-def _sole_holders() -> Tuple[int, int, int]:
-    """:func:`revgnn.nn.invertible._holders` of an output gradient that nothing but autograd holds,
-    as a custom operator's registered backward sees it (measured once: it depends on the Python
-    and torch versions, not on the graph)."""
-    with torch.inference_mode(False), torch.enable_grad():
-        x = torch.zeros(2, requires_grad=True)
-        _Fresh.apply(_holder_probe(x)).sum().backward()
-    return _PROBED.pop()
 
 
 # --------------------------------------------------------------------------- SAR shards
