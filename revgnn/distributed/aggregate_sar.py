@@ -28,15 +28,15 @@ shard, never :math:`O(E_q C)`.
   ``torch.ops.revgnn.segment_max_backward`` on the shard with the merged maximum and counts.
   Saved: the local input, the maximum and the counts (:math:`O(N C)`).
 
-Per shard the destination pointer, the sources, the sorting permutation (if the part's edges are
-not sorted by destination) and the source order (pointer, destinations, permutation: :math:`E_q`
-int64s each, no channels) are computed once and cached with the graph, as are the weights in shard
-order per dtype.
+Per shard the destination pointer, the sources and the sorting permutation (if the part's edges are
+not sorted by destination) are computed once and cached with the graph, the source order (pointer,
+destinations, permutation: :math:`E_q` int64s each, no channels) on first use, as are the weights in
+shard order per dtype.
 """
 
 from __future__ import annotations
 
-from typing import Dict, List, NamedTuple, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -60,18 +60,56 @@ __all__ = [
 _KINDS = ("sum", "mean", "max")
 
 
-class Shard(NamedTuple):
-    a: int  # the shard's edges are a:b of the graph's local edges
-    b: int
-    rows: int  # rows fetched from the shard's owner (the block)
-    size: int  # max(rows, local nodes): the square graph the operators see
-    ptr: Tensor  # [size + 1] over destinations (empty beyond the local nodes)
-    src: Tensor  # [E_q] rows of the block, destination order
-    perm: Optional[Tensor]  # destination order -> the graph's edge order (None: already sorted)
-    sptr: Tensor  # [size + 1] over sources
-    sdst: Tensor  # [E_q] destinations in source order
-    sperm: Tensor  # [E_q] each source-ordered edge's position in destination order
-    dst: Tensor  # [E_q] destinations, destination order
+class Shard:
+    """One shard's edges for the operators: the destination order at once, the source order (``sptr``,
+    ``sdst``, ``sperm``: :math:`E_q` int64s each and a sort) on first use and kept, so that a
+    conv whose backward does not read it (GEN sum / mean / softmax on the C++ kernel:
+    :func:`revgnn.nn.dispatch.reads_source_order`) never builds it."""
+
+    def __init__(
+        self,
+        a: int,
+        b: int,
+        rows: int,
+        size: int,
+        ptr: Tensor,
+        src: Tensor,
+        perm: Optional[Tensor],
+        dst: Tensor,
+    ):
+        self.a, self.b = a, b  # the shard's edges are a:b of the graph's local edges
+        self.rows = rows  # rows fetched from the shard's owner (the block)
+        self.size = size  # max(rows, local nodes): the square graph the operators see
+        self.ptr = ptr  # [size + 1] over destinations (empty beyond the local nodes)
+        self.src = src  # [E_q] rows of the block, destination order
+        self.perm = perm  # destination order -> the graph's edge order (None: already sorted)
+        self.dst = dst  # [E_q] destinations, destination order
+        self._source_order: Optional[Tuple[Tensor, Tensor, Tensor]] = None
+
+    def source_order(self) -> Tuple[Tensor, Tensor, Tensor]:
+        """``(sptr [size + 1], sdst [E_q], sperm [E_q])``: the pointer over sources, each edge's
+        destination in source order and its position in destination order (a stable sort)."""
+        if self._source_order is None:
+            sperm = torch.sort(self.src, stable=True).indices
+            sptr = torch.zeros(self.size + 1, dtype=torch.long, device=self.src.device)
+            sptr[1:] = torch.cumsum(torch.bincount(self.src, minlength=self.size), 0)
+            self._source_order = (sptr, self.dst[sperm].contiguous(), sperm)
+        return self._source_order
+
+    @property
+    def sptr(self) -> Tensor:
+        """``[size + 1]`` over sources (:meth:`source_order`)."""
+        return self.source_order()[0]
+
+    @property
+    def sdst(self) -> Tensor:
+        """``[E_q]`` destinations in source order (:meth:`source_order`)."""
+        return self.source_order()[1]
+
+    @property
+    def sperm(self) -> Tensor:
+        """``[E_q]`` each source-ordered edge's position in destination order (:meth:`source_order`)."""
+        return self.source_order()[2]
 
 
 class ShardSegments:
@@ -88,14 +126,7 @@ class ShardSegments:
             size = max(rows, n)
             ptr = torch.zeros(size + 1, dtype=torch.long, device=dst.device)
             ptr[1:] = torch.cumsum(torch.bincount(dst, minlength=size), 0)
-            sperm = torch.sort(src, stable=True).indices
-            sptr = torch.zeros(size + 1, dtype=torch.long, device=dst.device)
-            sptr[1:] = torch.cumsum(torch.bincount(src, minlength=size), 0)
-            src = src.contiguous()
-            dst = dst.contiguous()
-            self.shards.append(
-                Shard(a, b, rows, size, ptr, src, perm, sptr, dst[sperm].contiguous(), sperm, dst)
-            )
+            self.shards.append(Shard(a, b, rows, size, ptr, src.contiguous(), perm, dst.contiguous()))
 
     @staticmethod
     def of(graph: SARGraph) -> "ShardSegments":

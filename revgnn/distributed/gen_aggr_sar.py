@@ -49,14 +49,25 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from revgnn.nn import ops
+from revgnn.nn.dispatch import reads_source_order
 
-from .aggregate_sar import ShardSegments, add_shard_rows, pad_rows, shard_rows
+from .aggregate_sar import Shard, ShardSegments, add_shard_rows, pad_rows, shard_rows
 from .gen_max_sar import gen_edge_term
 from .sar import SOFTMAX_EPS, SARGraph
 
 __all__ = ["sar_gen_aggregate", "SARGENAggr"]
 
 _REDUCES = ("sum", "mean", "softmax")
+
+
+def _source_order(s: Shard, read: bool):
+    """Shard ``s``'s source order where the operator's implementation reads it (only its Triton
+    backward: :func:`revgnn.nn.dispatch.reads_source_order`), else empty placeholders: the shard's
+    source order is built on first use, so a GEN-only model on the C++ kernel never builds it."""
+    if read:
+        return s.source_order()
+    empty = s.ptr.new_empty(0)
+    return empty, empty, empty
 
 
 def _merge_softmax(state, out_q: Tensor, top_q: Tensor, den_q: Tensor):
@@ -101,7 +112,7 @@ class SARGENAggr(torch.autograd.Function):
         for q, block in graph.ring(x, f"SAR GENConv {reduce} forward"):
             s = segs.shards[q]
             out_q, top_q, den_q = ops.gen_aggr(
-                pad_rows(block, s.size), s.ptr, s.src, s.dst, s.sptr, s.sdst, s.sperm,
+                pad_rows(block, s.size), s.ptr, s.src, s.dst, *_source_order(s, False),
                 shard_rows(attr, s), weight_c, bias_c, t_c, eps, shard_reduce,
             )  # fmt: skip
             del block
@@ -154,13 +165,17 @@ class SARGENAggr(torch.autograd.Function):
                 saved = (pad_rows(out, s.size), pad_rows(top, s.size), pad_rows(den, s.size, 1.0))
             else:  # unread by sum's backward, which wants the output's shape: gq stands for them
                 saved = (gq, gq[:0], gq[:0])
+            block, attr_q = pad_rows(block, s.size), shard_rows(attr, s)
+            read = reads_source_order(
+                "gen_aggr", block, attr_q, weight_c, bias_c, t_c, num_edges=s.src.numel()
+            )
             # the fetched rows' gradient is always formed: the owner waits for it
             grad_block, ga, gw, gb, gt = ops.gen_aggr_backward(
-                gq, *saved, pad_rows(block, s.size), s.ptr, s.src, s.dst, s.sptr, s.sdst, s.sperm,
-                shard_rows(attr, s), weight_c, bias_c, t_c, ctx.eps, "softmax" if softmax else "sum",
+                gq, *saved, block, s.ptr, s.src, s.dst, *_source_order(s, read),
+                attr_q, weight_c, bias_c, t_c, ctx.eps, "softmax" if softmax else "sum",
                 True, need_attr, need_w, need_b, need_t,
             )  # fmt: skip
-            del block, gq, saved
+            del block, attr_q, gq, saved
             if need_attr:
                 add_shard_rows(grad_attr, ga, s)
             if need_w:

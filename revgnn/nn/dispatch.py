@@ -44,7 +44,15 @@ from torch import Tensor
 
 from revgnn.utils.registry import Registry
 
-__all__ = ["KERNEL_TABLE", "KernelSpec", "implementation", "kernel_spec", "register_kernel", "select"]
+__all__ = [
+    "KERNEL_TABLE",
+    "KernelSpec",
+    "implementation",
+    "kernel_spec",
+    "reads_source_order",
+    "register_kernel",
+    "select",
+]
 
 _FLOATS = (torch.float32, torch.float64)
 
@@ -62,6 +70,11 @@ class KernelSpec:
         cpp_dtypes (tuple): The dtypes the C++ entry points take.
         triton_dtypes (tuple): The dtypes the Triton entry points take.
         max_edges (int): The C++ kernel's limit on the edge count (its int32 offsets).
+        source_order (tuple): The implementations (``"cpp"``, ``"triton"``, ``"torch"``) whose
+            backward reads the edges' source order (``sptr``, ``sdst``, ``sperm`` of
+            :func:`revgnn.nn.graph_input.segments`); the others take empty placeholders, so a caller
+            builds that order (two ``[E]`` int64 arrays and a sort) only where
+            :func:`reads_source_order` says it is read.
     """
 
     name: str
@@ -70,6 +83,7 @@ class KernelSpec:
     cpp_dtypes: Tuple[torch.dtype, ...] = _FLOATS
     triton_dtypes: Tuple[torch.dtype, ...] = (*_FLOATS, torch.bfloat16)
     max_edges: int = 2**31
+    source_order: Tuple[str, ...] = ()
 
     @property
     def entries(self) -> Tuple[str, ...]:
@@ -95,9 +109,15 @@ def register_kernel(
     cpp_dtypes: Tuple[torch.dtype, ...] = _FLOATS,
     triton_dtypes: Tuple[torch.dtype, ...] = (*_FLOATS, torch.bfloat16),
     max_edges: int = 2**31,
+    source_order: Tuple[str, ...] = (),
 ) -> KernelSpec:
     """Adds operator ``name`` to :data:`KERNEL_TABLE` and returns its :class:`KernelSpec`."""
-    spec = KernelSpec(name, source, dict(triton), tuple(cpp_dtypes), tuple(triton_dtypes), max_edges)
+    unknown = set(source_order) - {"cpp", "triton", "torch"}
+    if unknown:
+        raise ValueError(f"register_kernel({name!r}): source_order names no implementation {sorted(unknown)}")
+    spec = KernelSpec(
+        name, source, dict(triton), tuple(cpp_dtypes), tuple(triton_dtypes), max_edges, tuple(source_order)
+    )
     KERNEL_TABLE.register(name, spec)
     return spec
 
@@ -129,24 +149,28 @@ register_kernel(
     "aggregate",
     {"forward": "aggregate_forward", "backward": "aggregate_backward"},
     triton_dtypes=_FLOATS,
+    source_order=("cpp", "triton"),
 )
 register_kernel(
     "segment_max",
     "segment_max",
     {"forward": "segment_max_forward", "backward": "segment_max_backward"},
     triton_dtypes=_FLOATS,
+    source_order=("cpp", "triton"),
 )
 register_kernel(
     "gen_aggr",
     "gen_aggr",
     {"forward": "gen_aggr_forward", "backward": "gen_aggr_backward"},
     triton_dtypes=_FLOATS,  # no bfloat16: the softmax's saved maximum and denominator are x's dtype
+    source_order=("triton",),  # the C++ backward walks the destination order
 )
 register_kernel(
     "gat_attention",
     "gat_attention",
     {"forward": "gat_attention_forward", "backward": "gat_attention_backward"},
     triton_dtypes=_FLOATS,
+    source_order=("cpp", "triton"),
 )
 
 
@@ -178,6 +202,12 @@ def implementation(name: str, x: Tensor, *others: Optional[Tensor], num_edges: i
     if module is None:
         return "torch"
     return "triton" if isinstance(module, SimpleNamespace) else "cpp"
+
+
+def reads_source_order(name: str, x: Tensor, *others: Optional[Tensor], num_edges: int = 0) -> bool:
+    """Whether the implementation of ``name`` that runs on these inputs (:func:`implementation`) has a
+    backward that reads the edges' source order (:attr:`KernelSpec.source_order`)."""
+    return implementation(name, x, *others, num_edges=num_edges) in kernel_spec(name).source_order
 
 
 def select(name: str, x: Tensor, *others: Optional[Tensor], num_edges: int = 0):

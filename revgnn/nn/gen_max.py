@@ -49,10 +49,12 @@ from __future__ import annotations
 
 from typing import Optional, Union
 
+import torch
 from torch import Tensor
 from torch_geometric.nn.aggr import MaxAggregation, MeanAggregation, SoftmaxAggregation, SumAggregation
 
 from revgnn.nn import ops
+from revgnn.nn.dispatch import reads_source_order
 from revgnn.nn.edge_features import LinearEdgeFeatures
 from revgnn.nn.graph_input import SortedEdges, csc, pyg_edge_index, segments, sort_edges
 from revgnn.nn.norm_act import sequential_forward
@@ -163,13 +165,21 @@ def gen_aggregate(
         raise ValueError("gen_aggregate: a temperature t is given for, and only for, reduce='softmax'")
     attr, weight, bias = _edge_term(x, edge_attr)
     edge_index, attr = sort_edges(edge_index, attr, x.size(0))
-    graph = segments(edge_index, x.size(0))  # both orders; an EdgeIndex caches the source order
     if not isinstance(t, Tensor) and t is not None:
         t = x.new_tensor([float(t)])
     # one dtype throughout (autocast may leave x in bfloat16 and the edge terms in float32)
     attr, weight, bias, t = (
         v.to(x.dtype).contiguous() if v is not None else None for v in (attr, weight, bias, t)
     )
+    # the source order (two [E] int64 arrays and a sort; an EdgeIndex caches it) only for a backward
+    # that reads it: the Triton kernel's, not the C++ or PyTorch one, which walk the destination order.
+    # A compiled graph keeps it (the choice reads the environment and the built kernels, which
+    # torch.compile would trace or break on)
+    num_edges = (edge_index.edge_index if isinstance(edge_index, SortedEdges) else edge_index).size(1)
+    read = torch.compiler.is_compiling() or reads_source_order(
+        "gen_aggr", x, attr, weight, bias, t, num_edges=num_edges
+    )
+    graph = segments(edge_index, x.size(0), read)
     index = (graph.ptr, graph.src, graph.dst, graph.sptr, graph.sdst, graph.sperm)  # int64, contiguous
     out, _, _ = ops.gen_aggr(
         x.contiguous(), *index, attr, weight, bias, t.view(1) if t is not None else None, eps, reduce

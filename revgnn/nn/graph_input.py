@@ -354,28 +354,31 @@ class Segments(NamedTuple):
     sperm: Tensor  #: ``[E]`` the id (position in destination order) of each edge, in source order
 
 
-def segments(edge_index, num_nodes: int) -> Segments:
+def segments(edge_index, num_nodes: int, read: bool = True) -> Segments:
     """The :class:`Segments` of a tensor graph (any form :func:`sort_edges` takes): its destination
     order and :func:`backward_source_order` (stable, so sums taken in it do not depend on the
     thread count; computed once per ``EdgeIndex`` and kept with it, sorted inside the graph when
-    traced; empty where no backward pass can follow)."""
+    traced; empty where no backward pass can follow, or where ``read`` is false: the operator's
+    backward does not read it, :func:`revgnn.nn.dispatch.reads_source_order`)."""
     edge_index, _ = sort_edges(edge_index, None, num_nodes)
     if isinstance(edge_index, SortedEdges):
         (src, dst), ptr = edge_index.edge_index, edge_index.ptr
     else:
         (ptr, _), _ = edge_index.get_csc()
         src, dst = edge_index.as_tensor()
-    sptr, sdst, sperm = backward_source_order(edge_index, num_nodes)
+    sptr, sdst, sperm = backward_source_order(edge_index, num_nodes, read)
     return Segments(*(t.long().contiguous() for t in (src, dst, ptr, sptr, sdst, sperm)))
 
 
-def backward_source_order(edge_index, num_nodes: int) -> Tuple[Tensor, Tensor, Tensor]:
-    """:func:`source_order` where a backward pass may follow (grad mode on), else three empty int64
-    tensors in its place, which no operator's forward reads: inference under ``no_grad``, and a
+def backward_source_order(edge_index, num_nodes: int, read: bool = True) -> Tuple[Tensor, Tensor, Tensor]:
+    """:func:`source_order` where a backward pass may follow (grad mode on) and reads it (``read``:
+    :func:`revgnn.nn.dispatch.reads_source_order` of the operator that runs), else three empty int64
+    tensors in its place, which no operator's forward reads: inference under ``no_grad``, a
     reversible block's forward (its backward recomputes with grad mode on, and builds the order
-    then), never build it. Two ``[E]`` int64 arrays and a stable sort of ``E`` ids, about twice a
-    ``[N, C]`` node state's bytes at ogbn-products' size."""
-    if torch.is_grad_enabled():
+    then), and a backward that walks the destination order only, never build it. Two ``[E]`` int64
+    arrays and a stable sort of ``E`` ids, about twice a ``[N, C]`` node state's bytes at
+    ogbn-products' size."""
+    if read and torch.is_grad_enabled():
         return source_order(edge_index, num_nodes)
     plain = edge_index.edge_index if isinstance(edge_index, SortedEdges) else edge_index
     empty = torch.empty(0, dtype=torch.long, device=plain.device)

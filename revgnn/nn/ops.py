@@ -941,7 +941,9 @@ def gen_aggr(
     ``src_ptr`` ``[N + 1]``, ``src_dst`` and ``src_perm`` ``[E]`` the same edges in source order,
     their destinations and positions in destination order, over which the Triton kernel's backward
     gathers ``x``'s gradient: :func:`revgnn.nn.graph_input.segments`' ``sptr``, ``sdst``,
-    ``sperm``): ``reduce`` is ``"sum"`` (:math:`\sum_j m_{jic}`), ``"mean"`` or ``"softmax"``
+    ``sperm``; empty tensors where the C++ or PyTorch implementation runs, whose backward walks the
+    destination order: :func:`revgnn.nn.dispatch.reads_source_order`): ``reduce`` is ``"sum"``
+    (:math:`\sum_j m_{jic}`), ``"mean"`` or ``"softmax"``
     (:math:`\sum_j \alpha_{jic} m_{jic}` with :math:`\alpha_{jic} =
     \mathrm{softmax}_j(t\,m_{jic})`, ``t`` a one-element tensor), 0 for nodes without in-edges. The
     edge term is absent, ``attr`` ``[E, C]``, or ``attr @ weight.T + bias`` with ``attr`` the raw

@@ -459,3 +459,24 @@ def test_sar_gat_dropout_through_the_pytorch_implementation(monkeypatch):
     check([type("R", (), {"rank": 0, "value": result.value[0]})])
     for name, c in result.value[1].items():
         assert c["torch"] == 0 and c["gat_attention"] > 0, (name, c)
+
+
+def test_gen_shards_build_no_source_order_on_the_cpp_kernel(monkeypatch):
+    """The C++ gen_aggr backward walks each shard's destination order: a GEN mean / softmax step on
+    one part builds no shard's source order (built on first use), which the sum aggregation's C++
+    backward, reducing over the sources, then builds."""
+    require_kernel("gen_aggr")
+    require_kernel("aggregate")
+    monkeypatch.delenv("REVGNN_KERNELS", raising=False)
+    from revgnn.distributed.aggregate_sar import ShardSegments, sar_aggregate
+    from revgnn.distributed.gen_aggr_sar import sar_gen_aggregate
+
+    graph, _, x, _ = worker_graph(0, 1, "metis")
+    xl = x[graph.node_ids].double().requires_grad_()
+    t = torch.tensor([0.7], dtype=xl.dtype, requires_grad=True)
+    sar_gen_aggregate(graph, xl, reduce="mean").sum().backward()
+    sar_gen_aggregate(graph, xl, reduce="softmax", t=t).sum().backward()
+    shards = ShardSegments.of(graph).shards
+    assert all(s._source_order is None for s in shards)
+    sar_aggregate(graph, xl, "sum").sum().backward()
+    assert all(s._source_order is not None for s in shards)

@@ -56,6 +56,22 @@ def test_the_rule(monkeypatch):
         dispatch.select("gen_max", x)
 
 
+def test_source_order_is_asked_of_the_implementation_that_runs(monkeypatch):
+    """gen_aggr's C++ and PyTorch backwards walk the destination order; only its Triton backward reads
+    the source order, which the aggregate operator's C++ backward also reduces over."""
+    require_kernel("gen_aggr")
+    require_kernel("aggregate")
+    x = torch.zeros(4, 3)
+    assert dispatch.kernel_spec("gen_aggr").source_order == ("triton",)
+    assert not dispatch.reads_source_order("gen_aggr", x)
+    assert dispatch.reads_source_order("aggregate", x)
+    monkeypatch.setenv("REVGNN_KERNELS", "0")
+    assert not dispatch.reads_source_order("aggregate", x)
+    with pytest.raises(ValueError, match=r"source_order names no implementation \['cuda'\]"):
+        dispatch.register_kernel("bad_row", None, {}, source_order=("cuda",))
+    assert "bad_row" not in dispatch.KERNEL_TABLE.names()
+
+
 def test_triton_mode_without_the_interpreter_is_an_error(monkeypatch):
     """``REVGNN_KERNELS=triton`` on CPU tensors without Triton's interpreter raises rather than falling
     back silently (in a process where Triton was imported compiled)."""

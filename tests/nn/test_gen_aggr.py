@@ -9,7 +9,7 @@ from torch_geometric import EdgeIndex
 from torch_geometric.nn import GENConv
 
 import revgnn.nn.gen_max as gen_max
-from revgnn.nn import GENBlock, GroupAddRev, LinearEdgeFeatures, kernels, ops
+from revgnn.nn import GENBlock, GroupAddRev, LinearEdgeFeatures, dispatch, kernels, ops
 from revgnn.nn.gen_max import gen_aggregate
 from revgnn.utils import SavedTensorBytes
 from revgnn.utils.memory import LargestAllocation
@@ -360,3 +360,20 @@ def test_no_edge_by_channel_tensor(impl, aggr, learn_t, rev, monkeypatch):
     monkeypatch.setattr(gen_max, "fused_reduce", lambda conv: None)
     largest_pyg, saved_pyg = measure(*big_case(aggr, learn_t, rev))
     assert largest_pyg >= e_by_c and saved_pyg - graph_bytes >= e_by_c
+
+
+@pytest.mark.parametrize("rev", [False, True])
+@pytest.mark.parametrize("aggr,learn_t", [("mean", False), ("softmax", True)])
+def test_kernel_step_builds_no_source_order(aggr, learn_t, rev, monkeypatch):
+    """The C++ backward walks the destination order, so a training step through it builds no source
+    order (two E-long int64 arrays and a sort, 240 kB each here): no allocation reaches E x 8 bytes,
+    where building the order would make several (checked by asking for it through the dispatch table)."""
+    require_kernel("gen_aggr")
+    monkeypatch.delenv("REVGNN_KERNELS", raising=False)
+    model, x, ei, edges = big_case(aggr, learn_t, rev)
+    assert dispatch.implementation("gen_aggr", x, num_edges=E_BIG) == "cpp"
+    largest, _ = measure(model, x, ei, edges)
+    assert largest < E_BIG * 8
+    monkeypatch.setattr(gen_max, "reads_source_order", lambda *args, **kwargs: True)
+    largest_built, _ = measure(*big_case(aggr, learn_t, rev))
+    assert largest_built >= E_BIG * 8
