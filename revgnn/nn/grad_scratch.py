@@ -53,7 +53,8 @@ _PROBED: List[Holders] = []
 
 
 class _FunctionProbe(torch.autograd.Function):
-    """A copy whose backward records :func:`holders` of its output gradient."""
+    """A copy whose backward records :func:`holders` of its output gradient and returns a fresh
+    gradient (so that a probe consumed by a probe gets a gradient nobody else holds)."""
 
     @staticmethod
     def forward(ctx, x: Tensor) -> Tensor:  # type: ignore[override]
@@ -62,7 +63,7 @@ class _FunctionProbe(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
         _PROBED.append(holders(grad))
-        return None
+        return grad.clone()
 
 
 @torch.library.custom_op("revgnn::_holder_probe", mutates_args=())
@@ -84,18 +85,6 @@ def _operator_probe_grad(ctx, grad):
 _operator_probe.register_autograd(_operator_probe_grad)
 
 
-class _Fresh(torch.autograd.Function):
-    """A copy whose backward returns a fresh gradient: the probe's gradient is nobody else's."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor) -> Tensor:  # type: ignore[override]
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):  # type: ignore[override]
-        return grad.clone()
-
-
 _PROBES = {"function": _FunctionProbe.apply, "operator": _operator_probe}
 
 
@@ -106,5 +95,7 @@ def sole_holders(kind: str) -> Holders:
     pass (it runs one)."""
     with torch.inference_mode(False), torch.enable_grad():
         x = torch.zeros(2, requires_grad=True)
-        _Fresh.apply(_PROBES[kind](x)).sum().backward()
-    return _PROBED.pop()
+        _FunctionProbe.apply(_PROBES[kind](x)).sum().backward()
+    measured = _PROBED[-1]  # the inner probe's, which runs last
+    _PROBED.clear()
+    return measured
